@@ -1,0 +1,133 @@
+"""The DLRM network, built on the meta device, and its seed-and-name-determined initial weights.
+
+No process group is touched here: `dlrm.sharding` distributes the model, then `initialize`
+fills every local piece of every parameter with the values the unsharded model would have.
+Notation: B = batch, F = sparse features, D = embedding dim.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Dict, List, Tuple
+
+import torch
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed.tensor import DTensor
+from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from dlrm.config import ModelConfig
+
+EMBEDDING_INIT_BLOCK_ROWS = 4096
+
+
+def embedding_configs(cfg: ModelConfig) -> List[EmbeddingBagConfig]:
+    """TorchRec table configs, in the order of `cfg.tables`."""
+    return [
+        EmbeddingBagConfig(
+            name=t.name,
+            embedding_dim=t.dim,
+            num_embeddings=t.rows,
+            feature_names=list(t.features),
+        )
+        for t in cfg.tables
+    ]
+
+
+def build_model(cfg: ModelConfig, device: torch.device = torch.device("meta")) -> DLRMTrain:
+    """DLRM (dot interaction) or DLRM-DCN wrapped with BCE-with-logits loss.
+
+    forward(batch) -> (loss [], (loss [], logits [B], labels [B])). Built on `device` (meta by
+    default: no memory is allocated until sharding materialises the local pieces).
+    """
+    ebc = EmbeddingBagCollection(tables=embedding_configs(cfg), device=device)
+    common = dict(
+        embedding_bag_collection=ebc,
+        dense_in_features=cfg.dense_in_features,
+        dense_arch_layer_sizes=list(cfg.bottom_mlp),
+        over_arch_layer_sizes=list(cfg.top_mlp),
+        dense_device=device,
+    )
+    if cfg.interaction == "dcn":
+        net = DLRM_DCN(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim, **common)
+    else:
+        net = DLRM(**common)
+    return DLRMTrain(net)
+
+
+def _generator(seed: int, *names: object) -> torch.Generator:
+    digest = hashlib.blake2b(repr((seed,) + names).encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+
+
+def table_rows_init(seed: int, table: str, rows: int, dim: int, start: int, stop: int) -> torch.Tensor:
+    """Rows [start, stop) of a table's initial weights, U(-1/sqrt(rows), 1/sqrt(rows)): [stop-start, D].
+
+    Values are generated per block of EMBEDDING_INIT_BLOCK_ROWS rows from (seed, table, block), so a
+    shard is produced without materialising the table, and identically on any sharding.
+    """
+    bound = math.sqrt(1.0 / rows)
+    block = EMBEDDING_INIT_BLOCK_ROWS
+    pieces = []
+    for b in range(start // block, (stop - 1) // block + 1):
+        lo, hi = b * block, min((b + 1) * block, rows)
+        values = torch.rand(hi - lo, dim, generator=_generator(seed, "table", table, b))
+        pieces.append(values[max(start, lo) - lo : min(stop, hi) - lo])
+    return torch.cat(pieces) * (2 * bound) - bound
+
+
+def dense_init(seed: int, name: str, shape: Tuple[int, ...], fan_in: int) -> torch.Tensor:
+    """A dense parameter's initial value, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (nn.Linear's default)."""
+    bound = 1.0 / math.sqrt(fan_in)
+    return torch.rand(shape, generator=_generator(seed, "dense", name)) * (2 * bound) - bound
+
+
+def initialize(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> None:
+    """Overwrite every local parameter with its value in the unsharded model seeded by `seed`.
+
+    Works on the plain model and on a DistributedModelParallel one alike: tables sharded into
+    ShardedTensors get each local shard's rows and columns; replicated tensors get the whole value.
+    Matrices [out, in] use fan_in = in; a bias uses its sibling weight's fan_in; the DCN cross
+    bias starts at zero.
+    """
+    tables: Dict[str, Tuple[int, int]] = {t.name: (t.rows, t.dim) for t in cfg.tables}
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, value in state.items():
+            table = _table_of(name, tables)
+            if table is not None:
+                rows, dim = tables[table]
+                for shard, (r0, c0), (nr, nc) in local_pieces(value):
+                    full_rows = table_rows_init(seed, table, rows, dim, r0, r0 + nr)
+                    shard.copy_(full_rows[:, c0 : c0 + nc])
+                continue
+            local = value.to_local() if isinstance(value, DTensor) else value
+            if local.dim() >= 2:
+                local.copy_(dense_init(seed, name, tuple(local.shape), fan_in=local.shape[-1]))
+            elif name.endswith("bias") and name[: -len("bias")] + "weight" in state:
+                fan_in = state[name[: -len("bias")] + "weight"].shape[-1]
+                local.copy_(dense_init(seed, name, tuple(local.shape), fan_in=fan_in))
+            else:
+                local.zero_()
+
+
+def _table_of(param_name: str, tables: Dict[str, Tuple[int, int]]) -> str | None:
+    """'...embedding_bags.<table>.weight' -> '<table>', else None."""
+    parts = param_name.split(".")
+    if len(parts) >= 3 and parts[-1] == "weight" and parts[-3] == "embedding_bags" and parts[-2] in tables:
+        return parts[-2]
+    return None
+
+
+def local_pieces(value):
+    """(local tensor, (row offset, col offset), (rows, cols)) for each piece this rank holds."""
+    if isinstance(value, ShardedTensor):
+        for shard in value.local_shards():
+            md = shard.metadata
+            yield shard.tensor, tuple(md.shard_offsets), tuple(md.shard_sizes)
+    elif isinstance(value, DTensor):
+        raise TypeError("DTensor embedding tables are not supported; TorchRec should emit ShardedTensor")
+    else:
+        yield value, (0, 0), tuple(value.shape)

@@ -1,0 +1,82 @@
+"""Optimizers: a fused embedding optimizer (applied in backward), a dense one, and the LR schedule."""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+from torchrec.optim import RowWiseAdagrad
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+from dlrm.config import DenseOptimConfig, EmbeddingOptimConfig, OptimConfig, ScheduleConfig
+
+
+def _embedding_optimizer(cfg: EmbeddingOptimConfig):
+    """(optimizer class, kwargs) TorchRec maps to fbgemm's fused kernels (EmbOptimType)."""
+    return {
+        "rowwise_adagrad": (RowWiseAdagrad, {"lr": cfg.lr, "eps": cfg.eps}),
+        "adagrad": (torch.optim.Adagrad, {"lr": cfg.lr, "eps": cfg.eps}),
+        "sgd": (torch.optim.SGD, {"lr": cfg.lr}),
+        "adam": (torch.optim.Adam, {"lr": cfg.lr, "eps": cfg.eps}),
+    }[cfg.name]
+
+
+def _dense_optimizer(cfg: DenseOptimConfig, params) -> torch.optim.Optimizer:
+    if cfg.name == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr)
+    if cfg.name == "adagrad":
+        return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps)
+    return torch.optim.Adam(params, lr=cfg.lr, eps=cfg.eps)
+
+
+def fuse_embedding_optimizer(model: torch.nn.Module, cfg: EmbeddingOptimConfig) -> None:
+    """Attach the embedding optimizer to the tables' parameters, before sharding.
+
+    Sharded tables get it fused into fbgemm's backward kernel; data-parallel tables run it in
+    backward too, so every sharding type trains the tables with the same rule.
+    """
+    cls, kwargs = _embedding_optimizer(cfg)
+    tables = [p for name, p in model.named_parameters() if "embedding_bags" in name]
+    apply_optimizer_in_backward(cls, tables, kwargs)
+
+
+def build_optimizer(model: torch.nn.Module, fused: torch.optim.Optimizer, cfg: OptimConfig) -> CombinedOptimizer:
+    """The fused embedding optimizer (DMP's `fused_optimizer`) and the dense one, stepped together."""
+    dense_params = dict(in_backward_optimizer_filter(model.named_parameters()))
+    dense = KeyedOptimizerWrapper(dense_params, lambda params: _dense_optimizer(cfg.dense, params))
+    return CombinedOptimizer([fused, dense])
+
+
+def lr_factor(step: int, cfg: ScheduleConfig) -> float:
+    """MLPerf DLRM's learning-rate multiplier at `step` (0-based).
+
+    Linear warmup from 1/warmup_steps to 1 over warmup_steps, constant until decay_start_step,
+    then ((decay_end - step) / decay_steps) ** decay_power down to 0 at decay_end.
+    """
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.decay_steps and step >= cfg.decay_start_step:
+        remaining = max(cfg.decay_start_step + cfg.decay_steps - step, 0)
+        return (remaining / cfg.decay_steps) ** cfg.decay_power
+    return 1.0
+
+
+class LRSchedule:
+    """Sets every param group's lr to its base lr times `lr_factor(step)`.
+
+    Call `apply(step)` before the step's backward: the fused embedding optimizer reads its
+    lr when zero_grad/step run, the dense one when it steps.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, cfg: ScheduleConfig) -> None:
+        self.optimizer = optimizer
+        self.cfg = cfg
+        self.base_lrs: List[float] = [group["lr"] for group in optimizer.param_groups]
+
+    def apply(self, step: int) -> float:
+        factor = lr_factor(step, self.cfg)
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base * factor
+        return factor

@@ -1,0 +1,97 @@
+"""The launcher's world, the process group, and TorchRec's planner Topology, from the topology config.
+
+Data flows one way: `World.from_env()` reads what torchrun set (or a single process),
+`validate_world` checks it against the config before anything starts, then `init_distributed`
+creates the process group and `planner_topology` describes the hardware to the planner.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.planner.types import Topology
+
+from dlrm.config import TopologyConfig
+
+GB = 10**9
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in the job, as the launcher (torchrun) describes it."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+    @property
+    def node(self) -> int:
+        return self.rank // self.local_world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls) -> "World":
+        """torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; a single process without them."""
+        env = os.environ
+        world_size = int(env.get("WORLD_SIZE", 1))
+        return cls(
+            rank=int(env.get("RANK", 0)),
+            world_size=world_size,
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", world_size)),
+        )
+
+
+def backend_for(cfg: TopologyConfig) -> str:
+    """'auto' means NCCL on CUDA and Gloo on CPU."""
+    if cfg.backend != "auto":
+        return cfg.backend
+    return "nccl" if cfg.device == "cuda" else "gloo"
+
+
+def device_for(cfg: TopologyConfig, world: World) -> torch.device:
+    """The compute device of this rank: cuda:<local rank> or cpu."""
+    if cfg.device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"topology '{cfg.name}' wants device=cuda but torch sees no GPU; "
+                "use topology=cpu on this machine"
+            )
+        torch.cuda.set_device(world.local_rank)
+        return torch.device("cuda", world.local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(cfg: TopologyConfig, world: World) -> dist.ProcessGroup:
+    """The default process group: from torchrun's environment, or a 1-rank group in-process."""
+    if not dist.is_initialized():
+        backend = backend_for(cfg)
+        if "MASTER_ADDR" in os.environ:
+            dist.init_process_group(backend=backend, rank=world.rank, world_size=world.world_size)
+        else:
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+    return dist.group.WORLD
+
+
+def planner_topology(cfg: TopologyConfig, world_size: int, local_world_size: int) -> Topology:
+    """TorchRec's Topology: sizes from the launcher, memory and bandwidths from the config.
+
+    TorchRec measures bandwidth in bytes per millisecond and capacity in bytes.
+    """
+    to_bytes_per_ms = GB / 1000.0
+    return Topology(
+        world_size=world_size,
+        local_world_size=local_world_size,
+        compute_device=cfg.device,
+        hbm_cap=int(cfg.hbm_GB * GB) if cfg.device == "cuda" else None,
+        ddr_cap=int(cfg.ddr_GB * GB),
+        intra_host_bw=cfg.intra_node.bandwidth_GBps * to_bytes_per_ms,
+        inter_host_bw=cfg.inter_node.bandwidth_GBps * to_bytes_per_ms,
+    )

@@ -1,0 +1,90 @@
+"""Entry point: `python -m dlrm.train [overrides]` or `torchrun --nproc_per_node=N -m dlrm.train [overrides]`.
+
+Hydra composes the config from conf/; `run` validates it, then builds and runs the trainer.
+Under torchrun all ranks agree on one run directory, and only rank 0 writes into it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Optional
+
+import hydra
+import torch.distributed as dist
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from dlrm.config import Config, ConfigError, register_configs, to_config, validate, validate_world
+from dlrm.topology import World
+
+register_configs()
+
+
+def run(cfg: Config, run_dir: Optional[Path] = None) -> dict:
+    """Validate, train and evaluate on this rank; return the run summary (see README)."""
+    validate(cfg)
+    world = World.from_env()
+    validate_world(cfg, world.world_size, world.local_world_size)
+    from dlrm.trainer import Trainer  # imports TorchRec (seconds): only once the config is valid
+
+    trainer = Trainer(cfg, world, run_dir)
+    try:
+        return trainer.train()
+    finally:
+        dist.destroy_process_group()
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def hydra_main(dcfg: DictConfig) -> None:
+    world = World.from_env()
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        cfg = to_config(dcfg)
+        if world.is_main:
+            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(dcfg, resolve=True))
+        summary = run(cfg, run_dir)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if world.is_main:
+        print(
+            f"done: {summary['steps']} steps, {summary['train_samples_per_s']:.0f} samples/s, "
+            f"eval auc {summary['eval_auc']}, logloss {summary['eval_logloss']}; outputs in {run_dir}"
+        )
+
+
+def _shared_run_dir(world: World) -> str:
+    """One run directory for all ranks of a torchrun job, agreed through torchrun's own store.
+
+    The first rank to ask proposes outputs/<timestamp>; every rank reads back the same value.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        raise SystemExit(
+            "error: several ranks but no torchrun store to agree on a run directory; "
+            "pass hydra.run.dir=DIR (the same on every rank)"
+        )
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60)
+    )
+    key = f"dlrm/run_dir/{os.environ.get('TORCHELASTIC_RUN_ID', '')}"
+    proposal = time.strftime("outputs/%Y-%m-%d_%H-%M-%S")
+    return store.compare_set(key, "", proposal).decode()
+
+
+def main() -> None:
+    """Add the launcher-dependent Hydra overrides, then hand over to Hydra."""
+    world = World.from_env()
+    args = sys.argv[1:]
+    if world.world_size > 1 and not any(a.startswith("hydra.run.dir=") for a in args):
+        sys.argv.append(f"hydra.run.dir={_shared_run_dir(world)}")
+    if not world.is_main:  # only rank 0 writes Hydra's files and log
+        sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    hydra_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""The trainer: build (topology -> model -> sharding -> optimizers), train, evaluate, summarise."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+from dlrm.config import Config
+from dlrm.data.loader import make_source
+from dlrm.metrics import MetricsLog, Progress, auc_and_logloss, peak_rss_mb, write_json_atomic
+from dlrm.model import build_model, initialize
+from dlrm.optim import LRSchedule, build_optimizer, fuse_embedding_optimizer
+from dlrm.sharding import describe_plan, plan_sharding, shard_model
+from dlrm.topology import World, backend_for, device_for, init_distributed, planner_topology
+
+
+class Trainer:
+    """One rank's share of a DLRM training job.
+
+    Args:
+        cfg: a validated config (`dlrm.config.validate`, `validate_world`).
+        world: this process's rank and the launcher's sizes.
+        run_dir: where rank 0 writes metrics.jsonl and summary.json; None writes nothing.
+    """
+
+    def __init__(self, cfg: Config, world: World, run_dir: Optional[Path] = None) -> None:
+        self.cfg = cfg
+        self.world = world
+        self.run_dir = run_dir if world.is_main else None
+        self.device = device_for(cfg.topology, world)
+        self.pg = init_distributed(cfg.topology, world)
+
+        model = build_model(cfg.model)
+        fuse_embedding_optimizer(model, cfg.optim.embedding)
+        topology = planner_topology(cfg.topology, world.world_size, world.local_world_size)
+        self.plan = plan_sharding(cfg, model, topology, self.pg)
+        self.model = shard_model(model, self.plan, self.pg, self.device)
+        initialize(self.model, cfg.model, cfg.seed)
+        self.optimizer = build_optimizer(self.model, self.model.fused_optimizer, cfg.optim)
+        self.schedule = LRSchedule(self.optimizer, cfg.optim.schedule)
+        self.source = make_source(cfg)
+        self.pipeline = (
+            TrainPipelineSparseDist(self.model, self.optimizer, self.device) if cfg.trainer.pipeline else None
+        )
+        self.step = 0
+        self.losses: List[float] = []  # global mean loss of every logged window, for tests
+
+    @property
+    def total_steps(self) -> int:
+        """Steps to train: trainer.max_steps, or fewer if trainer.max_samples comes first."""
+        tr = self.cfg.trainer
+        steps = tr.max_steps
+        if tr.max_samples is not None:
+            steps = min(steps, max(1, tr.max_samples // self.cfg.data.global_batch_size))
+        return steps
+
+    def _batches(self, split: str, start_step: int, count: Optional[int]) -> Iterator:
+        batches = self.source.batches(split, self.world.rank, self.world.world_size, start_step)
+        return itertools.islice(batches, count) if count is not None else batches
+
+    def train_step(self, batch) -> torch.Tensor:
+        """One step without the pipeline: forward, backward (fused embedding update), dense step."""
+        self.optimizer.zero_grad()
+        loss, _ = self.model(batch.to(self.device))
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+    def train(self) -> dict:
+        """Train for `total_steps`, evaluating every trainer.eval_every_steps and at the end."""
+        cfg, world = self.cfg, self.world
+        total = self.total_steps
+        log = MetricsLog(self.run_dir / "metrics.jsonl" if self.run_dir else None)
+        progress = Progress(total, cfg.trainer.progress, world.is_main)
+        if world.is_main:
+            progress.message(f"sharding plan ({world.world_size} ranks, {backend_for(cfg.topology)}):\n{self.plan}")
+        batches = self._batches("train", self.step, total - self.step)
+        window: List[torch.Tensor] = []
+        train_seconds, window_start = 0.0, time.perf_counter()
+        started = time.perf_counter()
+        evaluation: dict = {}
+        self.model.train()
+        while self.step < total:
+            lr = self.schedule.apply(self.step) * cfg.optim.dense.lr
+            if self.pipeline is not None:
+                loss = self.pipeline.progress(batches)[0]
+            else:
+                loss = self.train_step(next(batches))
+            window.append(loss)
+            self.step += 1
+            last = self.step == total
+            if self.step % cfg.trainer.log_every_steps == 0 or last:
+                mean_loss = self._global_mean(window)
+                seconds = time.perf_counter() - window_start
+                train_seconds += seconds
+                samples_per_s = len(window) * cfg.data.global_batch_size / seconds
+                self.losses.append(mean_loss)
+                log.write(step=self.step, loss=mean_loss, lr=lr, samples_per_s=samples_per_s)
+                progress.update(self.step, len(window), loss=mean_loss, lr=lr, samples_per_s=samples_per_s)
+                window = []
+                window_start = time.perf_counter()
+            every = cfg.trainer.eval_every_steps
+            if (every and self.step % every == 0) or last:
+                evaluation = self.evaluate()
+                log.write(step=self.step, **{f"eval_{k}": v for k, v in evaluation.items()})
+                progress.message(
+                    f"eval at step {self.step}: auc {evaluation.get('auc', float('nan')):.4f} "
+                    f"logloss {evaluation.get('logloss', float('nan')):.4f}"
+                )
+                window_start = time.perf_counter()
+        progress.close()
+        log.close()
+        summary = self._summary(train_seconds, time.perf_counter() - started, evaluation)
+        if self.run_dir is not None:
+            write_json_atomic(self.run_dir / "summary.json", summary)
+        return summary
+
+    def detached_model(self) -> torch.nn.Module:
+        """The model with its plain forward (the pipeline's rewrite undone), for direct calls."""
+        return self.pipeline.detach() if self.pipeline is not None else self.model
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """AUC and log loss over the eval split, gathered from all ranks ({} if there is none)."""
+        n = self.source.num_batches("eval")
+        if self.cfg.data.eval_batches:
+            n = self.cfg.data.eval_batches if n is None else min(n, self.cfg.data.eval_batches)
+        if not n:
+            return {}
+        model = self.detached_model()
+        model.eval()
+        logits, labels = [], []
+        for batch in self._batches("eval", 0, n):
+            _, (_, batch_logits, batch_labels) = model(batch.to(self.device))
+            logits.append(batch_logits)
+            labels.append(batch_labels)
+        model.train()
+        all_logits = self._gather(torch.cat(logits))
+        all_labels = self._gather(torch.cat(labels).float())
+        auc, logloss = auc_and_logloss(all_logits, all_labels)
+        return {"auc": auc, "logloss": logloss, "samples": int(all_labels.numel())}
+
+    def _gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Concatenate equal-sized tensors [N] from every rank, in rank order -> [W * N]."""
+        parts = [torch.empty_like(t) for _ in range(self.world.world_size)]
+        dist.all_gather(parts, t, group=self.pg)
+        return torch.cat(parts).cpu()
+
+    def _global_mean(self, losses: List[torch.Tensor]) -> float:
+        """Mean over steps and ranks of per-rank losses (each rank's loss is over its slice)."""
+        total = torch.stack(losses).sum()
+        dist.all_reduce(total, group=self.pg)
+        return total.item() / (len(losses) * self.world.world_size)
+
+    def _summary(self, train_seconds: float, wall_seconds: float, evaluation: dict) -> dict:
+        peak = torch.tensor([peak_rss_mb()], dtype=torch.float64)
+        peaks = self._gather(peak.to(self.device)).tolist()
+        return {
+            "world_size": self.world.world_size,
+            "backend": backend_for(self.cfg.topology),
+            "device": str(self.device.type),
+            "topology": self.cfg.topology.name,
+            "sharding_plan": describe_plan(self.plan),
+            "steps": self.step,
+            "global_batch_size": self.cfg.data.global_batch_size,
+            "train_samples_per_s": self.step * self.cfg.data.global_batch_size / max(train_seconds, 1e-9),
+            "final_loss": self.losses[-1] if self.losses else None,
+            "eval_auc": evaluation.get("auc"),
+            "eval_logloss": evaluation.get("logloss"),
+            "wall_time_s": wall_seconds,
+            "peak_rss_mb_per_rank": peaks,
+        }
