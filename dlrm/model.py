@@ -39,9 +39,15 @@ def embedding_configs(cfg: ModelConfig) -> List[EmbeddingBagConfig]:
 def build_model(cfg: ModelConfig, device: torch.device = torch.device("meta")) -> DLRMTrain:
     """DLRM (dot interaction) or DLRM-DCN wrapped with BCE-with-logits loss.
 
-    forward(batch) -> (loss [], (loss [], logits [B], labels [B])). Built on `device` (meta by
-    default: no memory is allocated until sharding materialises the local pieces).
+    forward(batch) -> (loss [], (loss [], logits [B], labels [B])). Tables and MLPs are built on
+    `device` (meta by default: no memory until sharding materialises the local pieces). TorchRec
+    builds the interaction (its index buffer, the DCN cross net) on CPU, whatever `device` is:
+    a meta index buffer would be materialised uninitialised.
     """
+    return DLRMTrain(_build_net(cfg, device))
+
+
+def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:
     ebc = EmbeddingBagCollection(tables=embedding_configs(cfg), device=device)
     common = dict(
         embedding_bag_collection=ebc,
@@ -51,10 +57,8 @@ def build_model(cfg: ModelConfig, device: torch.device = torch.device("meta")) -
         dense_device=device,
     )
     if cfg.interaction == "dcn":
-        net = DLRM_DCN(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim, **common)
-    else:
-        net = DLRM(**common)
-    return DLRMTrain(net)
+        return DLRM_DCN(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim, **common)
+    return DLRM(**common)
 
 
 def _generator(seed: int, *names: object) -> torch.Generator:

@@ -6,9 +6,11 @@ Under torchrun all ranks agree on one run directory, and only rank 0 writes into
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Optional
@@ -42,6 +44,8 @@ def run(cfg: Config, run_dir: Optional[Path] = None) -> dict:
 def hydra_main(dcfg: DictConfig) -> None:
     world = World.from_env()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    logging.getLogger("torchrec").setLevel(logging.WARNING)  # its INFO lines drown the progress
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torchrec")
     try:
         cfg = to_config(dcfg)
         if world.is_main:

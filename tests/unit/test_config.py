@@ -1,0 +1,108 @@
+"""Every config composes and validates; each kind of bad config fails early with its message."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from dlrm.config import ConfigError, validate, validate_world
+from tests.conftest import CONF
+
+REPO = CONF.parent
+GROUPS = ["model", "data", "topology", "sharding", "optim", "trainer", "experiment"]
+
+
+def options(group):
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
+def test_every_group_option_composes_and_validates(make_config, group, option):
+    cfg = make_config(f"{group}={option}")
+    validate(cfg)
+
+
+def test_defaults_are_the_small_cpu_job(make_config):
+    cfg = make_config()
+    assert cfg.topology.device == "cpu" and cfg.data.source == "synthetic"
+    assert len(cfg.model.tables) == 26 and cfg.model.dense_in_features == 13
+
+
+def test_misspelt_key_is_rejected(make_config):
+    with pytest.raises(ConfigCompositionException, match="max_stepz"):
+        make_config("trainer.max_stepz=3")
+
+
+def test_wrong_type_is_rejected(make_config):
+    with pytest.raises(ConfigCompositionException, match="max_steps"):
+        make_config("trainer.max_steps=many")
+
+
+def _mutated(make_config, mutate, *overrides):
+    cfg = make_config(*overrides)
+    mutate(cfg)
+    return cfg
+
+
+BAD = {
+    "zero rows": (lambda c: setattr(c.model.tables[0], "rows", 0), "model.tables[0].rows"),
+    "negative dim": (lambda c: setattr(c.model.tables[1], "dim", -16), "model.tables[1].dim"),
+    "zero layer": (lambda c: setattr(c.model, "bottom_mlp", [0, 16]), "model.bottom_mlp[0]"),
+    "zero batch": (lambda c: setattr(c.data, "global_batch_size", 0), "data.global_batch_size"),
+    "dot dims differ": (lambda c: setattr(c.model, "bottom_mlp", [64, 32]), "must equal the embedding dim 16"),
+    "top not one logit": (lambda c: setattr(c.model, "top_mlp", [64, 2]), "model.top_mlp"),
+    "unknown sharding": (lambda c: setattr(c.sharding, "strategy", "diagonal"), "sharding.strategy"),
+    "unknown table sharding": (lambda c: setattr(c.model.tables[0], "sharding", "rows"), "model.tables[0].sharding"),
+    "per_table unknown table": (lambda c: c.sharding.per_table.update(nope="row_wise"), "sharding.per_table.nope"),
+    "unknown dense optimizer": (lambda c: setattr(c.optim.dense, "name", "lamb"), "optim.dense.name"),
+    "unknown embedding optimizer": (lambda c: setattr(c.optim.embedding, "name", "lion"), "optim.embedding.name"),
+    "unknown backend": (lambda c: setattr(c.topology, "backend", "mpi"), "topology.backend"),
+    "nccl on cpu": (lambda c: setattr(c.topology, "backend", "nccl"), "NCCL needs topology.device=cuda"),
+    "zero bandwidth": (lambda c: setattr(c.topology.inter_node, "bandwidth_GBps", 0.0), "inter_node.bandwidth_GBps"),
+    "duplicate feature": (lambda c: setattr(c.model.tables[1], "features", ["C1"]), "one table only"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_config_names_key_and_fix(make_config, case):
+    mutate, expected = BAD[case]
+    with pytest.raises(ConfigError, match=expected.replace("[", r"\[").replace("]", r"\]")):
+        validate(_mutated(make_config, mutate))
+
+
+def test_batch_must_divide_among_ranks(make_config):
+    cfg = make_config("data.global_batch_size=512")
+    with pytest.raises(ConfigError, match="divisible by the world size 3"):
+        validate_world(cfg, world_size=3, local_world_size=3)
+
+
+def test_topology_must_match_launcher(make_config):
+    cfg = make_config("topology=cpu_2x2")
+    validate_world(cfg, world_size=4, local_world_size=2)
+    with pytest.raises(ConfigError, match="WORLD_SIZE=2"):
+        validate_world(cfg, world_size=2, local_world_size=2)
+    with pytest.raises(ConfigError, match="LOCAL_WORLD_SIZE"):
+        validate_world(cfg, world_size=4, local_world_size=4)
+
+
+def _train(*args, launcher=(sys.executable, "-m")):
+    return subprocess.run(
+        [*launcher, "dlrm.train", *args, "hydra.run.dir=/tmp/dlrm-bad-config"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_cli_bad_config_exits_nonzero_before_training():
+    result = _train("sharding.strategy=diagonal")
+    assert result.returncode == 2
+    assert "sharding.strategy" in result.stderr and "choose one of" in result.stderr
+    assert "step " not in result.stdout
+
+
+def test_cli_topology_mismatch_with_torchrun_names_both():
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    result = _train("topology=cpu_2x2", launcher=(torchrun, "--standalone", "--nproc_per_node=2", "-m"))
+    assert result.returncode != 0
+    assert "WORLD_SIZE=2" in result.stderr and "topology.nodes" in result.stderr

@@ -1,0 +1,81 @@
+"""Model shapes, gradients, seed-and-name initialisation, and the learning-rate schedule."""
+
+import pytest
+import torch
+
+from dlrm.config import ScheduleConfig
+from dlrm.data.loader import make_source
+from dlrm.model import build_model, initialize, table_rows_init
+from dlrm.optim import lr_factor
+
+
+@pytest.mark.parametrize("model", ["tiny", "dcn_small"])
+def test_forward_shapes(make_config, model):
+    cfg = make_config(f"model={model}", "data.global_batch_size=8")
+    net = build_model(cfg.model, torch.device("cpu"))
+    initialize(net, cfg.model, seed=0)
+    loss, (_, logits, labels) = net(make_source(cfg).samples("train", 0, 8))
+    assert loss.shape == () and logits.shape == (8,) and labels.shape == (8,)
+
+
+def test_meta_build_allocates_no_tables_or_mlps(make_config):
+    net = build_model(make_config("model=mlperf_dcnv2").model).model
+    for part in (net.sparse_arch, net.dense_arch, net.over_arch):
+        assert all(p.is_meta for p in part.parameters())
+
+
+@pytest.mark.parametrize("model", ["tiny", "dcn_small"])
+def test_gradients_match_finite_differences(make_config, model):
+    cfg = make_config(f"model={model}", "data.global_batch_size=4")
+    net = build_model(cfg.model, torch.device("cpu")).double()
+    initialize(net, cfg.model, seed=0)
+    batch = make_source(cfg).samples("train", 0, 4)
+    dense = batch.dense_features.double().requires_grad_()
+
+    def loss_of(x):
+        return net.model(x, batch.sparse_features).sum()
+
+    assert torch.autograd.gradcheck(loss_of, (dense,), eps=1e-6, atol=1e-5)
+    # And the embedding gradient: d loss / d table rows matches a finite difference.
+    table = net.model.sparse_arch.embedding_bag_collection.embedding_bags["t_C1"].weight
+    assert table.dtype == torch.float64
+    row = int(batch.sparse_features["C1"].values()[0])
+    loss_of(dense).backward()
+    analytic = table.grad[row, 0].item()
+    with torch.no_grad():
+        table[row, 0] += 1e-4
+        up = loss_of(dense).item()
+        table[row, 0] -= 2e-4
+        down = loss_of(dense).item()
+    assert analytic == pytest.approx((up - down) / 2e-4, rel=1e-5, abs=1e-8)
+
+
+def test_initial_weights_depend_on_seed_and_names_only(make_config):
+    cfg = make_config("model=tiny")
+    a = build_model(cfg.model, torch.device("cpu"))
+    initialize(a, cfg.model, seed=3)
+    cfg.model.tables = list(reversed(cfg.model.tables))  # other order, same names
+    b = build_model(cfg.model, torch.device("cpu"))
+    initialize(b, cfg.model, seed=3)
+    sa, sb = a.state_dict(), b.state_dict()
+    for name in sa:
+        assert torch.equal(sa[name], sb[name]), name
+    initialize(b, cfg.model, seed=4)
+    assert not torch.equal(sa["model.sparse_arch.embedding_bag_collection.embedding_bags.t_C1.weight"],
+                           b.state_dict()["model.sparse_arch.embedding_bag_collection.embedding_bags.t_C1.weight"])
+
+
+def test_table_init_is_the_same_whatever_the_row_range():
+    full = table_rows_init(0, "t", rows=10_000, dim=4, start=0, stop=10_000)
+    assert full.abs().max() <= (1 / 10_000) ** 0.5
+    assert torch.equal(table_rows_init(0, "t", 10_000, 4, 4000, 9000), full[4000:9000])
+    assert torch.equal(table_rows_init(0, "t", 10_000, 4, 4095, 4097), full[4095:4097])
+
+
+def test_lr_schedule_warmup_constant_poly_decay():
+    s = ScheduleConfig(warmup_steps=4, decay_start_step=10, decay_steps=10, decay_power=2.0)
+    assert [lr_factor(i, s) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_factor(9, s) == 1.0
+    assert lr_factor(15, s) == pytest.approx(0.25)
+    assert lr_factor(20, s) == 0.0 and lr_factor(50, s) == 0.0
+    assert lr_factor(123, ScheduleConfig()) == 1.0
