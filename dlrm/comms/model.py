@@ -1,0 +1,225 @@
+"""Alpha-beta cost model of collectives on a ring, a fully connected topology and a switch.
+
+Every estimate has the form ``T = steps * alpha + factor * n / B`` where
+
+- ``n``: message size in bytes, as nccl-tests counts it: the per-rank buffer of allreduce, the per-rank
+  send buffer of alltoall (n/p to each rank, itself included), the per-rank *input* of reduce-scatter
+  and the per-rank *output* of allgather;
+- ``p``: ranks taking part;
+- ``alpha``: latency per message (s), paid once per step; messages sent in the same step overlap;
+- ``B``: unidirectional bandwidth per rank (bytes/s), all of its links together (as `LinkConfig`);
+- ``steps`` and ``factor`` depend on the collective, the fabric and p (`coefficients`).
+
+Fabrics (each rank injects at most B bytes/s in total):
+
+- ``ring``: one link per rank, to the next rank, bandwidth B; one message per step.
+  allreduce = reduce-scatter + allgather, each p-1 steps of n/p bytes: 2(p-1) alpha + 2(p-1)/p n/B.
+  alltoall: chunk for distance d travels d hops (store and forward, p-1 steps); the busiest link carries
+  sum_d d n/p = (p-1)/2 n bytes: (p-1) alpha + (p-1)/2 n/B.
+- ``fully_connected``: p-1 links per rank, B/(p-1) each, all sending at once (one step).
+  alltoall: n/p to each peer on its own link: alpha + (p-1)/p n/B.
+  reduce-scatter / allgather: direct, one step: alpha + (p-1)/p n/B; allreduce twice that.
+- ``switch``: one non-blocking port per rank of bandwidth B; any rank reaches any other in one hop.
+  alltoall: p-1 messages leave through the port one after the other: (p-1) alpha + (p-1)/p n/B.
+  reduce-scatter / allgather: recursive halving / doubling, ceil(log2 p) steps: ceil(log2 p) alpha
+  + (p-1)/p n/B; allreduce twice that (Rabenseifner).
+
+The bandwidth factor of every bandwidth-optimal case equals nccl-tests' busbw factor (2(p-1)/p for
+allreduce, (p-1)/p otherwise), so a measured busbw estimates B once n is large.
+
+Two levels (scale-out, `two_level_time`): N nodes x g ranks per node, p = N g. Hierarchical allreduce =
+intra reduce-scatter(n) + inter allreduce(n/g, among the N ranks of one local index) + intra
+allgather(n). Alltoall: the intra-node part, alltoall(n/N) among g, and the inter-node part,
+alltoall(n) among N over the NIC, run concurrently on separate links, so T = max(intra, inter); the
+inter part counts one message per remote node (messages to one node's ranks are aggregated).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple
+
+COLLECTIVES = ("allreduce", "alltoall", "reduce_scatter", "allgather")
+FABRICS = ("ring", "fully_connected", "switch")
+
+
+class CommsError(ValueError):
+    """Bad input to the comms benchmark or model; the message names the value and the fix."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """One level of the interconnect: fabric, per-message latency alpha (s), bandwidth per rank (bytes/s)."""
+
+    fabric: str
+    alpha_s: float
+    bandwidth_Bps: float
+
+    @classmethod
+    def from_config(cls, link) -> "Link":
+        """From a `LinkConfig` (latency_us, bandwidth_GBps with 1 GB = 1e9 bytes)."""
+        return cls(link.fabric, link.latency_us * 1e-6, link.bandwidth_GBps * 1e9)
+
+
+def check_collective(collective: str) -> None:
+    if collective not in COLLECTIVES:
+        raise CommsError(f"unknown collective {collective!r}: choose one of {', '.join(COLLECTIVES)}")
+
+
+def check_fabric(fabric: str) -> None:
+    if fabric not in FABRICS:
+        raise CommsError(f"unknown fabric {fabric!r}: choose one of {', '.join(FABRICS)}")
+
+
+def busbw_factor(collective: str, p: int) -> float:
+    """nccl-tests' busbw / algbw: 2(p-1)/p for allreduce, (p-1)/p for the others."""
+    check_collective(collective)
+    base = (p - 1) / p
+    return 2 * base if collective == "allreduce" else base
+
+
+def coefficients(collective: str, fabric: str, p: int) -> Tuple[float, float]:
+    """(steps, factor) such that T = steps * alpha + factor * n / B; see the module docstring."""
+    check_collective(collective)
+    check_fabric(fabric)
+    if p < 1:
+        raise CommsError(f"rank count p={p} must be at least 1")
+    if p == 1:
+        return 0.0, 0.0
+    if collective == "alltoall":
+        if fabric == "ring":
+            return p - 1, (p - 1) / 2
+        if fabric == "fully_connected":
+            return 1, (p - 1) / p
+        return p - 1, (p - 1) / p
+    steps = {"ring": p - 1, "fully_connected": 1, "switch": math.ceil(math.log2(p))}[fabric]
+    factor = (p - 1) / p
+    if collective == "allreduce":
+        return 2 * steps, 2 * factor
+    return steps, factor
+
+
+def collective_time(collective: str, link: Link, p: int, nbytes: float) -> float:
+    """Seconds for one collective of `nbytes` (nccl-tests' message size) among p ranks on one level."""
+    if nbytes < 0:
+        raise CommsError(f"message size {nbytes} bytes is negative; pass a size >= 0")
+    steps, factor = coefficients(collective, link.fabric, p)
+    return steps * link.alpha_s + factor * nbytes / link.bandwidth_Bps
+
+
+def two_level_time(collective: str, intra: Link, inter: Link, nodes: int, ranks_per_node: int, nbytes: float) -> float:
+    """Seconds for one collective of `nbytes` over nodes x ranks_per_node ranks (module docstring)."""
+    check_collective(collective)
+    n, g = nodes, ranks_per_node
+    if n < 1 or g < 1:
+        raise CommsError(f"nodes={n} and ranks_per_node={g} must both be at least 1")
+    if collective == "allreduce":
+        return (
+            collective_time("reduce_scatter", intra, g, nbytes)
+            + collective_time("allreduce", inter, n, nbytes / g)
+            + collective_time("allgather", intra, g, nbytes)
+        )
+    if collective == "alltoall":
+        return max(collective_time("alltoall", intra, g, nbytes / n), collective_time("alltoall", inter, n, nbytes))
+    # reduce-scatter (allgather mirrors it): intra reduce-scatter of n, then inter reduce-scatter of n/g.
+    return collective_time(collective, intra, g, nbytes) + collective_time(collective, inter, n, nbytes / g)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """alpha (s) and B (bytes/s) fitted to measured times of one collective; rel_rms: relative misfit.
+
+    B is inf when the sizes were too small for the bandwidth term to show (sweep larger sizes).
+    """
+
+    alpha_s: float
+    bandwidth_Bps: float
+    rel_rms: float
+
+
+def fit_alpha_beta(collective: str, fabric: str, p: int, sizes: Sequence[float], times_s: Sequence[float]) -> Fit:
+    """Least-squares alpha and B from (size in bytes, time in s) pairs, minimising relative error.
+
+    Solves t_i = steps * alpha + factor * n_i * beta for (alpha, beta = 1/B), each row divided by t_i
+    so small messages count as much as large ones. Needs p >= 2 and two distinct sizes.
+    """
+    import numpy as np
+
+    steps, factor = coefficients(collective, fabric, p)
+    if steps == 0:
+        raise CommsError(f"cannot fit alpha and beta at p={p}: a single rank sends nothing; run with >= 2 ranks")
+    n = np.asarray(sizes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    if n.shape != t.shape or len(set(n.tolist())) < 2:
+        raise CommsError(f"need times for at least two distinct sizes to fit, got sizes={list(n)}; sweep more sizes")
+    if (t <= 0).any():
+        raise CommsError(f"times must be positive seconds, got {list(t)}")
+    a = np.stack([np.full_like(n, steps), factor * n], axis=1) / t[:, None]
+    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    alpha, beta = max(float(alpha), 0.0), max(float(beta), 0.0)  # a negative term is noise: clamp to 0
+    pred = steps * alpha + factor * n * beta
+    rel_rms = float(np.sqrt(np.mean(((pred - t) / t) ** 2)))
+    return Fit(alpha, 1.0 / beta if beta > 0 else math.inf, rel_rms)
+
+
+def step_comm_time(
+    topology,
+    alltoall_bytes_intra: float,
+    alltoall_bytes_inter: float,
+    allreduce_bytes: float,
+    ranks_per_node: Optional[int] = None,
+    alltoall_count: int = 1,
+    allreduce_count: int = 1,
+) -> Dict[str, float]:
+    """Estimated communication seconds of one training iteration on a `TopologyConfig`.
+
+    Inputs are per rank and per iteration, in bytes, summed over forward and backward:
+    - alltoall_bytes_intra: bytes this rank sends by alltoall to other ranks of its node;
+    - alltoall_bytes_inter: bytes this rank sends by alltoall to ranks on other nodes;
+    - allreduce_bytes: size of the allreduced buffer (dense gradients: parameters x 4 for fp32);
+    - ranks_per_node: needed when topology.ranks_per_node is None (pass LOCAL_WORLD_SIZE);
+    - alltoall_count / allreduce_count: collectives issued per iteration (each pays its latency).
+    Returns seconds: alltoall_intra, alltoall_inter, alltoall (= max, they run concurrently),
+    allreduce (hierarchical), total (= alltoall + allreduce, no overlap with compute assumed).
+    Bytes sent are turned into link time with the fabric's hops: a ring carries a byte (p/2) times
+    on average (p = ranks at that level), fully connected and switch once.
+    """
+    g = ranks_per_node or topology.ranks_per_node
+    if not g:
+        raise CommsError(
+            f"topology {topology.name!r} has ranks_per_node=None (taken from the launcher); "
+            "pass ranks_per_node=LOCAL_WORLD_SIZE"
+        )
+    nodes = topology.nodes
+    for key, value in (("alltoall_bytes_intra", alltoall_bytes_intra), ("alltoall_bytes_inter", alltoall_bytes_inter),
+                       ("allreduce_bytes", allreduce_bytes)):
+        if value < 0:
+            raise CommsError(f"{key}={value} is negative; pass bytes per rank per iteration (>= 0)")
+    intra, inter = Link.from_config(topology.intra_node), Link.from_config(topology.inter_node)
+
+    def sent_time(link: Link, p: int, sent: float, count: int) -> float:
+        if p == 1 or sent == 0:
+            return 0.0
+        steps, _ = coefficients("alltoall", link.fabric, p)
+        hops = p / 2 if link.fabric == "ring" else 1.0
+        return count * steps * link.alpha_s + sent * hops / link.bandwidth_Bps
+
+    if g == 1 and alltoall_bytes_intra:
+        raise CommsError(f"alltoall_bytes_intra={alltoall_bytes_intra} but a node holds one rank; pass 0")
+    if nodes == 1 and alltoall_bytes_inter:
+        raise CommsError(f"alltoall_bytes_inter={alltoall_bytes_inter} but topology.nodes=1; pass 0")
+    a2a_intra = sent_time(intra, g, alltoall_bytes_intra, alltoall_count)
+    a2a_inter = sent_time(inter, nodes, alltoall_bytes_inter, alltoall_count)
+    allreduce = 0.0
+    if allreduce_bytes:
+        one = two_level_time("allreduce", intra, inter, nodes, g, allreduce_bytes / allreduce_count)
+        allreduce = allreduce_count * one
+    alltoall = max(a2a_intra, a2a_inter)
+    return {
+        "alltoall_intra_s": a2a_intra,
+        "alltoall_inter_s": a2a_inter,
+        "alltoall_s": alltoall,
+        "allreduce_s": allreduce,
+        "total_s": alltoall + allreduce,
+    }

@@ -1,0 +1,231 @@
+"""Report: the Zion paper's ring vs fully connected comparison from the cost model, and bench vs model.
+
+    python -m dlrm.comms.report --topology zion --out outputs/comms_report
+    python -m dlrm.comms.report --bench outputs/comms_bench/bench.json --out outputs/comms_report
+
+From the model alone (links of --topology, fabric swapped between ring and fully_connected):
+1. allreduce and alltoall time vs message size at --ranks ranks (one node);
+2. the same at --scale-bytes per rank on 1 .. --max-nodes nodes of --ranks ranks (two-level, the inter-node
+   network from the topology).
+With --bench: alpha and B fitted per (collective, scope) and measured vs predicted time per size.
+Prints markdown tables; writes report.md and report.png (and bench_vs_model.png) into --out (atomically).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from dlrm.comms.bench import FIELDS, SCHEMA, base_collective, parse_size, sweep_sizes
+from dlrm.comms.model import CommsError, Link, collective_time, fit_alpha_beta, two_level_time
+
+COMPARED = ("ring", "fully_connected")
+
+
+def table(rows: Sequence[Sequence], header: Sequence[str]) -> str:
+    """A markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n:g} B"
+
+
+def fmt_us(seconds: float) -> str:
+    return f"{seconds * 1e6:.4g}"
+
+
+def size_comparison(link: Link, ranks: int, sizes: Sequence[int]) -> Dict[str, List[float]]:
+    """Seconds per size for '<collective>/<fabric>' on one level of `ranks` ranks."""
+    return {
+        f"{c}/{f}": [collective_time(c, replace(link, fabric=f), ranks, n) for n in sizes]
+        for c in ("allreduce", "alltoall")
+        for f in COMPARED
+    }
+
+
+def scale_comparison(
+    intra: Link, inter: Link, ranks: int, node_counts: Sequence[int], nbytes: int
+) -> Dict[str, List[float]]:
+    """Seconds per node count for '<collective>/<intra fabric>' at nbytes per rank (two levels)."""
+    return {
+        f"{c}/{f}": [two_level_time(c, replace(intra, fabric=f), inter, n, ranks, nbytes) for n in node_counts]
+        for c in ("allreduce", "alltoall")
+        for f in COMPARED
+    }
+
+
+def load_bench(path: str) -> dict:
+    """A bench.json written by dlrm.comms.bench; CommsError naming the problem and the fix otherwise."""
+    fix = "pass the bench.json written by `torchrun ... -m dlrm.comms.bench --out DIR` (DIR/bench.json)"
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise CommsError(f"benchmark file {path!r} does not exist; {fix}") from None
+    except json.JSONDecodeError as e:
+        raise CommsError(f"benchmark file {path!r} is not JSON ({e}); {fix}") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise CommsError(f"benchmark file {path!r} has schema {got!r}, expected {SCHEMA!r}; {fix}")
+    rows = data.get("results")
+    if not isinstance(rows, list) or not rows:
+        raise CommsError(f"benchmark file {path!r} has no 'results' rows; {fix}")
+    for i, row in enumerate(rows):
+        missing = [k for k in FIELDS if not isinstance(row, dict) or k not in row]
+        if missing:
+            raise CommsError(f"benchmark file {path!r}: results[{i}] lacks {', '.join(missing)}; {fix}")
+    for key in ("nodes", "intra_fabric", "inter_fabric"):
+        if key not in data:
+            raise CommsError(f"benchmark file {path!r} lacks key {key!r}; {fix}")
+    return data
+
+
+def bench_vs_model(data: dict) -> Tuple[List[list], List[list], Dict[tuple, tuple]]:
+    """Fit each (collective, scope) of a bench result; (fit rows, per-size rows, curves for the plot)."""
+    groups: Dict[tuple, List[dict]] = {}
+    for r in data["results"]:
+        groups.setdefault((r["collective"], r["scope"], r["group_size"]), []).append(r)
+    fits, sizes, curves = [], [], {}
+    for (c, scope, p), rows in groups.items():
+        if scope == "intra" or (scope == "world" and data["nodes"] == 1):
+            fabric = data["intra_fabric"]
+        else:
+            fabric = data["inter_fabric"]
+        n = [r["bytes"] for r in rows]
+        t = [r["median_us"] * 1e-6 for r in rows]
+        fit = fit_alpha_beta(base_collective(c), fabric, p, n, t)
+        link = Link(fabric, fit.alpha_s, fit.bandwidth_Bps)
+        pred = [collective_time(base_collective(c), link, p, x) for x in n]
+        alpha_us, bw = f"{fit.alpha_s * 1e6:.1f}", f"{fit.bandwidth_Bps / 1e9:.3f}"
+        fits.append([c, scope, p, fabric, alpha_us, bw, f"{fit.rel_rms:.2f}"])
+        sizes += [[c, scope, fmt_bytes(x), fmt_us(tm), fmt_us(tp), f"{tm / tp:.2f}"]
+                  for x, tm, tp in zip(n, t, pred)]
+        curves[(c, scope)] = (n, t, pred)
+    return fits, sizes, curves
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def model_plot(sizes, by_size, node_counts, by_nodes, ranks: int, scale_bytes: int) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for key, ts in by_size.items():
+        a.plot(sizes, [t * 1e6 for t in ts], marker="o", ms=3, label=key)
+    a.set(xscale="log", yscale="log", xlabel="message size per rank (bytes)", ylabel="time (us)",
+          title=f"{ranks} ranks, one node")
+    for key, ts in by_nodes.items():
+        b.plot(node_counts, [t * 1e6 for t in ts], marker="o", ms=3, label=f"{key} intra")
+    b.set(xscale="log", yscale="log", xlabel=f"nodes of {ranks}", ylabel="time (us)",
+          title=f"scale-out at {fmt_bytes(scale_bytes)} per rank")
+    for ax in (a, b):
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    data = _png(fig)
+    plt.close(fig)
+    return data
+
+
+def bench_plot(curves: Dict[tuple, tuple]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, ((c, scope), (n, t, pred)) in enumerate(curves.items()):
+        color = f"C{i % 10}"
+        ax.plot(n, [x * 1e6 for x in t], "o", ms=3, color=color, label=f"{c} ({scope}) measured")
+        ax.plot(n, [x * 1e6 for x in pred], "-", color=color, label=f"{c} ({scope}) model")
+    ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="median time (us)",
+           title="benchmark vs fitted alpha-beta model")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=6)
+    data = _png(fig)
+    plt.close(fig)
+    return data
+
+
+def main(argv: Optional[Sequence[str]] = None) -> str:
+    """Print and write the report; returns its markdown."""
+    from dlrm.comms import load_topology
+
+    ap = argparse.ArgumentParser(prog="python -m dlrm.comms.report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--topology", default="zion", help="name in conf/topology/ or YAML path: link alpha and B")
+    ap.add_argument("--ranks", type=int, default=8, help="ranks per node")
+    ap.add_argument("--min-bytes", default="1K")
+    ap.add_argument("--max-bytes", default="1G")
+    ap.add_argument("--scale-bytes", default="64M", help="message size per rank for the scale-out table")
+    ap.add_argument("--max-nodes", type=int, default=64)
+    ap.add_argument("--bench", default=None, help="bench.json from dlrm.comms.bench: measured vs predicted")
+    ap.add_argument("--out", default="outputs/comms_report")
+    args = ap.parse_args(argv)
+    if args.ranks < 1 or args.max_nodes < 1:
+        raise CommsError(f"--ranks={args.ranks} --max-nodes={args.max_nodes}: both must be at least 1")
+
+    topo = load_topology(args.topology)
+    intra, inter = Link.from_config(topo.intra_node), Link.from_config(topo.inter_node)
+    sizes = sweep_sizes(parse_size(args.min_bytes), parse_size(args.max_bytes))
+    scale_bytes = parse_size(args.scale_bytes)
+    node_counts = sweep_sizes(1, args.max_nodes)
+    by_size = size_comparison(intra, args.ranks, sizes)
+    by_nodes = scale_comparison(intra, inter, args.ranks, node_counts, scale_bytes)
+    keys = list(by_size)
+
+    md = [f"# Communication cost model: ring vs fully connected ({topo.name} links)", "",
+          f"Intra-node link: alpha = {intra.alpha_s * 1e6:g} us, B = {intra.bandwidth_Bps / 1e9:g} GB/s per rank; "
+          f"inter-node: {inter.fabric}, alpha = {inter.alpha_s * 1e6:g} us, "
+          f"B = {inter.bandwidth_Bps / 1e9:g} GB/s per rank.",
+          "", f"## Time (us) vs message size, {args.ranks} ranks", "",
+          table([[fmt_bytes(n)] + [fmt_us(by_size[k][i]) for k in keys]
+                 + [f"{by_size['alltoall/ring'][i] / by_size['alltoall/fully_connected'][i]:.2f}"]
+                 for i, n in enumerate(sizes)], ["size"] + keys + ["alltoall ring/fc"]),
+          "", f"## Scale-out: time (us) at {fmt_bytes(scale_bytes)} per rank, nodes of {args.ranks} "
+          "(intra-node fabric shown; inter-node as above)", "",
+          table([[n] + [fmt_us(by_nodes[k][i]) for k in keys] for i, n in enumerate(node_counts)], ["nodes"] + keys)]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic_write(out / "report.png", model_plot(sizes, by_size, node_counts, by_nodes, args.ranks, scale_bytes))
+    if args.bench:
+        data = load_bench(args.bench)
+        fits, rows, curves = bench_vs_model(data)
+        md += ["", f"## Benchmark {args.bench} ({data.get('backend')}, {data.get('world_size')} ranks) vs model", "",
+               table(fits, ["collective", "scope", "p", "fabric", "alpha (us)", "B (GB/s)", "rel. rms misfit"]), "",
+               "B = inf: the sizes were too small for the bandwidth term to show; sweep larger sizes.", "",
+               table(rows, ["collective", "scope", "size", "measured (us)", "predicted (us)", "measured/predicted"])]
+        _atomic_write(out / "bench_vs_model.png", bench_plot(curves))
+    text = "\n".join(md) + "\n"
+    _atomic_write(out / "report.md", text.encode())
+    print(text)
+    written = ["report.md", "report.png"] + (["bench_vs_model.png"] if args.bench else [])
+    print("wrote " + ", ".join(str(out / name) for name in written))
+    return text
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (CommsError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}")

@@ -1,0 +1,58 @@
+"""The collective benchmark on 2 Gloo ranks over a short sweep, and its input checks."""
+
+import csv
+import json
+
+import pytest
+
+from dlrm.comms.bench import COLLECTIVES, check_request, group_layout, main, parse_size, sweep_sizes, uneven_splits
+from dlrm.comms.model import CommsError
+from tests.distributed.harness import launch
+
+
+def test_bench_two_gloo_ranks_writes_consistent_files(tmp_path):
+    out = tmp_path / "bench"
+    argv = ["--min-bytes", "1K", "--max-bytes", "8K", "--warmup", "1", "--iters", "3", "--out", str(out)]
+    returned = launch(main, 2, argv)
+    assert returned[1] is None  # only rank 0 reports and writes
+    data = json.loads((out / "bench.json").read_text())
+    rows = data["results"]
+    assert data["backend"] == "gloo" and data["world_size"] == 2 and rows == returned[0]
+    expected = [(c, n) for c in COLLECTIVES for n in (1024, 2048, 4096, 8192)]
+    assert [(r["collective"], r["bytes"]) for r in rows] == expected
+    for r in rows:
+        factor = 1.0 if r["collective"] == "allreduce" else 0.5  # 2(p-1)/p and (p-1)/p at p=2
+        assert r["busbw_factor"] == factor
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * factor)
+        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / (r["median_us"] * 1e-6) / 1e9)
+        assert 0 < r["median_us"] <= r["p95_us"]
+    with open(out / "bench.csv") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(rows)
+    assert float(table[3]["busbw_GBps"]) == pytest.approx(rows[3]["busbw_GBps"])
+    assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in out.iterdir()) == ["bench.csv", "bench.json", "bench.png"]  # no .tmp
+
+
+def test_bad_input_names_the_value_and_the_fix():
+    with pytest.raises(CommsError, match="'broadcast'.*allreduce,alltoall"):
+        check_request(["broadcast"], [1024], {"world": 2})
+    with pytest.raises(CommsError, match="1000 bytes.*alltoall.*3 ranks.*multiple of 12"):
+        check_request(["alltoall"], [1000], {"world": 3})
+    with pytest.raises(CommsError, match="reduce_scatter.*multiple of 16"):
+        check_request(["allreduce", "reduce_scatter"], [1024, 1028], {"world": 4})
+    check_request(["allreduce"], [1028], {"world": 3})  # allreduce splits nothing
+    with pytest.raises(CommsError, match="empty sweep.*--min-bytes=2048 --max-bytes=1024"):
+        sweep_sizes(2048, 1024)
+    with pytest.raises(CommsError, match="empty sweep"):
+        check_request(["allreduce"], [], {"world": 2})
+    with pytest.raises(CommsError, match="'12X'.*64M"):
+        parse_size("12X")
+    assert parse_size("64M") == 64 * 2**20 and parse_size("1KiB") == 1024
+    assert sweep_sizes(1024, 4096) == [1024, 2048, 4096]
+
+
+def test_groups_and_uneven_splits():
+    assert group_layout(4, 2, 2) == {"world": [[0, 1, 2, 3]], "intra": [[0, 1], [2, 3]], "inter": [[0, 2], [1, 3]]}
+    ins, outs = uneven_splits(1024, 4, 1)
+    assert ins == [outs[1]] * 4 and outs == [102, 205, 307, 410]  # rank j sends 256 x 2(j+1)/5 to everyone

@@ -1,0 +1,203 @@
+"""Cost model formulas against hand-computed values, their limits, fitting, step_comm_time, bad input."""
+
+import json
+import math
+
+import pytest
+
+from dlrm.comms import load_topology
+from dlrm.comms.model import (
+    COLLECTIVES,
+    FABRICS,
+    CommsError,
+    Link,
+    busbw_factor,
+    coefficients,
+    collective_time,
+    fit_alpha_beta,
+    step_comm_time,
+    two_level_time,
+)
+
+ALPHA, B = 10e-6, 1e9  # 10 us per message, 1 GB/s per rank
+
+
+def link(fabric):
+    return Link(fabric, ALPHA, B)
+
+
+def test_ring_allreduce_is_2_p_minus_1_steps_of_n_over_p():
+    n, p = 4096, 4
+    assert collective_time("allreduce", link("ring"), p, n) == pytest.approx(2 * (p - 1) * (ALPHA + (n / p) / B))
+
+
+def test_alltoall_at_8_ranks_by_hand():
+    n, p = 8 * 2**20, 8
+    # fully connected: one step, n/8 to each of 7 peers, each over its own link of B/7
+    assert collective_time("alltoall", link("fully_connected"), p, n) == pytest.approx(ALPHA + (n / 8) / (B / 7))
+    # ring: 7 store-and-forward steps; the busiest link carries (1+2+...+7) n/8 = 3.5 n bytes
+    assert collective_time("alltoall", link("ring"), p, n) == pytest.approx(7 * ALPHA + 3.5 * n / B)
+    # switch: 7 messages through one port of B
+    assert collective_time("alltoall", link("switch"), p, n) == pytest.approx(7 * ALPHA + 7 / 8 * n / B)
+
+
+def test_switch_uses_log2_steps_and_fc_one_step():
+    n = 2**20
+    assert collective_time("reduce_scatter", link("switch"), 8, n) == pytest.approx(3 * ALPHA + 7 / 8 * n / B)
+    assert collective_time("allgather", link("fully_connected"), 8, n) == pytest.approx(ALPHA + 7 / 8 * n / B)
+    assert collective_time("allreduce", link("fully_connected"), 8, n) == pytest.approx(2 * ALPHA + 14 / 8 * n / B)
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+@pytest.mark.parametrize("fabric", FABRICS)
+def test_limits(collective, fabric):
+    assert collective_time(collective, link(fabric), 1, 2**30) == 0.0  # one rank sends nothing
+    assert two_level_time(collective, link(fabric), link("switch"), 1, 1, 2**30) == 0.0
+    # large messages: the bandwidth term dominates
+    steps, factor = coefficients(collective, fabric, 8)
+    n = 1e13
+    assert collective_time(collective, link(fabric), 8, n) / (factor * n / B) == pytest.approx(1.0, rel=1e-6)
+    # fully connected is never slower than a ring at equal per-rank bandwidth
+    for n in (1e3, 1e6, 1e9):
+        fc, ring = (collective_time(collective, link(f), 8, n) for f in ("fully_connected", "ring"))
+        assert fc <= ring
+
+
+def test_bandwidth_optimal_factors_equal_busbw_factors():
+    for c in COLLECTIVES:
+        assert coefficients(c, "fully_connected", 8)[1] == pytest.approx(busbw_factor(c, 8))
+    assert busbw_factor("allreduce", 2) == 1.0 and busbw_factor("alltoall", 4) == 0.75
+
+
+def test_two_level_one_node_equals_one_level_and_two_nodes_by_hand():
+    intra, inter, n = Link("switch", 2e-6, 400e9), Link("switch", 5e-6, 50e9), 2**26
+    for c in ("allreduce", "alltoall"):
+        assert two_level_time(c, intra, inter, 1, 8, n) == pytest.approx(collective_time(c, intra, 8, n))
+    # 2 nodes x 8: alltoall = max(intra alltoall of n/2 among 8, inter alltoall of n among 2)
+    expected = max(7 * 2e-6 + 7 / 8 * (n / 2) / 400e9, 5e-6 + 0.5 * n / 50e9)
+    assert two_level_time("alltoall", intra, inter, 2, 8, n) == pytest.approx(expected)
+    # allreduce = intra RS(n) + inter AR(n/8 among 2) + intra AG(n)
+    rs = 3 * 2e-6 + 7 / 8 * n / 400e9
+    assert two_level_time("allreduce", intra, inter, 2, 8, n) == pytest.approx(2 * rs + 2 * 5e-6 + (n / 8) / 50e9)
+
+
+@pytest.mark.parametrize("collective,fabric,p", [("allreduce", "ring", 8), ("alltoall", "fully_connected", 8),
+                                                 ("reduce_scatter", "switch", 4), ("alltoall", "ring", 2)])
+def test_fit_recovers_alpha_and_beta(collective, fabric, p):
+    truth = Link(fabric, 23e-6, 3.7e9)
+    sizes = [2**k for k in range(10, 27)]
+    times = [collective_time(collective, truth, p, n) for n in sizes]
+    fit = fit_alpha_beta(collective, fabric, p, sizes, times)
+    assert fit.alpha_s == pytest.approx(23e-6, rel=1e-6)
+    assert fit.bandwidth_Bps == pytest.approx(3.7e9, rel=1e-6)
+    assert fit.rel_rms < 1e-9
+
+
+def test_fit_bad_input():
+    with pytest.raises(CommsError, match="p=1"):
+        fit_alpha_beta("allreduce", "ring", 1, [1, 2], [1.0, 2.0])
+    with pytest.raises(CommsError, match="two distinct sizes"):
+        fit_alpha_beta("allreduce", "ring", 2, [1024, 1024], [1.0, 2.0])
+
+
+def test_unknown_collective_and_fabric_name_the_value():
+    with pytest.raises(CommsError, match="'broadcast'.*allreduce"):
+        collective_time("broadcast", link("ring"), 4, 1024)
+    with pytest.raises(CommsError, match="'torus'.*ring"):
+        coefficients("allreduce", "torus", 4)
+    with pytest.raises(CommsError, match="-1"):
+        collective_time("allreduce", link("ring"), 4, -1)
+
+
+def test_step_comm_time_dgx_two_nodes_by_hand():
+    topo = load_topology("dgx_h100_multinode")  # 2 x 8, NVSwitch 450 GB/s, 2 us; NIC 50 GB/s, 5 us
+    t = step_comm_time(topo, alltoall_bytes_intra=7e6, alltoall_bytes_inter=8e6, allreduce_bytes=4e6)
+    assert t["alltoall_intra_s"] == pytest.approx(7 * 2e-6 + 7e6 / 450e9)
+    assert t["alltoall_inter_s"] == pytest.approx(5e-6 + 8e6 / 50e9)
+    assert t["alltoall_s"] == max(t["alltoall_intra_s"], t["alltoall_inter_s"])
+    rs = 3 * 2e-6 + 7 / 8 * 4e6 / 450e9
+    assert t["allreduce_s"] == pytest.approx(2 * rs + 2 * 5e-6 + 0.5e6 / 50e9)
+    assert t["total_s"] == pytest.approx(t["alltoall_s"] + t["allreduce_s"])
+
+
+def test_step_comm_time_limits_and_errors():
+    cpu = load_topology("cpu")  # ranks_per_node=None: taken from the launcher
+    with pytest.raises(CommsError, match="ranks_per_node=LOCAL_WORLD_SIZE"):
+        step_comm_time(cpu, 0, 0, 1e6)
+    assert step_comm_time(cpu, 0, 0, 1e6, ranks_per_node=1)["total_s"] == 0.0
+    with pytest.raises(CommsError, match="alltoall_bytes_inter=5.*nodes=1"):
+        step_comm_time(cpu, 10, 5, 0, ranks_per_node=2)
+    with pytest.raises(CommsError, match="allreduce_bytes=-1"):
+        step_comm_time(cpu, 0, 0, -1, ranks_per_node=2)
+    # a ring carries each byte p/2 hops on average
+    ring = load_topology("zion")
+    ring.intra_node.fabric = "ring"
+    t = step_comm_time(ring, 7e6, 0, 0)
+    assert t["alltoall_intra_s"] == pytest.approx(7 * 2e-6 + 7e6 * 4 / 300e9)
+
+
+@pytest.mark.parametrize("name", ["cpu", "cpu_2x2", "zion", "dgx_h100", "dgx_h100_multinode"])
+def test_topology_configs_load_against_the_schema(name):
+    topo = load_topology(name)
+    assert topo.name == name
+    for level in (topo.intra_node, topo.inter_node):
+        assert level.fabric in FABRICS and level.bandwidth_GBps > 0 and level.latency_us >= 0
+    if topo.device == "cuda":
+        assert topo.ranks_per_node == 8 and topo.hbm_GB > 0
+
+
+def test_unknown_topology_names_the_choices():
+    with pytest.raises(FileNotFoundError, match="dgx_h100"):
+        load_topology("nope")
+
+
+def _bench_file(tmp_path, **change):
+    from dlrm.comms.bench import SCHEMA, summarize
+
+    truth = Link("switch", 50e-6, 2e9)
+    rows = [summarize(c, "world", 2, n, [collective_time(c, truth, 2, n)] * 3)
+            for c in ("allreduce", "alltoall") for n in (1024, 4096, 16384, 65536)]
+    data = {"schema": SCHEMA, "backend": "gloo", "world_size": 2, "nodes": 1,
+            "intra_fabric": "switch", "inter_fabric": "switch", "results": rows, **change}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_report_model_and_bench(tmp_path):
+    from dlrm.comms import report
+
+    text = report.main(["--bench", str(_bench_file(tmp_path)), "--out", str(tmp_path / "r"),
+                        "--max-bytes", "64K", "--max-nodes", "4"])
+    assert "alltoall/fully_connected" in text and "| 4 |" in text
+    assert "| allreduce | world | 2 | switch | 50.0 | 2.000 |" in text  # fitted back from the model
+    for name in ("report.md", "report.png", "bench_vs_model.png"):
+        assert (tmp_path / "r" / name).stat().st_size > 0
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"schema": "other/1"}, "schema 'other/1'"),
+    ({"results": []}, "no 'results'"),
+    ({"results": [{"collective": "allreduce"}]}, r"results\[0\] lacks scope"),
+])
+def test_report_rejects_a_bench_file_of_the_wrong_shape(tmp_path, change, match):
+    from dlrm.comms.report import load_bench
+
+    with pytest.raises(CommsError, match=match + ".*dlrm.comms.bench"):
+        load_bench(str(_bench_file(tmp_path, **change)))
+
+
+def test_report_rejects_missing_and_non_json_files(tmp_path):
+    from dlrm.comms.report import load_bench
+
+    with pytest.raises(CommsError, match="does not exist"):
+        load_bench(str(tmp_path / "missing.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(CommsError, match="not JSON"):
+        load_bench(str(bad))
+
+
+def test_inf_bandwidth_when_sizes_too_small():
+    sizes, times = [1024, 2048], [1e-4, 1e-4]
+    assert math.isinf(fit_alpha_beta("alltoall", "switch", 2, sizes, times).bandwidth_Bps)
