@@ -187,7 +187,11 @@ class OptimConfig:
 
 @dataclass
 class TrainerConfig:
-    """Loop control. Training stops at max_steps, or at max_samples if that comes first."""
+    """Loop control. Training stops at max_steps, or at max_samples if that comes first.
+
+    dense_allreduce: flat (DDP's allreduce over all ranks) or hierarchical (reduce-scatter inside
+    each node, allreduce across nodes, allgather inside the node: see dlrm.comm_hooks).
+    """
 
     max_steps: int = 100
     max_samples: Optional[int] = None
@@ -195,6 +199,7 @@ class TrainerConfig:
     log_every_steps: int = 10
     pipeline: bool = True
     progress: str = "auto"
+    dense_allreduce: str = "flat"
 
 
 @dataclass
@@ -333,6 +338,7 @@ def validate(cfg: Config) -> None:
         _fail("trainer.eval_every_steps", tr.eval_every_steps, "use 0 (only at the end) or a positive count")
     _require_positive("trainer.log_every_steps", tr.log_every_steps)
     _require_choice("trainer.progress", tr.progress, ("auto", "bar", "lines", "none"))
+    _require_choice("trainer.dense_allreduce", tr.dense_allreduce, ("flat", "hierarchical"))
 
 
 def validate_world(cfg: Config, world_size: int, local_world_size: int) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torchrec.distributed.planner.types import Topology
 
 from dlrm.config import TopologyConfig
@@ -78,6 +79,31 @@ def init_distributed(cfg: TopologyConfig, world: World) -> dist.ProcessGroup:
         else:
             dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
     return dist.group.WORLD
+
+
+@dataclass(frozen=True)
+class ProcessGroups:
+    """The job's process groups, in one place.
+
+    world: all ranks. intra_node: the ranks of this rank's node. inter_node: the ranks with this
+    rank's local index on every node. mesh: the 2-D (node, local) device mesh they come from.
+    """
+
+    world: dist.ProcessGroup
+    intra_node: dist.ProcessGroup
+    inter_node: dist.ProcessGroup
+    mesh: DeviceMesh
+
+
+def build_process_groups(device: torch.device, nodes: int, ranks_per_node: int) -> ProcessGroups:
+    """Node x local-rank mesh over the default group: rank = node * ranks_per_node + local rank."""
+    mesh = init_device_mesh(device.type, (nodes, ranks_per_node), mesh_dim_names=("node", "local"))
+    return ProcessGroups(
+        world=dist.group.WORLD,
+        intra_node=mesh.get_group("local"),
+        inter_node=mesh.get_group("node"),
+        mesh=mesh,
+    )
 
 
 def planner_topology(cfg: TopologyConfig, world_size: int, local_world_size: int) -> Topology:

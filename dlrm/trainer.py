@@ -11,13 +11,21 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
+from dlrm.comm_hooks import use_hierarchical_allreduce
 from dlrm.config import Config
 from dlrm.data.loader import make_source
 from dlrm.metrics import MetricsLog, Progress, auc_and_logloss, peak_rss_mb, write_json_atomic
 from dlrm.model import build_model, initialize
 from dlrm.optim import LRSchedule, build_optimizer, fuse_embedding_optimizer
 from dlrm.sharding import describe_plan, plan_sharding, shard_model
-from dlrm.topology import World, backend_for, device_for, init_distributed, planner_topology
+from dlrm.topology import (
+    World,
+    backend_for,
+    build_process_groups,
+    device_for,
+    init_distributed,
+    planner_topology,
+)
 
 
 class Trainer:
@@ -35,12 +43,15 @@ class Trainer:
         self.run_dir = run_dir if world.is_main else None
         self.device = device_for(cfg.topology, world)
         self.pg = init_distributed(cfg.topology, world)
+        self.groups = build_process_groups(self.device, world.world_size // world.local_world_size, world.local_world_size)
 
         model = build_model(cfg.model)
         fuse_embedding_optimizer(model, cfg.optim.embedding)
         topology = planner_topology(cfg.topology, world.world_size, world.local_world_size)
         self.plan = plan_sharding(cfg, model, topology, self.pg)
         self.model = shard_model(model, self.plan, self.pg, self.device)
+        if cfg.trainer.dense_allreduce == "hierarchical":
+            use_hierarchical_allreduce(self.model, self.groups)
         initialize(self.model, cfg.model, cfg.seed)
         self.optimizer = build_optimizer(self.model, self.model.fused_optimizer, cfg.optim)
         self.schedule = LRSchedule(self.optimizer, cfg.optim.schedule)

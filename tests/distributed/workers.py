@@ -29,3 +29,36 @@ def train_and_report(cfg: Config) -> dict:
     }
     torch.distributed.destroy_process_group()
     return {"losses": trainer.losses, "pieces": pieces, "plan": describe_plan(trainer.plan)}
+
+
+def hierarchical_vs_flat(nodes: int, ranks_per_node: int) -> float:
+    """Max |hierarchical - flat| over a few rank-dependent tensors (sizes not divisible by g too)."""
+    from dlrm.comm_hooks import hierarchical_allreduce_
+    from dlrm.topology import build_process_groups
+
+    torch.distributed.init_process_group("gloo")
+    groups = build_process_groups(torch.device("cpu"), nodes, ranks_per_node)
+    rank = torch.distributed.get_rank()
+    worst = 0.0
+    for n in (1, 7, 1000, 4099):
+        t = torch.randn(n, generator=torch.Generator().manual_seed(rank * 100 + n))
+        flat = t.clone()
+        torch.distributed.all_reduce(flat)
+        flat /= torch.distributed.get_world_size()
+        worst = max(worst, (hierarchical_allreduce_(t, groups) - flat).abs().max().item())
+    torch.distributed.destroy_process_group()
+    return worst
+
+
+def process_group_layout(nodes: int, ranks_per_node: int) -> dict:
+    """The global ranks in this rank's intra-node and inter-node groups."""
+    from dlrm.topology import build_process_groups
+
+    torch.distributed.init_process_group("gloo")
+    groups = build_process_groups(torch.device("cpu"), nodes, ranks_per_node)
+    layout = {
+        "intra_node": torch.distributed.get_process_group_ranks(groups.intra_node),
+        "inter_node": torch.distributed.get_process_group_ranks(groups.inter_node),
+    }
+    torch.distributed.destroy_process_group()
+    return layout
