@@ -1,0 +1,47 @@
+# CUDA image of the DLRM trainer: PyTorch's own image, fbgemm-gpu, this package, then torchrec without deps.
+#   docker build -t dlrm .
+#   docker run --gpus all --ipc=host --ulimit memlock=-1 dlrm --standalone --nproc_per_node=8 -m dlrm.train topology=dgx_h100
+# The pins must agree with pyproject.toml and launch/setup.sh (tests/unit/test_launch.py checks them).
+# torch 2.13.0 and fbgemm-gpu 1.8.0 from PyPI are both CUDA 13.0 builds (torch requires cuda-toolkit 13.0.3,
+# fbgemm_gpu links libcudart.so.13), so the base image is PyTorch's CUDA 13.0 runtime image of the same torch.
+ARG TORCH_VERSION=2.13.0
+ARG CUDA_VERSION=13.0
+ARG BASE_IMAGE=pytorch/pytorch:${TORCH_VERSION}-cuda${CUDA_VERSION}-cudnn9-runtime
+FROM ${BASE_IMAGE}
+
+ARG TORCH_VERSION
+ARG CUDA_VERSION
+ARG FBGEMM_GPU_VERSION=1.8.0
+ARG TORCHREC_VERSION=1.8.0
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1
+
+# Refuse a base image whose Python or torch does not match (pyproject.toml requires Python 3.11, torch 2.13.0).
+RUN python -c "import sys, torch; \
+v = torch.__version__.split('+')[0]; c = torch.version.cuda or 'none'; \
+ok = sys.version_info[:2] == (3, 11) and v == '${TORCH_VERSION}' and c.startswith('${CUDA_VERSION}'); \
+print(f'base image: python {sys.version.split()[0]}, torch {torch.__version__}, cuda {c}'); \
+sys.exit(0 if ok else 'base image must have python 3.11, torch ${TORCH_VERSION}, cuda ${CUDA_VERSION}: pass --build-arg BASE_IMAGE=...')"
+
+# fbgemm-gpu first (the CUDA build; PyPI's default wheel matches torch's CUDA), pinned torch kept as is.
+RUN pip install "fbgemm-gpu==${FBGEMM_GPU_VERSION}" "torch==${TORCH_VERSION}"
+
+WORKDIR /opt/dlrm
+# Dependencies change less often than the code: install from the project metadata first, for layer caching.
+COPY pyproject.toml README.md ./
+RUN mkdir -p dlrm && touch dlrm/__init__.py \
+ && pip install -e ".[cuda]" "torch==${TORCH_VERSION}" "fbgemm-gpu==${FBGEMM_GPU_VERSION}"
+COPY . .
+# Editable install: Hydra finds conf/ next to the dlrm package, and launch/ scripts run from /opt/dlrm.
+RUN pip install --no-deps -e . \
+ && pip install --no-deps "torchrec==${TORCHREC_VERSION}" \
+ && python -c "import importlib.metadata as m, sys; \
+want = {'torch': '${TORCH_VERSION}', 'fbgemm-gpu': '${FBGEMM_GPU_VERSION}', 'torchrec': '${TORCHREC_VERSION}'}; \
+got = {k: m.version(k).split('+')[0] for k in want}; print('installed:', got); \
+sys.exit(0 if got == want else f'version mismatch: wanted {want}, got {got}')"
+
+# torchrun is the entry point: arguments are torchrun's, then -m dlrm.train and Hydra overrides.
+# For the launch scripts instead: docker run --entrypoint launch/run_multinode.sh ... (see README).
+ENTRYPOINT ["torchrun"]
+CMD ["--standalone", "--nproc_per_node=8", "-m", "dlrm.train", "topology=dgx_h100"]

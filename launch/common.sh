@@ -1,0 +1,141 @@
+# Shared by the launchers (sourced, not run): checks, torchrun lookup, fabric env, command echo.
+# Every launcher cds to the repository root first, so relative paths (outputs/, .venv/) are the repo's.
+#   TORCHRUN    torchrun to use (default: $DLRM_VENV/bin/torchrun, .venv by default, else torchrun on PATH)
+#   FABRIC_ENV  NCCL/Gloo settings to source: a name in launch/env/ (nccl_ib, nccl_socket, nccl_base,
+#               gloo_cpu), a path to your own file, or none. Each launcher picks a default and prints it.
+#   DRY_RUN=1   print the command and exit 0 without running it.
+
+# die MESSAGE...: the launcher refuses to start (exit 2), naming the variable and the fix.
+die() {
+  echo "error: $*" >&2
+  exit 2
+}
+
+# require_int NAME MIN: $NAME must be set to an integer >= MIN.
+require_int() {
+  local name=$1 min=$2 value=${!1-}
+  [ -n "$value" ] || die "$name is not set; set it to an integer >= $min (e.g. $name=$min)"
+  [[ "$value" =~ ^[0-9]+$ ]] || die "$name=$value is not an integer; set it to an integer >= $min (e.g. $name=$min)"
+  [ "$((10#$value))" -ge "$min" ] || die "$name=$value is below $min; set it to an integer >= $min"
+}
+
+# detect_accel: DLRM_ACCEL (cpu | cuda), else cuda if nvidia-smi lists a GPU, else cpu (as launch/setup.sh).
+detect_accel() {
+  if [ -z "${DLRM_ACCEL:-}" ]; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then DLRM_ACCEL=cuda; else DLRM_ACCEL=cpu; fi
+  fi
+  case "$DLRM_ACCEL" in
+    cpu|cuda) ;;
+    *) die "DLRM_ACCEL=$DLRM_ACCEL is not cpu or cuda; unset it to detect, or set DLRM_ACCEL=cpu|cuda" ;;
+  esac
+}
+
+# find_torchrun: sets TORCHRUN (the user's choice, else the venv's, else the one on PATH).
+find_torchrun() {
+  if [ -z "${TORCHRUN:-}" ]; then
+    local venv_torchrun="${DLRM_VENV:-.venv}/bin/torchrun"
+    if [ -x "$venv_torchrun" ]; then
+      TORCHRUN=$venv_torchrun
+    elif command -v torchrun >/dev/null 2>&1; then
+      TORCHRUN=torchrun
+    else
+      die "no torchrun found (not in ${DLRM_VENV:-.venv}/bin, not on PATH); run 'bash launch/setup.sh' or set TORCHRUN=/path/to/torchrun"
+    fi
+  fi
+}
+
+# list_names DIR SUFFIX: the names of DIR's files ending in SUFFIX, without it, space-separated.
+list_names() {
+  local f
+  for f in "$1"/*"$2"; do f=${f##*/}; printf '%s ' "${f%"$2"}"; done
+}
+
+# load_fabric_env DEFAULT: source launch/env/$FABRIC_ENV.sh (FABRIC_ENV defaults to DEFAULT; none = nothing).
+load_fabric_env() {
+  FABRIC_ENV=${FABRIC_ENV:-$1}
+  local file
+  case "$FABRIC_ENV" in
+    none|"") echo "fabric env: none (FABRIC_ENV=none)" >&2; return 0 ;;
+    */*|*.sh) file=$FABRIC_ENV ;;
+    *) file=launch/env/$FABRIC_ENV.sh ;;
+  esac
+  if [ ! -f "$file" ]; then
+    local names
+    names=$(list_names launch/env .sh)
+    die "FABRIC_ENV=$FABRIC_ENV: no file $file; use one of: ${names}none, or a path to your own env file"
+  fi
+  # shellcheck source=/dev/null
+  source "$file"
+  echo "fabric env: $file (FABRIC_ENV=$FABRIC_ENV)" >&2
+  if [ "${DRY_RUN:-0}" = 1 ]; then
+    env | grep -E '^(NCCL_|TORCH_NCCL_|GLOO_|OMP_NUM_THREADS=)' | sort | sed 's/^/  /' >&2 || true
+  fi
+}
+
+# has_override PREFIX ARGS...: whether a Hydra override starting with PREFIX is among ARGS.
+has_override() {
+  local prefix=$1 a
+  shift
+  for a in "$@"; do
+    case "$a" in "$prefix"*|"+$prefix"*|"++$prefix"*) return 0 ;; esac
+  done
+  return 1
+}
+
+# override_value KEY ARGS...: the value of the last `KEY=value` override among ARGS (empty if none).
+override_value() {
+  local key=$1 a value=
+  shift
+  for a in "$@"; do
+    case "$a" in "$key="*|"+$key="*|"++$key="*) value=${a#*"$key="} ;; esac
+  done
+  printf '%s' "$value"
+}
+
+# check_topology NNODES_VAR NPROC_VAR ARGS...: when ARGS choose `topology=NAME`, compare the config's
+# nodes / ranks_per_node (after topology.nodes= / topology.ranks_per_node= overrides) with the launcher's,
+# so a mismatch is refused here rather than after every rank has started. NNODES_VAR - means one node.
+check_topology() {
+  local nnodes_var=$1 nproc_var=$2
+  shift 2
+  local name file nodes rpn
+  name=$(override_value topology "$@")
+  [ -n "$name" ] || return 0
+  file=conf/topology/$name.yaml
+  [ -f "$file" ] || die "topology=$name: no file $file; choose one of: $(list_names conf/topology .yaml)"
+  nodes=$(override_value topology.nodes "$@")
+  [ -n "$nodes" ] || nodes=$(sed -n 's/^nodes:[[:space:]]*\([0-9][0-9]*\).*/\1/p' "$file")
+  rpn=$(override_value topology.ranks_per_node "$@")
+  [ -n "$rpn" ] || rpn=$(sed -n 's/^ranks_per_node:[[:space:]]*\([0-9][0-9]*\).*/\1/p' "$file")
+  if [ "$nnodes_var" = - ]; then  # a single-node launcher
+    if [[ "$nodes" =~ ^[0-9]+$ ]] && [ "$nodes" != 1 ]; then
+      die "topology '$name' has $nodes nodes but this launcher runs one; use launch/run_multinode.sh (NNODES=$nodes) or pass topology.nodes=1"
+    fi
+  elif [[ "$nodes" =~ ^[0-9]+$ ]] && [ "$nodes" != "${!nnodes_var}" ]; then
+    die "$nnodes_var=${!nnodes_var} but topology '$name' has $nodes node(s); set $nnodes_var=$nodes or pass topology.nodes=${!nnodes_var}"
+  fi
+  if [[ "$rpn" =~ ^[0-9]+$ ]] && [ "$rpn" != "${!nproc_var}" ]; then
+    die "$nproc_var=${!nproc_var} but topology '$name' has $rpn ranks per node; set $nproc_var=$rpn or pass topology.ranks_per_node=${!nproc_var}"
+  fi
+}
+
+# quote_args ARGS...: the arguments as one shell-pasteable line (quotes only where needed).
+quote_args() {
+  local out=() a
+  for a in "$@"; do
+    if [[ "$a" =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then out+=("$a"); else out+=("'${a//\'/\'\\\'\'}'"); fi
+  done
+  printf '%s' "${out[*]}"
+}
+
+# run_cmd ARGS...: print '+ command' to stderr, then exec it (or exit 0 under DRY_RUN=1).
+run_cmd() {
+  echo "+ $(quote_args "$@")" >&2
+  [ "${DRY_RUN:-0}" = 1 ] && exit 0
+  exec "$@"
+}
+
+case "${DRY_RUN:-0}" in
+  0|1) ;;
+  *) die "DRY_RUN=$DRY_RUN: use DRY_RUN=1 (print the command only) or DRY_RUN=0 / unset (run it)" ;;
+esac

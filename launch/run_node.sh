@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Train on one node: torchrun --standalone with NGPU ranks (one per GPU, or Gloo ranks on a CPU machine).
+#   NGPU=8 launch/run_node.sh [hydra overrides...]     e.g. experiment=dcn_small topology=dgx_h100
+#   NGPU        ranks on this node (default 8 on a GPU machine, 2 on a CPU one)
+#   TOPOLOGY    topology config used when the overrides hold no topology=... (default on GPUs: dgx_h100,
+#               with topology.ranks_per_node=$NGPU when NGPU != 8; on CPUs: the config's default, cpu)
+#   FABRIC_ENV  env file from launch/env/ (default nccl_base on GPUs, gloo_cpu on CPUs; none = nothing)
+#   TORCHRUN    torchrun to use (default .venv/bin/torchrun if present, else torchrun on PATH)
+#   DLRM_ACCEL  cpu | cuda (default: cuda if nvidia-smi lists a GPU)
+#   DRY_RUN=1   print the torchrun command and exit
+# Runs from the repository root: relative paths in overrides are the repository's.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source launch/common.sh
+detect_accel
+if [ "$DLRM_ACCEL" = cuda ]; then NGPU=${NGPU:-8}; else NGPU=${NGPU:-2}; fi
+require_int NGPU 1
+
+args=("$@")
+if ! has_override topology= "$@"; then
+  if [ "$DLRM_ACCEL" = cuda ]; then TOPOLOGY=${TOPOLOGY:-dgx_h100}; fi
+  if [ -n "${TOPOLOGY:-}" ]; then
+    args+=("topology=$TOPOLOGY")
+    if [ "$TOPOLOGY" = dgx_h100 ] && [ "$NGPU" != 8 ] && ! has_override topology.ranks_per_node= "$@"; then
+      args+=("topology.ranks_per_node=$NGPU")
+    fi
+    echo "topology: $TOPOLOGY (no topology=... among the overrides; set TOPOLOGY or pass topology=NAME)" >&2
+  fi
+fi
+check_topology - NGPU "${args[@]}"
+if [ "$DLRM_ACCEL" = cuda ]; then load_fabric_env nccl_base; else load_fabric_env gloo_cpu; fi
+find_torchrun
+run_cmd "$TORCHRUN" --standalone --nproc_per_node="$NGPU" -m dlrm.train "${args[@]}"
