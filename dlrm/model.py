@@ -82,10 +82,9 @@ def table_rows_init(seed: int, table: str, rows: int, dim: int, start: int, stop
     return torch.cat(pieces) * (2 * bound) - bound
 
 
-def dense_init(seed: int, name: str, shape: Tuple[int, ...], fan_in: int) -> torch.Tensor:
-    """A dense parameter's initial value, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (nn.Linear's default)."""
-    bound = 1.0 / math.sqrt(fan_in)
-    return torch.rand(shape, generator=_generator(seed, "dense", name)) * (2 * bound) - bound
+def dense_init(seed: int, name: str, shape: Tuple[int, ...], std: float) -> torch.Tensor:
+    """A dense parameter's initial value, N(0, std^2), from (seed, name) alone."""
+    return torch.randn(shape, generator=_generator(seed, "dense", name)) * std
 
 
 def initialize(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> None:
@@ -93,8 +92,8 @@ def initialize(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> None:
 
     Works on the plain model and on a DistributedModelParallel one alike: tables sharded into
     ShardedTensors get each local shard's rows and columns; replicated tensors get the whole value.
-    Matrices [out, in] use fan_in = in; a bias uses its sibling weight's fan_in; the DCN cross
-    bias starts at zero.
+    As the DLRM reference: matrices [out, in] ~ N(0, 2 / (out + in)) (Xavier), a layer's bias
+    [out] ~ N(0, 1 / out); biases without a sibling weight (the DCN cross net's) start at zero.
     """
     tables: Dict[str, Tuple[int, int]] = {t.name: (t.rows, t.dim) for t in cfg.tables}
     state = model.state_dict()
@@ -108,11 +107,11 @@ def initialize(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> None:
                     shard.copy_(full_rows[:, c0 : c0 + nc])
                 continue
             local = value.to_local() if isinstance(value, DTensor) else value
-            if local.dim() >= 2:
-                local.copy_(dense_init(seed, name, tuple(local.shape), fan_in=local.shape[-1]))
+            shape = tuple(local.shape)
+            if local.dim() == 2:
+                local.copy_(dense_init(seed, name, shape, std=math.sqrt(2.0 / sum(shape))))
             elif name.endswith("bias") and name[: -len("bias")] + "weight" in state:
-                fan_in = state[name[: -len("bias")] + "weight"].shape[-1]
-                local.copy_(dense_init(seed, name, tuple(local.shape), fan_in=fan_in))
+                local.copy_(dense_init(seed, name, shape, std=math.sqrt(1.0 / shape[0])))
             else:
                 local.zero_()
 
