@@ -1,0 +1,233 @@
+"""Distributed loader of preprocessed Criteo (`dlrm.data.preprocess` output), memory-mapped.
+
+The rows of a split (its days, in order, seen as one array) are cut into global batches of
+`global_batch_size` consecutive rows; the last partial global batch is dropped. Rank r of W reads only
+rows [r * b, (r + 1) * b) of each global batch, b = global_batch_size // W, so the global batches are
+the same for every world size. Train batch order is a permutation seeded by (seed, epoch); eval is in
+order, one pass. `batches(..., start_step=k)` continues exactly where step k would be.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, Iterator, List, Sequence, Tuple
+
+import numpy as np
+import torch
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrm.config import CriteoConfig
+from dlrm.data.criteo import NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, day_paths, read_ahead
+
+MULTI_HOT_SEED = 0  # fixed: the multi-hot ids are part of the data, not of the training run
+SPLITS = ("train", "eval")
+
+
+class CriteoDataError(ValueError):
+    """The preprocessed data cannot serve this config; the message names the file and the fix."""
+
+
+def load_manifest(directory: str) -> Dict:
+    path = os.path.join(directory, "manifest.json")
+    if not os.path.exists(path):
+        raise CriteoDataError(
+            f"{path} not found: data.criteo.dir must be the --out directory of a finished "
+            f"`python -m dlrm.data.preprocess --out {directory} ...` run"
+        )
+    with open(path) as f:
+        return json.load(f)
+
+
+def multi_hot_offsets(sizes: Sequence[int], table_rows: Sequence[int]) -> List[np.ndarray]:
+    """Per column c: int64 [sizes[c]] offsets, the first 0; sample ids are (id + offset) % table_rows[c].
+
+    Like MLPerf DLRM-DCNv2's synthesis, extra ids are a fixed pseudo-random function of the one-hot id.
+    """
+    rng = np.random.default_rng(MULTI_HOT_SEED)
+    out = []
+    for m, rows in zip(sizes, table_rows):
+        extra = rng.integers(1, rows, m - 1) if rows > 1 else np.zeros(m - 1, np.int64)
+        out.append(np.concatenate([[0], extra]).astype(np.int64))
+    return out
+
+
+class _Split:
+    """Rows of some days seen as one array: segments (day, lo, hi) in order."""
+
+    def __init__(self, segments: List[Tuple[int, int, int]], arrays: Dict[int, Dict[str, np.ndarray]]):
+        self.segments = [s for s in segments if s[2] > s[1]]
+        self.arrays = arrays
+        self.starts = np.cumsum([0] + [hi - lo for _, lo, hi in self.segments])
+        self.rows = int(self.starts[-1])
+
+    def read(self, start: int, count: int) -> Dict[str, np.ndarray]:
+        """Rows [start, start + count) as dense [n, 13], sparse [n, 26], labels [n, 1] (copies)."""
+        parts: Dict[str, List[np.ndarray]] = {"dense": [], "sparse": [], "labels": []}
+        i = int(np.searchsorted(self.starts, start, side="right")) - 1
+        while count > 0:
+            day, lo, hi = self.segments[i]
+            a = lo + start - int(self.starts[i])
+            n = min(count, hi - a)
+            for k in parts:
+                parts[k].append(self.arrays[day][k][a : a + n])
+            start, count, i = start + n, count - n, i + 1
+        return {k: np.concatenate(v) if len(v) > 1 else np.array(v[0]) for k, v in parts.items()}
+
+
+class CriteoSource:
+    """Batches of preprocessed Criteo for one rank: `Batch(dense [b, 13] f32, sparse KJT, labels [b] f32)`.
+
+    feature_names[c] is the KJT key of sparse column C{c+1}; table_rows[c] the rows of its table.
+    Example: `CriteoSource(cfg.data.criteo, names, rows, 2048, seed=0).batches("train", rank, world)`.
+    """
+
+    def __init__(
+        self,
+        cfg: CriteoConfig,
+        feature_names: List[str],
+        table_rows: List[int],
+        global_batch_size: int,
+        seed: int,
+    ):
+        if not cfg.dir:
+            raise CriteoDataError("data.criteo.dir is not set: point it at the --out directory of dlrm.data.preprocess")
+        if len(feature_names) != NUM_SPARSE or len(table_rows) != NUM_SPARSE:
+            raise CriteoDataError(
+                f"Criteo has {NUM_SPARSE} sparse columns but the model has {len(feature_names)} features "
+                f"({feature_names}); give the model one single-feature table per column C1..C26"
+            )
+        self.cfg, self.names, self.table_rows = cfg, list(feature_names), [int(r) for r in table_rows]
+        self.global_batch_size, self.seed = int(global_batch_size), int(seed)
+        self.manifest = load_manifest(cfg.dir)
+        days = {int(d["day"]): d for d in self.manifest["days"]}
+        eval_days = [int(d) for d in cfg.eval_days]
+        train_days = [int(d) for d in cfg.train_days] or [d for d in sorted(days) if d not in eval_days]
+        for key, chosen in (("data.criteo.train_days", train_days), ("data.criteo.eval_days", eval_days)):
+            missing = [d for d in chosen if d not in days]
+            if missing:
+                raise CriteoDataError(
+                    f"{key} lists day(s) {missing} but {cfg.dir}/manifest.json has days {sorted(days)}; "
+                    f"preprocess those input files or change {key}"
+                )
+        self.arrays = {d: self._open(days[d]) for d in sorted(set(train_days + eval_days))}
+        self._check_ids([days[d] for d in sorted(self.arrays)])
+
+        train = [(d, 0, days[d]["rows"]) for d in train_days]
+        evals = [(d, 0, days[d]["rows"]) for d in eval_days]
+        if not eval_days and cfg.eval_fraction > 0:
+            if not 0 < cfg.eval_fraction < 1:
+                raise CriteoDataError(f"data.criteo.eval_fraction = {cfg.eval_fraction}: use a fraction in (0, 1)")
+            total = sum(hi for _, _, hi in train)
+            held = int(total * cfg.eval_fraction)
+            train, evals, left = [], [], total - held
+            for d in train_days:
+                n = days[d]["rows"]
+                take = max(0, min(n, left))
+                train.append((d, 0, take))
+                evals.append((d, take, n))
+                left -= take
+        self.splits = {"train": _Split(train, self.arrays), "eval": _Split(evals, self.arrays)}
+
+        self.multi_hot = None
+        if cfg.multi_hot_sizes:
+            sizes = [int(m) for m in cfg.multi_hot_sizes]
+            if len(sizes) != NUM_SPARSE or min(sizes) < 1:
+                raise CriteoDataError(
+                    f"data.criteo.multi_hot_sizes = {sizes}: give {NUM_SPARSE} sizes >= 1 (columns C1..C26), or null"
+                )
+            self.multi_hot = (sizes, multi_hot_offsets(sizes, self.table_rows))
+
+    def _open(self, meta: Dict) -> Dict[str, np.ndarray]:
+        paths = day_paths(self.cfg.dir, int(meta["day"]))
+        arrays = {}
+        for k, p in paths.items():
+            if not os.path.exists(p):
+                raise CriteoDataError(
+                    f"{p} is missing although manifest.json lists day {meta['day']}; re-run preprocessing"
+                )
+            arrays[k] = np.load(p, mmap_mode="r")
+            if arrays[k].shape[0] != meta["rows"]:
+                raise CriteoDataError(
+                    f"{p} has {arrays[k].shape[0]} rows but manifest.json says {meta['rows']}; re-run preprocessing"
+                )
+        return arrays
+
+    def _check_ids(self, metas: List[Dict]) -> None:
+        """Out-of-range ids must never reach an embedding kernel: check the manifest's max ids now."""
+        for c, (name, rows) in enumerate(zip(self.names, self.table_rows)):
+            for meta in metas:
+                top = int(meta["max_ids"][c])
+                if top >= rows:
+                    path = day_paths(self.cfg.dir, int(meta["day"]))["sparse"]
+                    raise CriteoDataError(
+                        f"sparse column {SPARSE_NAMES[c]} (feature '{name}') has id {top} in {path}, but the table "
+                        f"serving '{name}' has only {rows} rows. Fix: give that table at least {top + 1} rows in the "
+                        f"model config, or re-run `python -m dlrm.data.preprocess --table-sizes ...` with the "
+                        f"model's table sizes so ids are hashed into them"
+                    )
+
+    def num_batches(self, split: str) -> int:
+        """Global batches per epoch of `split` (train or eval); the last partial batch is dropped."""
+        if split not in SPLITS:
+            raise ValueError(f"split {split!r}: use one of {SPLITS}")
+        return self.splits[split].rows // self.global_batch_size
+
+    def batch_order(self, split: str, epoch: int) -> np.ndarray:
+        """Global batch indices of one epoch: a (seed, epoch)-seeded permutation for shuffled train."""
+        n = self.num_batches(split)
+        if split == "train" and self.cfg.shuffle:
+            return np.random.default_rng([self.seed, epoch]).permutation(n)
+        return np.arange(n)
+
+    def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Iterator[Batch]:
+        """This rank's slices of global batches start_step, start_step + 1, ... (train: endless; eval: one pass)."""
+        n = self.num_batches(split)
+        if self.global_batch_size % world_size or not 0 <= rank < world_size:
+            raise ValueError(
+                f"rank {rank} of world size {world_size}: data.global_batch_size={self.global_batch_size} "
+                f"must be divisible by the world size, and 0 <= rank < world size"
+            )
+        if split == "train" and n == 0:
+            raise CriteoDataError(
+                f"the train split of {self.cfg.dir} has {self.splits['train'].rows} rows, less than one global "
+                f"batch of {self.global_batch_size}; lower data.global_batch_size or add train days"
+            )
+        return read_ahead(self._produce(split, rank, world_size, start_step), max(1, self.cfg.prefetch_batches))
+
+    def _produce(self, split: str, rank: int, world_size: int, start_step: int) -> Iterator[Batch]:
+        n = self.num_batches(split)
+        b = self.global_batch_size // world_size
+        step, epoch, order = start_step, None, None
+        while split == "train" or step < n:
+            e, j = divmod(step, n)
+            if e != epoch:
+                epoch, order = e, self.batch_order(split, e)
+            yield self.make_batch(self.splits[split].read(int(order[j]) * self.global_batch_size + rank * b, b))
+            step += 1
+
+    def make_batch(self, rows: Dict[str, np.ndarray]) -> Batch:
+        """Arrays of b rows -> Batch; KJT values are key-major (all of feature 0, then feature 1, ...)."""
+        ids = rows["sparse"].astype(np.int64)  # [b, 26]
+        b = ids.shape[0]
+        if self.multi_hot is None:
+            values = np.ascontiguousarray(ids.T).reshape(-1)
+            lengths = np.ones(NUM_SPARSE * b, np.int32)
+        else:
+            sizes, offsets = self.multi_hot
+            cols = []
+            for c in range(NUM_SPARSE):
+                if sizes[c] == 1:
+                    cols.append(ids[:, c])
+                else:
+                    cols.append(((ids[:, c, None] + offsets[c]) % self.table_rows[c]).reshape(-1))
+            values = np.concatenate(cols)
+            lengths = np.repeat(np.asarray(sizes, np.int32), b)
+        return Batch(
+            dense_features=torch.from_numpy(np.ascontiguousarray(rows["dense"], np.float32).reshape(b, NUM_DENSE)),
+            sparse_features=KeyedJaggedTensor(
+                keys=self.names, values=torch.from_numpy(values), lengths=torch.from_numpy(lengths)
+            ),
+            labels=torch.from_numpy(rows["labels"].reshape(-1).astype(np.float32)),
+        )

@@ -1,0 +1,448 @@
+"""Preprocess raw Criteo TSV files (plain or .gz) into TorchRec's binary .npy layout, plus manifest.json.
+
+    python -m dlrm.data.preprocess --out DIR [--policy fail|skip] [--table-sizes kaggle|1tb|N|n1,..,n26]
+                                   [--id-map modulo|none|contiguous] [--min-count N] [--shuffle-seed S]
+                                   [--workers K] [--force] FILE...
+
+Ids: `modulo` hashes int(hex, 16) into --table-sizes; `none` keeps raw ids (checked against --table-sizes
+if given); `contiguous` maps ids seen >= --min-count times over all files to rows 1..K (0 = rare), as
+MLPerf does, with one vocab_C{c}.npy per column, in a second pass over the written days.
+
+Input file i becomes day_{i}_{dense,sparse,labels}.npy (see `dlrm.data.criteo`). Files are processed in
+parallel, and a plain file is also split into byte ranges when there are fewer files than workers.
+Outputs are written under temporary names and renamed at the end of each day; a day's `day_{i}.json`
+is written last, so a killed run leaves nothing that looks complete. A re-run skips days whose
+day_{i}.json matches the input file and the options (use --force to redo), and redoes the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import multiprocessing as mp
+import os
+import sys
+import threading
+import time
+from dataclasses import asdict
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from dlrm.data.criteo import (
+    DENSE_TRANSFORM,
+    KAGGLE_TABLE_SIZES,
+    KINDS,
+    NUM_DENSE,
+    NUM_SPARSE,
+    SPARSE_NAMES,
+    TB_TABLE_SIZES,
+    CriteoFormatError,
+    IdCounter,
+    NpyWriter,
+    ParseOptions,
+    RangeResult,
+    RangeTask,
+    concat_parts,
+    convert_range,
+    day_paths,
+    set_progress_counter,
+    sha256_file,
+    shuffle_rows,
+    to_contiguous,
+)
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+def parse_table_sizes(text: Optional[str]) -> Optional[List[int]]:
+    """'kaggle' | '1tb' | 'N' (all tables) | 'n1,...,n26' -> 26 sizes (None stays None)."""
+    if text is None:
+        return None
+    if text.lower() == "kaggle":
+        return list(KAGGLE_TABLE_SIZES)
+    if text.lower() == "1tb":
+        return list(TB_TABLE_SIZES)
+    sizes = [int(s) for s in text.split(",")]
+    if len(sizes) == 1:
+        sizes *= NUM_SPARSE
+    if len(sizes) != NUM_SPARSE or min(sizes) < 1:
+        raise SystemExit(f"--table-sizes: give kaggle, 1tb, one size or {NUM_SPARSE} positive sizes, got {text!r}")
+    return sizes
+
+
+def _input_stamp(path: str) -> Dict:
+    st = os.stat(path)
+    return {"path": os.path.abspath(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _options_stamp(opts: ParseOptions) -> Dict:
+    return {
+        "policy": opts.policy,
+        "id_map": opts.id_map,
+        "table_sizes": list(opts.table_sizes) if opts.table_sizes else None,
+        "sparse_dtype": opts.sparse_dtype.name,
+        "shuffle_seed": opts.shuffle_seed,
+    }
+
+
+def _day_json(out: str, day: int) -> str:
+    return os.path.join(out, f"day_{day}.json")
+
+
+def _is_complete(out: str, day: int, path: str, opts: ParseOptions) -> bool:
+    try:
+        with open(_day_json(out, day)) as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return False
+    if meta.get("input") != _input_stamp(path) or meta.get("options") != _options_stamp(opts):
+        return False
+    return all(
+        os.path.exists(p) and os.path.getsize(p) == meta["files"][k]["bytes"] for k, p in day_paths(out, day).items()
+    )
+
+
+def _plan(days: Dict[int, str], out: str, opts: ParseOptions, workers: int, block_bytes: int, min_range_bytes: int):
+    """{day: [RangeTask]}: gzip -> one task; plain -> up to ceil(workers / files) byte ranges of >= min_range_bytes."""
+    per_file = max(1, math.ceil(workers / max(1, len(days))))
+    plan = {}
+    for day, path in days.items():
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            gz = f.read(2) == b"\x1f\x8b"
+        n = 1 if gz else max(1, min(per_file, size // max(1, min_range_bytes)))
+        bounds = [size * k // n for k in range(n)] + [None]
+        prefix = os.path.join(out, f".tmp_day_{day}_part")
+        plan[day] = [RangeTask(path, f"{prefix}{k}", bounds[k], bounds[k + 1], opts, block_bytes) for k in range(n)]
+    return plan
+
+
+class _Progress(threading.Thread):
+    """Prints lines/s and the ETA (from input bytes) to stderr every `every` seconds."""
+
+    def __init__(self, counter, total_bytes: int, every: float):
+        super().__init__(daemon=True)
+        self.counter, self.total, self.every = counter, max(1, total_bytes), every
+        self.stop = threading.Event()
+        self.t0 = time.time()
+
+    def run(self):
+        while not self.stop.wait(self.every):
+            done, lines = self.counter[0], self.counter[1]
+            dt = time.time() - self.t0
+            eta = (self.total - done) * dt / done if done else float("inf")
+            print(
+                f"preprocess: {lines:,} lines ({100 * done / self.total:.0f}% of {self.total / 1e6:,.0f} MB input), "
+                f"{lines / dt:,.0f} lines/s, ETA {eta:,.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _finish_day(out: str, day: int, path: str, results: List[RangeResult], opts: ParseOptions) -> Dict:
+    """Apply the policy to a day's range results, concatenate parts, rename, write day_{i}.json."""
+    results.sort(key=lambda r: r.task.start)
+    # Range-local line numbers -> file line numbers.
+    offsets, base = [], 0
+    for r in results:
+        offsets.append(base)
+        base += r.lines
+    for r, off in zip(results, offsets):
+        for b in r.bad + ([r.error] if r.error else []):
+            if b.line > 0:
+                b.line += off
+    lines = sum(r.lines for r in results)
+    first_error = next((r for r in results if r.error), None)
+    if first_error is not None:
+        err = first_error.error
+        raise CriteoFormatError(
+            f"{err.describe(path)}. Fix the input, or run with --policy skip to drop and count bad lines."
+        )
+    fatal = next((r.fatal for r in results if r.fatal), None)
+    if fatal:
+        raise CriteoFormatError(
+            f"{path}: {fatal} after line {lines}. Re-download or re-compress the file, or run with "
+            f"--policy skip to keep the {sum(r.rows for r in results)} complete rows read before the break."
+        )
+    if lines == 0 and not any(r.truncated for r in results):
+        if opts.policy == "fail":
+            raise CriteoFormatError(
+                f"{path}: the file is empty (0 lines). Remove it from the inputs, or run with --policy skip."
+            )
+    final = day_paths(out, day)
+    files = {}
+    rows = None
+    cols = {"dense": NUM_DENSE, "sparse": NUM_SPARSE, "labels": 1}
+    dtypes = {"dense": np.float32, "sparse": opts.sparse_dtype, "labels": np.int32}
+    tmp = {k: os.path.join(out, f".tmp_day_{day}_{k}.npy") for k in KINDS}
+    for k in KINDS:
+        n, digest = concat_parts([f"{r.task.part_prefix}_{k}.npy" for r in results], tmp[k], dtypes[k], cols[k])
+        assert rows is None or n == rows, (k, n, rows)
+        rows = n
+        files[k] = {"name": os.path.basename(final[k]), "bytes": os.path.getsize(tmp[k]), "sha256": digest}
+    if opts.shuffle_seed is not None:
+        shuffle_rows(tmp, opts.shuffle_seed, day)
+        for k in KINDS:
+            files[k]["sha256"] = sha256_file(tmp[k])
+    for k in KINDS:
+        os.replace(tmp[k], final[k])
+    max_ids = np.max([r.max_ids for r in results], axis=0).tolist()
+    bad = [asdict(b) for r in results for b in r.bad][:20]
+    meta = {
+        "day": day,
+        "input": _input_stamp(path),
+        "options": _options_stamp(opts),
+        "lines": lines,
+        "rows": rows,
+        "skipped": sum(r.skipped for r in results),
+        "skipped_examples": bad,
+        "truncated": any(r.truncated for r in results),
+        "empty": lines == 0,
+        "max_ids": max_ids,
+        "files": files,
+    }
+    _write_json(_day_json(out, day), meta)
+    return meta
+
+
+def _write_json(path: str, obj) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _read_manifest(out: str) -> Optional[Dict]:
+    try:
+        with open(os.path.join(out, MANIFEST)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def remap_contiguous(out: str, manifest: Dict, min_count: int, block_rows: int = 1 << 20) -> Dict:
+    """Replace raw ids by contiguous rows, as MLPerf's preprocessing: per column, the ids seen at least
+    `min_count` times over all days, sorted, get rows 1..K (saved as vocab_C{c}.npy); every other id -> 0.
+
+    Needs ~16 bytes of memory per distinct id of all columns. Rewrites day_{i}_sparse.npy as int32
+    [N, 26] (atomically per day) and the day and manifest json files with the new table sizes.
+    """
+    os.remove(os.path.join(out, MANIFEST))  # unpublished until the remap is complete
+    days = manifest["days"]
+    counters = [IdCounter() for _ in range(NUM_SPARSE)]
+    t0 = time.time()
+    for meta in days:
+        sparse = np.load(day_paths(out, meta["day"])["sparse"], mmap_mode="r")
+        for i in range(0, sparse.shape[0], block_rows):
+            block = np.asarray(sparse[i : i + block_rows])
+            for c in range(NUM_SPARSE):
+                counters[c].add(block[:, c])
+    vocabs = []
+    for c, counter in enumerate(counters):
+        ids, counts = counter.result()
+        vocabs.append(ids[counts >= min_count])
+        path = os.path.join(out, f"vocab_{SPARSE_NAMES[c]}.npy")
+        np.save(path + ".tmp.npy", vocabs[-1])
+        os.replace(path + ".tmp.npy", path)
+    print(f"preprocess: contiguous vocabularies built in {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
+    stamp = {"contiguous_min_count": min_count}
+    for meta in days:
+        path = day_paths(out, meta["day"])["sparse"]
+        sparse = np.load(path, mmap_mode="r")
+        tmp = os.path.join(out, f".tmp_day_{meta['day']}_sparse.npy")
+        writer = NpyWriter(tmp, np.int32, NUM_SPARSE)
+        max_ids = np.full(NUM_SPARSE, -1, np.int64)
+        for i in range(0, sparse.shape[0], block_rows):
+            block = np.asarray(sparse[i : i + block_rows])
+            mapped = np.stack([to_contiguous(block[:, c], vocabs[c]) for c in range(NUM_SPARSE)], axis=1)
+            writer.append(mapped)
+            if len(mapped):
+                np.maximum(max_ids, mapped.max(0), out=max_ids)
+        writer.close()
+        del sparse
+        os.replace(tmp, path)
+        meta["files"]["sparse"].update(bytes=os.path.getsize(path), sha256=sha256_file(path))
+        meta["max_ids"] = max_ids.tolist()
+        meta["options"] = {**meta["options"], **stamp, "sparse_dtype": "int32"}
+        _write_json(_day_json(out, meta["day"]), meta)
+    manifest = {
+        **manifest,
+        "days": days,
+        "sparse_dtype": "int32",
+        "table_sizes": [len(v) + 1 for v in vocabs],
+        "id_map": {
+            "kind": "contiguous",
+            "min_count": min_count,
+            "rule": "row = 1 + index of int(hex, 16) in vocab_C{c}.npy (sorted ids seen >= min_count times "
+            "over all input days, missing counted as id 0); any other id -> row 0",
+            "vocab_files": [f"vocab_{n}.npy" for n in SPARSE_NAMES],
+        },
+        "options": {**manifest["options"], **stamp, "sparse_dtype": "int32"},
+    }
+    _write_json(os.path.join(out, MANIFEST), manifest)
+    return manifest
+
+
+def preprocess(
+    files: Sequence[str],
+    out: str,
+    opts: ParseOptions,
+    workers: int = 1,
+    force: bool = False,
+    block_bytes: int = 8 << 20,
+    min_range_bytes: int = 16 << 20,
+    progress_every: float = 5.0,
+    contiguous_min_count: Optional[int] = None,
+) -> Dict:
+    """Convert `files` (day i = files[i]) into `out`; returns the manifest (also written to manifest.json).
+
+    contiguous_min_count: remap raw ids to contiguous rows afterwards (see `remap_contiguous`); all days
+    are then redone unless a finished contiguous run with the same inputs and count exists.
+    """
+    if contiguous_min_count is not None:
+        if opts.id_map != "none" or opts.table_sizes is not None:
+            raise ValueError("contiguous ids are built from raw ids: use id_map=none without table_sizes")
+        old = _read_manifest(out)
+        if not force and old and old["id_map"].get("min_count") == contiguous_min_count and [
+            d["input"] for d in old["days"]
+        ] == [_input_stamp(p) for p in files] and old["options"]["policy"] == opts.policy and old["options"].get(
+            "shuffle_seed"
+        ) == opts.shuffle_seed:
+            return old
+        kw = dict(workers=workers, block_bytes=block_bytes, min_range_bytes=min_range_bytes)
+        raw = preprocess(files, out, opts, force=True, progress_every=progress_every, **kw)
+        return remap_contiguous(out, raw, contiguous_min_count)
+    if not files:
+        raise ValueError("give at least one input file")
+    for p in files:
+        if not os.path.isfile(p):
+            raise FileNotFoundError(f"input file {p!r} does not exist")
+    os.makedirs(out, exist_ok=True)
+    for stale in glob.glob(os.path.join(out, ".tmp_day_*")):  # leftovers of a killed run
+        os.remove(stale)
+    todo = [d for d, p in enumerate(files) if force or not _is_complete(out, d, p, opts)]
+    if todo and os.path.exists(os.path.join(out, MANIFEST)):
+        os.remove(os.path.join(out, MANIFEST))  # unpublished until this run completes
+    for d in todo:
+        for p in list(day_paths(out, d).values()) + [_day_json(out, d)]:
+            if os.path.exists(p):
+                os.remove(p)
+    plan = _plan({d: files[d] for d in todo}, out, opts, workers, block_bytes, min_range_bytes)
+    t0 = time.time()
+    total_bytes = sum(os.path.getsize(files[d]) for d in todo)
+    tasks = [t for d in todo for t in plan[d]]
+    day_of = {id(t): d for d in todo for t in plan[d]}
+    pending: Dict[int, List[RangeResult]] = {d: [] for d in todo}
+    done_meta: Dict[int, Dict] = {}
+
+    # fork is cheapest, but unsafe once torch (and its thread pools) is loaded in this process
+    ctx = mp.get_context("fork" if "torch" not in sys.modules and sys.platform == "linux" else "spawn")
+    counter = ctx.Array("q", 2)  # input bytes consumed, lines parsed
+    progress = _Progress(counter, total_bytes, progress_every)
+    try:
+        if workers <= 1 or len(tasks) <= 1:
+            set_progress_counter(counter)
+            results = map(convert_range, tasks)
+            pool = None
+        else:
+            pool = ctx.Pool(min(workers, len(tasks)), initializer=set_progress_counter, initargs=(counter,))
+            results = pool.imap(convert_range, tasks)
+        progress.start()  # after the fork: the children never hold this thread's locks
+        try:
+            for t, r in zip(tasks, results):
+                d = day_of[id(t)]
+                pending[d].append(r)
+                if len(pending[d]) == len(plan[d]):
+                    done_meta[d] = _finish_day(out, d, files[d], pending.pop(d), opts)
+                    m = done_meta[d]
+                    print(f"preprocess: day {d} ({files[d]}): {m['rows']:,} rows, {m['skipped']:,} skipped",
+                          file=sys.stderr, flush=True)
+        finally:
+            if pool is not None:
+                pool.terminate()
+                pool.join()
+    finally:
+        progress.stop.set()
+        set_progress_counter(None)
+        for stale in glob.glob(os.path.join(out, ".tmp_day_*")):
+            os.remove(stale)
+    elapsed = time.time() - t0
+    days = []
+    for d, p in enumerate(files):
+        with open(_day_json(out, d)) as f:
+            days.append(json.load(f))
+    new_rows = sum(done_meta[d]["rows"] for d in done_meta)
+    manifest = {
+        "format": "torchrec-binary-criteo",
+        "version": FORMAT_VERSION,
+        "days": days,
+        "total_rows": sum(m["rows"] for m in days),
+        "total_skipped": sum(m["skipped"] for m in days),
+        "dense_transform": DENSE_TRANSFORM,
+        "labels": "int32 0/1, shape [rows, 1]",
+        "sparse_columns": SPARSE_NAMES,
+        "sparse_dtype": opts.sparse_dtype.name,
+        "table_sizes": list(opts.table_sizes) if opts.table_sizes else None,
+        "id_map": {
+            "kind": opts.id_map,
+            "rule": "int(hex, 16) % table_sizes[c]; missing -> 0"
+            if opts.id_map == "modulo"
+            else "int(hex, 16); missing -> 0" + ("; checked < table_sizes[c]" if opts.table_sizes else ""),
+        },
+        "options": {**_options_stamp(opts), "workers": workers, "block_bytes": block_bytes},
+        "last_run": {"days_converted": sorted(done_meta), "rows": new_rows, "seconds": round(elapsed, 3),
+                     "rows_per_s": round(new_rows / elapsed) if elapsed > 0 else None},
+    }
+    _write_json(os.path.join(out, MANIFEST), manifest)
+    return manifest
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dlrm.data.preprocess", description=__doc__.split("\n")[0])
+    ap.add_argument("files", nargs="+", help="Criteo TSV files (plain or .gz); file i becomes day_i")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument(
+        "--policy", choices=("fail", "skip"), default="fail", help="on a bad line: stop, or drop and count it"
+    )
+    ap.add_argument("--table-sizes", default=None, help="kaggle | 1tb | N | n1,...,n26 (rows of each table)")
+    ap.add_argument("--id-map", choices=("modulo", "none", "contiguous"), default=None,
+                    help="modulo: id %% table size (default with --table-sizes); none: raw ids, checked < table "
+                    "size; contiguous: ids seen >= --min-count times -> rows 1..K, others -> 0 (MLPerf-style)")
+    ap.add_argument("--min-count", type=int, default=1, help="frequency threshold of --id-map contiguous")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--block-mb", type=float, default=8.0, help="text parsed per block (bounds memory per worker)")
+    ap.add_argument(
+        "--shuffle-seed", type=int, default=None, help="permute the rows of each day (seeded by seed and day)"
+    )
+    ap.add_argument("--force", action="store_true", help="redo days that are already complete")
+    ap.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
+    a = ap.parse_args(argv)
+    sizes = parse_table_sizes(a.table_sizes)
+    id_map = a.id_map or ("modulo" if sizes else "none")
+    contiguous = a.min_count if id_map == "contiguous" else None
+    if contiguous is not None and sizes:
+        ap.error("--id-map contiguous computes the table sizes: drop --table-sizes")
+    try:
+        parse_map = "none" if contiguous is not None else id_map
+        opts = ParseOptions(a.policy, parse_map, tuple(sizes) if sizes else None, a.shuffle_seed)
+    except ValueError as e:
+        ap.error(str(e))
+    try:
+        m = preprocess(a.files, a.out, opts, workers=a.workers, force=a.force, block_bytes=int(a.block_mb * (1 << 20)),
+                       progress_every=a.progress_every, contiguous_min_count=contiguous)
+    except (CriteoFormatError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    lr = m["last_run"]
+    print(f"preprocess: wrote {a.out}/{MANIFEST}: {m['total_rows']:,} rows in {len(m['days'])} day(s), "
+          f"{m['total_skipped']:,} skipped; this run {lr['rows']:,} rows in {lr['seconds']:.1f}s "
+          f"({lr['rows_per_s'] or 0:,} rows/s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
