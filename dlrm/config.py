@@ -191,6 +191,9 @@ class TrainerConfig:
 
     dense_allreduce: flat (DDP's allreduce over all ranks) or hierarchical (reduce-scatter inside
     each node, allreduce across nodes, allgather inside the node: see dlrm.comm_hooks).
+    resume: None (start fresh), "auto" (the newest complete checkpoint in checkpoint.dir, if any),
+    or the path of one checkpoint (a step_* directory).
+    eval_only: load `resume` and evaluate, without training.
     """
 
     max_steps: int = 100
@@ -200,6 +203,22 @@ class TrainerConfig:
     pipeline: bool = True
     progress: str = "auto"
     dense_allreduce: str = "flat"
+    resume: Optional[str] = None
+    eval_only: bool = False
+
+
+@dataclass
+class CheckpointConfig:
+    """Distributed checkpoints (dlrm.checkpoint).
+
+    dir: where checkpoints go (None: <run dir>/checkpoints). every_steps: 0 = no periodic saves.
+    at_end: save when training ends. keep: complete checkpoints kept (older ones are deleted).
+    """
+
+    dir: Optional[str] = None
+    every_steps: int = 0
+    at_end: bool = True
+    keep: int = 2
 
 
 @dataclass
@@ -210,8 +229,8 @@ class Config:
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     seed: int = 0
-    experiment: Optional[str] = None
 
 
 def register_configs() -> None:
@@ -339,6 +358,13 @@ def validate(cfg: Config) -> None:
     _require_positive("trainer.log_every_steps", tr.log_every_steps)
     _require_choice("trainer.progress", tr.progress, ("auto", "bar", "lines", "none"))
     _require_choice("trainer.dense_allreduce", tr.dense_allreduce, ("flat", "hierarchical"))
+    if tr.eval_only and not tr.resume:
+        _fail("trainer.eval_only", tr.eval_only, "name the checkpoint to evaluate: trainer.resume=PATH (or auto)")
+
+    ck = cfg.checkpoint
+    if ck.every_steps < 0:
+        _fail("checkpoint.every_steps", ck.every_steps, "use 0 (no periodic saves) or a positive step count")
+    _require_positive("checkpoint.keep", ck.keep)
 
 
 def validate_world(cfg: Config, world_size: int, local_world_size: int) -> None:

@@ -70,14 +70,28 @@ def device_for(cfg: TopologyConfig, world: World) -> torch.device:
     return torch.device("cpu")
 
 
+def _launcher_store(world: World) -> dist.Store:
+    """The rendezvous store at MASTER_ADDR:MASTER_PORT, under a prefix unique to this attempt.
+
+    torchrun hosts the store in its agent and keeps it across restarts (--max-restarts): without
+    the per-attempt prefix, restarted ranks would read the dead attempt's addresses and hang or fail.
+    """
+    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world.world_size,
+        is_master=world.rank == 0 and not agent_hosts_it,
+    )
+    return dist.PrefixStore(f"dlrm/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
 def init_distributed(cfg: TopologyConfig, world: World) -> dist.ProcessGroup:
-    """The default process group: from torchrun's environment, or a 1-rank group in-process."""
+    """The default process group: from the launcher's environment, or a 1-rank group in-process."""
     if not dist.is_initialized():
         backend = backend_for(cfg)
-        if "MASTER_ADDR" in os.environ:
-            dist.init_process_group(backend=backend, rank=world.rank, world_size=world.world_size)
-        else:
-            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+        store = _launcher_store(world) if "MASTER_ADDR" in os.environ else dist.HashStore()
+        dist.init_process_group(backend=backend, store=store, rank=world.rank, world_size=world.world_size)
     return dist.group.WORLD
 
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from dlrm.checkpoint import CheckpointError
 from dlrm.config import Config, ConfigError, register_configs, to_config, validate, validate_world
 from dlrm.topology import World
 
@@ -51,12 +52,13 @@ def hydra_main(dcfg: DictConfig) -> None:
         if world.is_main:
             (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(dcfg, resolve=True))
         summary = run(cfg, run_dir)
-    except ConfigError as e:
+    except (ConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     if world.is_main:
+        speed = summary["train_samples_per_s"]
         print(
-            f"done: {summary['steps']} steps, {summary['train_samples_per_s']:.0f} samples/s, "
+            f"done: {summary['steps']} steps, {f'{speed:.0f}' if speed else 'no'} train samples/s, "
             f"eval auc {summary['eval_auc']}, logloss {summary['eval_logloss']}; outputs in {run_dir}"
         )
 

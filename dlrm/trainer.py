@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
+import math
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator, List, Optional
 
@@ -11,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
+from dlrm.checkpoint import Checkpointer, CheckpointError, latest_checkpoint, model_signature, step_tensor
 from dlrm.comm_hooks import use_hierarchical_allreduce
 from dlrm.config import Config
 from dlrm.data.loader import make_source
@@ -28,13 +33,19 @@ from dlrm.topology import (
 )
 
 
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN or infinite loss; the message names the steps and the last checkpoint."""
+
+
 class Trainer:
     """One rank's share of a DLRM training job.
 
     Args:
         cfg: a validated config (`dlrm.config.validate`, `validate_world`).
         world: this process's rank and the launcher's sizes.
-        run_dir: where rank 0 writes metrics.jsonl and summary.json; None writes nothing.
+        run_dir: the run directory (the same on every rank): rank 0 writes metrics.jsonl and
+            summary.json there, and checkpoints go to run_dir/checkpoints unless checkpoint.dir is
+            set. None: no files, and no checkpoints unless checkpoint.dir is set.
     """
 
     def __init__(self, cfg: Config, world: World, run_dir: Optional[Path] = None) -> None:
@@ -61,6 +72,57 @@ class Trainer:
         )
         self.step = 0
         self.losses: List[float] = []  # global mean loss of every logged window, for tests
+        root = cfg.checkpoint.dir or (run_dir / "checkpoints" if run_dir is not None else None)
+        self.checkpointer = (
+            Checkpointer(Path(root), cfg.checkpoint.keep, self.pg, world.is_main) if root is not None else None
+        )
+        if cfg.trainer.resume:
+            self.resume(cfg.trainer.resume)
+
+    def _checkpoint_state(self) -> dict:
+        """What a checkpoint holds: live tensors only (DCP saves them, and loads into them in place).
+
+        Optimizer hyper-parameters are not saved: they come from the config, the lr from the step.
+        """
+        return {
+            "model": self.model.state_dict(),
+            "optim": {"state": self.optimizer.state_dict()["state"]},
+            "progress": {"step": step_tensor(self.step)},
+        }
+
+    def _manifest(self) -> dict:
+        return {
+            "world_size": self.world.world_size,
+            "sharding_plan": describe_plan(self.plan),
+            "model": model_signature(self.cfg.model),
+            "config_sha256": hashlib.sha256(json.dumps(asdict(self.cfg), sort_keys=True).encode()).hexdigest(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+
+    def save_checkpoint(self) -> Path:
+        """Checkpoint the current step (all ranks call it); returns the checkpoint's directory."""
+        if self.checkpointer is None:
+            raise CheckpointError("no checkpoint directory: set checkpoint.dir or give the trainer a run dir")
+        return self.checkpointer.save(self.step, self._checkpoint_state(), self._manifest())
+
+    def resume(self, where: str) -> None:
+        """Load model, optimizer state and step from `where`: "auto" (the newest complete checkpoint
+        in the checkpoint directory; nothing if there is none) or a checkpoint directory."""
+        if where == "auto":
+            path = latest_checkpoint(self.checkpointer.root) if self.checkpointer is not None else None
+            if path is None:
+                if self.world.is_main:
+                    print("resume=auto: no checkpoint yet, starting from step 0", flush=True)
+                return
+        else:
+            path = Path(where)
+        loader = self.checkpointer or Checkpointer(path.parent, self.cfg.checkpoint.keep, self.pg, self.world.is_main)
+        self.optimizer.init_state()  # lazily created state (Adam's) must exist to be loaded into
+        state = self._checkpoint_state()
+        loader.load(path, state, model_signature(self.cfg.model))
+        self.step = int(state["progress"]["step"].item())
+        if self.world.is_main:
+            print(f"resumed from {path} at step {self.step}", flush=True)
 
     @property
     def total_steps(self) -> int:
@@ -86,6 +148,8 @@ class Trainer:
     def train(self) -> dict:
         """Train for `total_steps`, evaluating every trainer.eval_every_steps and at the end."""
         cfg, world = self.cfg, self.world
+        if cfg.trainer.eval_only:
+            return self._finish(0, 0.0, 0.0, self.evaluate())
         total = self.total_steps
         log = MetricsLog(self.run_dir / "metrics.jsonl" if self.run_dir else None)
         progress = Progress(total, cfg.trainer.progress, world.is_main)
@@ -94,7 +158,7 @@ class Trainer:
         batches = self._batches("train", self.step, total - self.step)
         window: List[torch.Tensor] = []
         train_seconds, window_start = 0.0, time.perf_counter()
-        started = time.perf_counter()
+        started, first_step = time.perf_counter(), self.step
         evaluation: dict = {}
         self.model.train()
         while self.step < total:
@@ -108,6 +172,13 @@ class Trainer:
             last = self.step == total
             if self.step % cfg.trainer.log_every_steps == 0 or last:
                 mean_loss = self._global_mean(window)
+                if not math.isfinite(mean_loss):
+                    latest = latest_checkpoint(self.checkpointer.root) if self.checkpointer else None
+                    raise NonFiniteLossError(
+                        f"loss is {mean_loss} in steps {self.step - len(window) + 1}..{self.step}; "
+                        f"last good checkpoint: {latest or 'none'}; lower the learning rates and resume "
+                        "from it (trainer.resume=auto), or set trainer.log_every_steps=1 to stop sooner"
+                    )
                 seconds = time.perf_counter() - window_start
                 train_seconds += seconds
                 samples_per_s = len(window) * cfg.data.global_batch_size / seconds
@@ -125,9 +196,17 @@ class Trainer:
                     f"logloss {evaluation.get('logloss', float('nan')):.4f}"
                 )
                 window_start = time.perf_counter()
+            every = cfg.checkpoint.every_steps
+            if self.checkpointer is not None and ((every and self.step % every == 0) or (last and cfg.checkpoint.at_end)):
+                path = self.save_checkpoint()
+                progress.message(f"checkpoint: {path}")
+                window_start = time.perf_counter()
         progress.close()
         log.close()
-        summary = self._summary(train_seconds, time.perf_counter() - started, evaluation)
+        return self._finish(self.step - first_step, train_seconds, time.perf_counter() - started, evaluation)
+
+    def _finish(self, steps: int, train_seconds: float, wall_seconds: float, evaluation: dict) -> dict:
+        summary = self._summary(steps, train_seconds, wall_seconds, evaluation)
         if self.run_dir is not None:
             write_json_atomic(self.run_dir / "summary.json", summary)
         return summary
@@ -139,9 +218,10 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict:
         """AUC and log loss over the eval split, gathered from all ranks ({} if there is none)."""
-        n = self.source.num_batches("eval")
-        if self.cfg.data.eval_batches:
-            n = self.cfg.data.eval_batches if n is None else min(n, self.cfg.data.eval_batches)
+        n = self.cfg.data.eval_batches  # 0: no evaluation
+        available = self.source.num_batches("eval")
+        if available is not None:
+            n = min(n, available)
         if not n:
             return {}
         model = self.detached_model()
@@ -169,7 +249,8 @@ class Trainer:
         dist.all_reduce(total, group=self.pg)
         return total.item() / (len(losses) * self.world.world_size)
 
-    def _summary(self, train_seconds: float, wall_seconds: float, evaluation: dict) -> dict:
+    def _summary(self, steps: int, train_seconds: float, wall_seconds: float, evaluation: dict) -> dict:
+        """The run's summary.json; `steps` were trained in `train_seconds` by this process."""
         peak = torch.tensor([peak_rss_mb()], dtype=torch.float64)
         peaks = self._gather(peak.to(self.device)).tolist()
         return {
@@ -180,7 +261,7 @@ class Trainer:
             "sharding_plan": describe_plan(self.plan),
             "steps": self.step,
             "global_batch_size": self.cfg.data.global_batch_size,
-            "train_samples_per_s": self.step * self.cfg.data.global_batch_size / max(train_seconds, 1e-9),
+            "train_samples_per_s": steps * self.cfg.data.global_batch_size / train_seconds if steps else None,
             "final_loss": self.losses[-1] if self.losses else None,
             "eval_auc": evaluation.get("auc"),
             "eval_logloss": evaluation.get("logloss"),

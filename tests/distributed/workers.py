@@ -62,3 +62,15 @@ def process_group_layout(nodes: int, ranks_per_node: int) -> dict:
     }
     torch.distributed.destroy_process_group()
     return layout
+
+
+def train_summary(cfg: Config) -> dict:
+    """Train (or evaluate, with trainer.eval_only) on this rank and return the run summary."""
+    from dlrm.trainer import Trainer
+
+    validate(cfg)
+    world = World.from_env()
+    validate_world(cfg, world.world_size, world.local_world_size)
+    summary = Trainer(cfg, world).train()
+    torch.distributed.destroy_process_group()
+    return summary

@@ -1,0 +1,63 @@
+"""Export a checkpoint as one unsharded file: `python -m dlrm.export CHECKPOINT_DIR OUT.pt`.
+
+Runs in one process, no process group: the model described by the checkpoint's manifest is built
+whole on the CPU, DCP fills it from the shards, and its state dict is written with torch.save
+(plain tensors: `torch.load(OUT, weights_only=True)` reads it; `load_exported` rebuilds the model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from dlrm.checkpoint import CheckpointError, load_unsharded, read_manifest
+from dlrm.config import ModelConfig
+from dlrm.model import build_model
+
+
+def model_config_of(checkpoint: Path) -> ModelConfig:
+    """The model config a checkpoint was written for (from its manifest)."""
+    saved = read_manifest(checkpoint)["model"]
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), saved))
+
+
+def export(checkpoint: Path, out: Path) -> dict:
+    """Write the checkpoint's model, unsharded, to `out` (atomically); returns its state dict."""
+    model = build_model(model_config_of(checkpoint), torch.device("cpu"))
+    state = {"model": model.state_dict()}
+    load_unsharded(checkpoint, state)
+    tmp = out.with_name(f".{out.name}.tmp")
+    torch.save(state["model"], tmp)
+    os.replace(tmp, out)
+    return state["model"]
+
+
+def load_exported(checkpoint: Path, exported: Path) -> torch.nn.Module:
+    """The unsharded model (DLRMTrain) from an exported file, for evaluation or serving."""
+    model = build_model(model_config_of(checkpoint), torch.device("cpu"))
+    model.load_state_dict(torch.load(exported, weights_only=True))
+    return model
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dlrm.export", description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", type=Path, help="a checkpoint directory (checkpoints/step_NNNNNNNN)")
+    parser.add_argument("out", type=Path, help="the file to write, e.g. model.pt")
+    args = parser.parse_args(argv)
+    try:
+        state = export(args.checkpoint, args.out)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    params = sum(t.numel() for t in state.values())
+    print(f"exported {len(state)} tensors ({params:,} values) from {args.checkpoint} to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

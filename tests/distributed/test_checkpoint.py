@@ -1,0 +1,156 @@
+"""Checkpoints: resume == uninterrupted, resharding, elastic recovery, atomicity, guards, export."""
+
+import io
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlrm.checkpoint import CheckpointError, SafeFileSystemReader, latest_checkpoint
+from dlrm.export import export, load_exported
+from tests.distributed.harness import free_port, launch
+from tests.distributed.test_equivalence import config
+from tests.distributed.workers import train_and_report, train_summary
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def ckpt_config(make_config, tmp_path, *overrides):
+    # Default optimizers (row-wise Adagrad + Adagrad, with state) and a warmup across the resume point.
+    return config(make_config, "optim=rowwise_adagrad", "optim.schedule.warmup_steps=8",
+                  f"checkpoint.dir={tmp_path}", "checkpoint.every_steps=4", "trainer.max_steps=12", *overrides)
+
+
+def gather(results):
+    """{name: [(offsets, tensor)...]} of every rank, merged."""
+    merged = {}
+    for result in results:
+        for name, pieces in result["pieces"].items():
+            merged.setdefault(name, []).extend(pieces)
+    return merged
+
+
+@pytest.mark.slow
+def test_resume_equals_uninterrupted(make_config, tmp_path):
+    whole = launch(train_and_report, 2, ckpt_config(make_config, tmp_path / "a", "sharding=table_wise", "checkpoint.keep=3"))
+    resumed_cfg = ckpt_config(make_config, tmp_path / "b", "sharding=table_wise",
+                              f"trainer.resume={tmp_path / 'a' / 'step_00000004'}")
+    resumed = launch(train_and_report, 2, resumed_cfg)
+    assert resumed[0]["losses"] == whole[0]["losses"][4:]  # bit-exact: same maths, same order
+    a, b = gather(whole), gather(resumed)
+    for name in a:
+        for (off_a, t_a), (off_b, t_b) in zip(sorted(a[name], key=lambda p: p[0]), sorted(b[name], key=lambda p: p[0])):
+            assert off_a == off_b and torch.equal(t_a, t_b), name
+
+
+@pytest.mark.slow
+def test_resharding_keeps_the_eval_loss(make_config, tmp_path):
+    saved = launch(train_summary, 2, ckpt_config(make_config, tmp_path / "tw", "sharding=table_wise"))[0]
+    last = tmp_path / "tw" / "step_00000012"
+    for nnodes, nproc, sharding in ((1, 1, "row_wise"), (2, 2, "row_wise"), (1, 2, "column_wise")):
+        topology = "topology=cpu_2x2" if nnodes == 2 else "topology=cpu"
+        cfg = ckpt_config(make_config, tmp_path / f"r{nnodes}{nproc}", f"sharding={sharding}", topology,
+                          f"trainer.resume={last}", "trainer.eval_only=true")
+        loaded = launch(train_summary, nproc, cfg, nnodes=nnodes)[0]
+        assert loaded["eval_logloss"] == pytest.approx(saved["eval_logloss"], rel=1e-6), (nnodes, nproc, sharding)
+        assert loaded["eval_auc"] == pytest.approx(saved["eval_auc"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_export_is_the_unsharded_model(make_config, tmp_path):
+    results = launch(train_and_report, 2, ckpt_config(make_config, tmp_path / "c", "sharding=row_wise"))
+    checkpoint = tmp_path / "c" / "step_00000012"
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["step_00000008", "step_00000012"]  # keep=2
+    exported = export(checkpoint, tmp_path / "model.pt")
+    for name, pieces in gather(results).items():
+        for (r0, c0), piece in pieces:
+            full = exported[name]
+            expected = full[r0 : r0 + piece.shape[0], c0 : c0 + piece.shape[1]] if full.dim() == 2 else full
+            assert torch.equal(piece, expected), name
+    model = load_exported(checkpoint, tmp_path / "model.pt")
+    assert set(model.state_dict()) == set(exported)
+
+
+def test_incomplete_checkpoints_are_ignored(tmp_path):
+    good = tmp_path / "step_00000004"
+    good.mkdir()
+    (good / "manifest.json").write_text("{}")
+    (tmp_path / ".step_00000008.partial").mkdir()  # a save killed part-way
+    (tmp_path / "step_00000012").mkdir()  # shards written, manifest not yet: not complete
+    assert latest_checkpoint(tmp_path) == good
+
+
+def test_unsafe_metadata_is_refused(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(CheckpointError, match="refusing"):
+        SafeFileSystemReader(str(tmp_path)).read_metadata()
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.slow
+def test_incompatible_checkpoint_is_refused(make_config, tmp_path):
+    launch(train_summary, 1, ckpt_config(make_config, tmp_path / "d", "trainer.max_steps=4"))
+    cfg = ckpt_config(make_config, tmp_path / "e", f"trainer.resume={tmp_path / 'd' / 'step_00000004'}")
+    cfg.model.tables[0].rows = 200
+    cfg.model.tables[1].dim = cfg.model.tables[0].dim  # unchanged: only the rows differ
+    with pytest.raises(Exception, match=r"table t_C1: rows 100 in the checkpoint, 200 in this model"):
+        launch(train_summary, 1, cfg)
+
+
+@pytest.mark.slow
+def test_nonfinite_loss_stops_and_names_the_checkpoint(make_config, tmp_path):
+    launch(train_summary, 1, ckpt_config(make_config, tmp_path, "optim=sgd", "trainer.max_steps=4"))
+    cfg = ckpt_config(make_config, tmp_path, "optim=sgd", "optim.dense.lr=1e30", "optim.embedding.lr=1e30",
+                      "trainer.resume=auto")
+    with pytest.raises(Exception, match=r"loss is (nan|inf) in steps 6\.\.6; last good checkpoint: .*step_00000004"):
+        launch(train_summary, 1, cfg)
+
+
+def _torchrun(run_dir: Path, port: int, *overrides: str) -> subprocess.Popen:
+    """torchrun with one restart allowed; output goes to run_dir.log (a pipe could fill and block it)."""
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    log = open(f"{run_dir}.log", "w")
+    return subprocess.Popen(
+        [torchrun, "--nproc_per_node=2", "--max-restarts=1", "--rdzv-backend=c10d",
+         f"--rdzv-endpoint=127.0.0.1:{port}", "-m", "dlrm.train", f"hydra.run.dir={run_dir}",
+         "trainer.max_steps=60", "checkpoint.every_steps=10", "trainer.resume=auto", "trainer.progress=lines",
+         "trainer.log_every_steps=1", *overrides],
+        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+@pytest.mark.slow
+def test_killed_rank_restarts_and_resumes(tmp_path):
+    clean = _torchrun(tmp_path / "clean", free_port())
+    assert clean.wait(timeout=300) == 0, (tmp_path / "clean.log").read_text()[-3000:]
+
+    job = _torchrun(tmp_path / "killed", free_port())
+    first = tmp_path / "killed" / "checkpoints" / "step_00000010"
+    deadline = time.time() + 240
+    while not (first / "manifest.json").exists():
+        assert job.poll() is None and time.time() < deadline, "the job ended before its first checkpoint"
+        time.sleep(0.05)
+    ranks = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
+    assert ranks, "no worker processes found under torchrun"
+    os.kill(int(ranks[-1]), signal.SIGKILL)
+    job.wait(timeout=300)
+    output = (tmp_path / "killed.log").read_text()
+    assert job.returncode == 0, output[-3000:]
+    assert "resumed from" in output, "the job must have restarted and resumed, not finished first"
+
+    a = export(tmp_path / "clean" / "checkpoints" / "step_00000060", tmp_path / "clean.pt")
+    b = export(tmp_path / "killed" / "checkpoints" / "step_00000060", tmp_path / "killed.pt")
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
