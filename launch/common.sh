@@ -128,6 +128,16 @@ quote_args() {
   printf '%s' "${out[*]}"
 }
 
+# restart_args: --max-restarts=$MAX_RESTARTS when MAX_RESTARTS is set (torchrun restarts every rank
+# of the job that many times after a failure; pair it with trainer.resume=auto and checkpoint.every_steps).
+restart_args() {
+  RESTART_ARGS=()
+  if [ -n "${MAX_RESTARTS:-}" ]; then
+    require_int MAX_RESTARTS 0
+    RESTART_ARGS=(--max-restarts="$MAX_RESTARTS")
+  fi
+}
+
 # run_cmd ARGS...: print '+ command' to stderr, then exec it (or exit 0 under DRY_RUN=1).
 run_cmd() {
   echo "+ $(quote_args "$@")" >&2

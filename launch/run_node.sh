@@ -30,4 +30,5 @@ fi
 check_topology - NGPU "${args[@]}"
 if [ "$DLRM_ACCEL" = cuda ]; then load_fabric_env nccl_base; else load_fabric_env gloo_cpu; fi
 find_torchrun
-run_cmd "$TORCHRUN" --standalone --nproc_per_node="$NGPU" -m dlrm.train "${args[@]}"
+restart_args
+run_cmd "$TORCHRUN" --standalone --nproc_per_node="$NGPU" "${RESTART_ARGS[@]}" -m dlrm.train "${args[@]}"

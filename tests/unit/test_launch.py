@@ -17,7 +17,7 @@ LAUNCH = ROOT / "launch"
 # Variables the launchers read: cleared so the caller's environment cannot change the expected commands.
 LAUNCH_VARS = (
     "NNODES NODE_RANK MASTER_ADDR MASTER_PORT RDZV_ENDPOINT RDZV_ID RUN_DIR NPROC_PER_NODE NGPU NPROC "
-    "FABRIC_ENV TORCHRUN DLRM_ACCEL DLRM_VENV TOPOLOGY DRY_RUN"
+    "FABRIC_ENV TORCHRUN DLRM_ACCEL DLRM_VENV TOPOLOGY DRY_RUN MAX_RESTARTS"
 ).split()
 
 
@@ -238,3 +238,13 @@ def test_dockerfile_pins_agree_with_pyproject_and_setup():
     assert re.search(r'^ENTRYPOINT \["torchrun"\]$', docker, re.M)
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored
+
+
+def test_max_restarts_is_passed_to_torchrun_and_checked():
+    cmd = torchrun_command(launch("run_node.sh", "trainer.resume=auto", MAX_RESTARTS="2"))
+    assert "--max-restarts=2" in cmd and cmd.index("--max-restarts=2") < cmd.index("-m")
+    multi = torchrun_command(launch("run_multinode.sh", NNODES="2", NODE_RANK="1", MASTER_ADDR="10.0.0.1",
+                                    NPROC_PER_NODE="2", MAX_RESTARTS="1"))
+    assert "--max-restarts=1" in multi
+    bad = launch("run_node.sh", MAX_RESTARTS="many")
+    assert bad.returncode == 2 and "MAX_RESTARTS=many" in bad.stderr

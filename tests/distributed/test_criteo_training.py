@@ -1,0 +1,31 @@
+"""Training on preprocessed real Criteo rows: 2 sharded ranks equal the unsharded model."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.distributed.harness import launch
+from tests.distributed.reference import train_unsharded
+from tests.distributed.test_equivalence import assert_matches_reference
+from tests.distributed.workers import train_and_report, train_summary
+from tests.unit.test_criteo_preprocess import SAMPLE
+
+pytestmark = pytest.mark.skipif(not SAMPLE.exists(), reason=f"{SAMPLE} not found")
+
+
+@pytest.mark.slow
+def test_training_on_preprocessed_sample(make_config, tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "dlrm.data.preprocess", "--out", str(tmp_path), "--table-sizes", "2000", str(SAMPLE)],
+        check=True, capture_output=True, timeout=120,
+    )
+    cfg = make_config(
+        "data=criteo_kaggle", f"data.criteo.dir={tmp_path}", "data.criteo.eval_fraction=0.2",
+        "data.global_batch_size=16", "data.eval_batches=1", "optim=sgd",
+        "trainer.max_steps=8", "trainer.log_every_steps=1", "trainer.progress=none", "sharding=row_wise",
+    )
+    ref_losses, ref_weights = train_unsharded(cfg)
+    assert_matches_reference(launch(train_and_report, 2, cfg), ref_losses, ref_weights)
+    summary = launch(train_summary, 2, cfg)[0]
+    assert summary["steps"] == 8 and summary["eval_logloss"] > 0
