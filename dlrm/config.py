@@ -194,6 +194,9 @@ class TrainerConfig:
     resume: None (start fresh), "auto" (the newest complete checkpoint in checkpoint.dir, if any),
     or the path of one checkpoint (a step_* directory).
     eval_only: load `resume` and evaluate, without training.
+    dense_precision: fp32, or bf16 (autocast of the forward pass: the MLPs and interaction compute
+    in bfloat16; weights, embeddings, gradients and optimizer state stay fp32).
+    tf32: let CUDA matmuls use TF32 (no effect on CPU).
     """
 
     max_steps: int = 100
@@ -205,6 +208,8 @@ class TrainerConfig:
     dense_allreduce: str = "flat"
     resume: Optional[str] = None
     eval_only: bool = False
+    dense_precision: str = "fp32"
+    tf32: bool = False
 
 
 @dataclass
@@ -358,6 +363,7 @@ def validate(cfg: Config) -> None:
     _require_positive("trainer.log_every_steps", tr.log_every_steps)
     _require_choice("trainer.progress", tr.progress, ("auto", "bar", "lines", "none"))
     _require_choice("trainer.dense_allreduce", tr.dense_allreduce, ("flat", "hierarchical"))
+    _require_choice("trainer.dense_precision", tr.dense_precision, ("fp32", "bf16"))
     if tr.eval_only and not tr.resume:
         _fail("trainer.eval_only", tr.eval_only, "name the checkpoint to evaluate: trainer.resume=PATH (or auto)")
 

@@ -57,8 +57,12 @@ def backend_for(cfg: TopologyConfig) -> str:
     return "nccl" if cfg.device == "cuda" else "gloo"
 
 
-def device_for(cfg: TopologyConfig, world: World) -> torch.device:
-    """The compute device of this rank: cuda:<local rank> or cpu."""
+def device_for(cfg: TopologyConfig, world: World, tf32: bool = False) -> torch.device:
+    """The compute device of this rank: cuda:<local rank> or cpu. The one place with CUDA calls
+    (a ROCm build of torch answers to the same 'cuda' device and 'nccl' backend names).
+
+    tf32: allow TF32 in CUDA matmuls and cuDNN.
+    """
     if cfg.device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError(
@@ -66,6 +70,8 @@ def device_for(cfg: TopologyConfig, world: World) -> torch.device:
                 "use topology=cpu on this machine"
             )
         torch.cuda.set_device(world.local_rank)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
         return torch.device("cuda", world.local_rank)
     return torch.device("cpu")
 

@@ -52,7 +52,7 @@ class Trainer:
         self.cfg = cfg
         self.world = world
         self.run_dir = run_dir if world.is_main else None
-        self.device = device_for(cfg.topology, world)
+        self.device = device_for(cfg.topology, world, tf32=cfg.trainer.tf32)
         self.pg = init_distributed(cfg.topology, world)
         self.groups = build_process_groups(self.device, world.world_size // world.local_world_size, world.local_world_size)
 
@@ -68,7 +68,9 @@ class Trainer:
         self.schedule = LRSchedule(self.optimizer, cfg.optim.schedule)
         self.source = make_source(cfg)
         self.pipeline = (
-            TrainPipelineSparseDist(self.model, self.optimizer, self.device) if cfg.trainer.pipeline else None
+            TrainPipelineSparseDist(self.model, self.optimizer, self.device, custom_model_fwd=self._forward)
+            if cfg.trainer.pipeline
+            else None
         )
         self.step = 0
         self.losses: List[float] = []  # global mean loss of every logged window, for tests
@@ -137,10 +139,16 @@ class Trainer:
         batches = self.source.batches(split, self.world.rank, self.world.world_size, start_step)
         return itertools.islice(batches, count) if count is not None else batches
 
+    def _forward(self, batch):
+        """model(batch) -> (loss, (loss, logits, labels)), under bf16 autocast if configured."""
+        bf16 = self.cfg.trainer.dense_precision == "bf16"
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
+            return self.model(batch)
+
     def train_step(self, batch) -> torch.Tensor:
         """One step without the pipeline: forward, backward (fused embedding update), dense step."""
         self.optimizer.zero_grad()
-        loss, _ = self.model(batch.to(self.device))
+        loss, _ = self._forward(batch.to(self.device))
         loss.backward()
         self.optimizer.step()
         return loss.detach()
@@ -228,11 +236,11 @@ class Trainer:
         model.eval()
         logits, labels = [], []
         for batch in self._batches("eval", 0, n):
-            _, (_, batch_logits, batch_labels) = model(batch.to(self.device))
+            _, (_, batch_logits, batch_labels) = self._forward(batch.to(self.device))
             logits.append(batch_logits)
             labels.append(batch_labels)
         model.train()
-        all_logits = self._gather(torch.cat(logits))
+        all_logits = self._gather(torch.cat(logits).float())
         all_labels = self._gather(torch.cat(labels).float())
         auc, logloss = auc_and_logloss(all_logits, all_labels)
         return {"auc": auc, "logloss": logloss, "samples": int(all_labels.numel())}
