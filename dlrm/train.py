@@ -6,6 +6,7 @@ Under torchrun all ranks agree on one run directory, and only rank 0 writes into
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -34,11 +35,15 @@ def run(cfg: Config, run_dir: Optional[Path] = None) -> dict:
     validate_world(cfg, world.world_size, world.local_world_size)
     from dlrm.trainer import Trainer  # imports TorchRec (seconds): only once the config is valid
 
-    trainer = Trainer(cfg, world, run_dir)
-    try:
-        return trainer.train()
-    finally:
-        dist.destroy_process_group()
+    summary = Trainer(cfg, world, run_dir).train()
+    # Collect the trainer now: its pipeline and model form reference cycles that hold in-flight
+    # Gloo work; freed only at interpreter exit, they can abort the process ("terminate called
+    # without an active exception"). Then tear down together, and only after success: a rank
+    # that failed leaves the clean-up to the launcher, as a collective teardown could hang.
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+    return summary
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

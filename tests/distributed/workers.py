@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 from dlrm.config import Config, validate, validate_world
@@ -27,8 +29,17 @@ def train_and_report(cfg: Config) -> dict:
         name: [(offsets, t.detach().clone()) for t, offsets, _ in local_pieces(value)]
         for name, value in model.state_dict().items()
     }
+    result = {"losses": trainer.losses, "pieces": pieces, "plan": describe_plan(trainer.plan)}
+    del trainer, model
+    _teardown()
+    return result
+
+
+def _teardown() -> None:
+    """As dlrm.train.run does: free the trainer's cycles (in-flight Gloo work), then the groups."""
+    gc.collect()
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
-    return {"losses": trainer.losses, "pieces": pieces, "plan": describe_plan(trainer.plan)}
 
 
 def hierarchical_vs_flat(nodes: int, ranks_per_node: int) -> float:
@@ -72,5 +83,5 @@ def train_summary(cfg: Config) -> dict:
     world = World.from_env()
     validate_world(cfg, world.world_size, world.local_world_size)
     summary = Trainer(cfg, world).train()
-    torch.distributed.destroy_process_group()
+    _teardown()
     return summary
