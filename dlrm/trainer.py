@@ -61,8 +61,8 @@ class Trainer:
         topology = planner_topology(cfg.topology, world.world_size, world.local_world_size)
         self.plan = plan_sharding(cfg, model, topology, self.pg)
         self.model = shard_model(model, self.plan, self.pg, self.device)
-        if cfg.trainer.dense_allreduce == "hierarchical":
-            use_hierarchical_allreduce(self.model, self.groups)
+        if cfg.trainer.dense_allreduce == "hierarchical" and not use_hierarchical_allreduce(self.model, self.groups):
+            raise RuntimeError("trainer.dense_allreduce=hierarchical, but the model has no DDP module to hook")
         initialize(self.model, cfg.model, cfg.seed)
         self.optimizer = build_optimizer(self.model, self.model.fused_optimizer, cfg.optim)
         self.schedule = LRSchedule(self.optimizer, cfg.optim.schedule)
