@@ -209,6 +209,8 @@ class Trainer:
                 path = self.save_checkpoint()
                 progress.message(f"checkpoint: {path}")
                 window_start = time.perf_counter()
+        if first_step >= total:  # resumed at the end: nothing to train, still report the model
+            evaluation = self.evaluate()
         progress.close()
         log.close()
         return self._finish(self.step - first_step, train_seconds, time.perf_counter() - started, evaluation)

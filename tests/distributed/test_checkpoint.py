@@ -79,6 +79,35 @@ def test_export_is_the_unsharded_model(make_config, tmp_path):
     assert set(model.state_dict()) == set(exported)
 
 
+@pytest.mark.slow
+def test_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path):
+    """SIGKILL the whole job while DCP writes a 170 MB checkpoint; resume=auto takes the one before."""
+    run_dir, root = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    args = [torchrun, "--standalone", "--nproc_per_node=2", "-m", "dlrm.train", "model=bench_cpu",
+            f"hydra.run.dir={run_dir}", "trainer.max_steps=20", "checkpoint.every_steps=5", "trainer.progress=none"]
+    with open(tmp_path / "killed.log", "w") as log:
+        job = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 240
+        while not (root / ".step_00000010.partial").exists():
+            assert job.poll() is None and time.time() < deadline, (tmp_path / "killed.log").read_text()[-2000:]
+            time.sleep(0.005)
+        ranks = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
+        for pid in ranks:  # torchrun puts its ranks in sessions of their own: kill them by pid
+            os.kill(int(pid), signal.SIGKILL)
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        assert ranks, "no rank processes found under torchrun"
+    assert (root / ".step_00000010.partial").exists(), "the save finished before the kill: nothing was tested"
+    assert latest_checkpoint(root) == root / "step_00000005"
+
+    resumed = subprocess.run(args + ["trainer.resume=auto"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "step_00000005 at step 5" in resumed.stdout, resumed.stdout[-3000:]
+    assert not (root / ".step_00000010.partial").exists()  # cleared by the next save
+    assert latest_checkpoint(root) == root / "step_00000020"
+
+
 def test_incomplete_checkpoints_are_ignored(tmp_path):
     good = tmp_path / "step_00000004"
     good.mkdir()
