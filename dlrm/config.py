@@ -197,6 +197,8 @@ class TrainerConfig:
     dense_precision: fp32, or bf16 (autocast of the forward pass: the MLPs and interaction compute
     in bfloat16; weights, embeddings, gradients and optimizer state stay fp32).
     tf32: let CUDA matmuls use TF32 (no effect on CPU).
+    on_nonfinite: stop (raise, naming the last good checkpoint) or skip (drop the batch: no
+    backward, no update; needs pipeline=false, since the pipeline's fused update runs unchecked).
     """
 
     max_steps: int = 100
@@ -210,6 +212,7 @@ class TrainerConfig:
     eval_only: bool = False
     dense_precision: str = "fp32"
     tf32: bool = False
+    on_nonfinite: str = "stop"
 
 
 @dataclass
@@ -364,6 +367,14 @@ def validate(cfg: Config) -> None:
     _require_choice("trainer.progress", tr.progress, ("auto", "bar", "lines", "none"))
     _require_choice("trainer.dense_allreduce", tr.dense_allreduce, ("flat", "hierarchical"))
     _require_choice("trainer.dense_precision", tr.dense_precision, ("fp32", "bf16"))
+    _require_choice("trainer.on_nonfinite", tr.on_nonfinite, ("stop", "skip"))
+    if tr.on_nonfinite == "skip" and tr.pipeline:
+        _fail(
+            "trainer.on_nonfinite",
+            tr.on_nonfinite,
+            "skip checks each loss before its backward pass, which the pipeline cannot do: "
+            "set trainer.pipeline=false, or use stop",
+        )
     if tr.eval_only and not tr.resume:
         _fail("trainer.eval_only", tr.eval_only, "name the checkpoint to evaluate: trainer.resume=PATH (or auto)")
 

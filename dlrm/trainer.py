@@ -74,6 +74,7 @@ class Trainer:
         )
         self.step = 0
         self.losses: List[float] = []  # global mean loss of every logged window, for tests
+        self.skipped_steps: List[int] = []  # steps dropped for a non-finite loss (on_nonfinite=skip)
         root = cfg.checkpoint.dir or (run_dir / "checkpoints" if run_dir is not None else None)
         self.checkpointer = (
             Checkpointer(Path(root), cfg.checkpoint.keep, self.pg, world.is_main) if root is not None else None
@@ -145,10 +146,20 @@ class Trainer:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
             return self.model(batch)
 
-    def train_step(self, batch) -> torch.Tensor:
-        """One step without the pipeline: forward, backward (fused embedding update), dense step."""
+    def train_step(self, batch) -> Optional[torch.Tensor]:
+        """One step without the pipeline: forward, backward (fused embedding update), dense step.
+
+        With trainer.on_nonfinite=skip, a batch whose loss is not finite on any rank is dropped by
+        every rank before its backward pass (nothing is updated); returns None then.
+        """
         self.optimizer.zero_grad()
         loss, _ = self._forward(batch.to(self.device))
+        if self.cfg.trainer.on_nonfinite == "skip":
+            finite = torch.isfinite(loss.detach()).float().reshape(1)
+            dist.all_reduce(finite, op=dist.ReduceOp.MIN, group=self.pg)
+            if finite.item() == 0.0:
+                self.skipped_steps.append(self.step + 1)
+                return None
         loss.backward()
         self.optimizer.step()
         return loss.detach()
@@ -175,10 +186,11 @@ class Trainer:
                 loss = self.pipeline.progress(batches)[0]
             else:
                 loss = self.train_step(next(batches))
-            window.append(loss)
+            if loss is not None:
+                window.append(loss)
             self.step += 1
             last = self.step == total
-            if self.step % cfg.trainer.log_every_steps == 0 or last:
+            if window and (self.step % cfg.trainer.log_every_steps == 0 or last):
                 mean_loss = self._global_mean(window)
                 if not math.isfinite(mean_loss):
                     latest = latest_checkpoint(self.checkpointer.root) if self.checkpointer else None
@@ -273,6 +285,7 @@ class Trainer:
             "global_batch_size": self.cfg.data.global_batch_size,
             "train_samples_per_s": steps * self.cfg.data.global_batch_size / train_seconds if steps else None,
             "final_loss": self.losses[-1] if self.losses else None,
+            "skipped_steps": self.skipped_steps,
             "eval_auc": evaluation.get("auc"),
             "eval_logloss": evaluation.get("logloss"),
             "wall_time_s": wall_seconds,

@@ -9,10 +9,11 @@ from dlrm.data.loader import make_source
 from dlrm.model import build_model, initialize
 
 
-def train_unsharded(cfg: Config) -> tuple[list[float], dict[str, torch.Tensor]]:
+def train_unsharded(cfg: Config, skip_batches: tuple = ()) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Per-step losses and final weights of the model trained on whole global batches.
 
-    Needs optim=sgd (one lr for tables and MLPs each) and a constant schedule.
+    Needs optim=sgd (one lr for tables and MLPs each) and a constant schedule. Global batches
+    whose 0-based index is in `skip_batches` are read but not trained on.
     """
     assert cfg.optim.embedding.name == cfg.optim.dense.name == "sgd"
     model = build_model(cfg.model, torch.device("cpu"))
@@ -24,9 +25,12 @@ def train_unsharded(cfg: Config) -> tuple[list[float], dict[str, torch.Tensor]]:
     )
     batches = make_source(cfg).batches("train", rank=0, world_size=1)
     losses = []
-    for _ in range(cfg.trainer.max_steps):
+    for index in range(cfg.trainer.max_steps):
+        batch = next(batches)
+        if index in skip_batches:
+            continue
         optimizer.zero_grad()
-        loss, _ = model(next(batches))
+        loss, _ = model(batch)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())

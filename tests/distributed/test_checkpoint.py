@@ -183,3 +183,18 @@ def test_killed_rank_restarts_and_resumes(tmp_path):
     b = export(tmp_path / "killed" / "checkpoints" / "step_00000060", tmp_path / "killed.pt")
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.slow
+def test_nonfinite_batch_is_skipped_on_every_rank(make_config):
+    """A NaN in rank 1's slice of batch 3: both ranks drop that batch, and training equals the
+    unsharded model trained without it."""
+    from tests.distributed.reference import train_unsharded
+    from tests.distributed.test_equivalence import assert_matches_reference
+    from tests.distributed.workers import train_with_a_nan_batch
+
+    cfg = config(make_config, "sharding=row_wise", "trainer.pipeline=false", "trainer.on_nonfinite=skip")
+    ref_losses, ref_weights = train_unsharded(cfg, skip_batches=(3,))
+    results = launch(train_with_a_nan_batch, 2, cfg, 3, 1)
+    assert [r["skipped"] for r in results] == [[4], [4]]  # 1-based step 4 = batch 3
+    assert_matches_reference(results, ref_losses, ref_weights)

@@ -85,3 +85,38 @@ def train_summary(cfg: Config) -> dict:
     summary = Trainer(cfg, world).train()
     _teardown()
     return summary
+
+
+class _NaNInjector:
+    """A batch source whose global batch `index` has a NaN dense feature in rank `rank`'s slice."""
+
+    def __init__(self, source, index: int, rank: int) -> None:
+        self.source, self.index, self.rank = source, index, rank
+
+    def num_batches(self, split):
+        return self.source.num_batches(split)
+
+    def batches(self, split, rank, world_size, start_step=0):
+        for step, batch in enumerate(self.source.batches(split, rank, world_size, start_step), start_step):
+            if split == "train" and step == self.index and rank == self.rank:
+                batch.dense_features[0, 0] = float("nan")
+            yield batch
+
+
+def train_with_a_nan_batch(cfg: Config, index: int, rank: int) -> dict:
+    """train_and_report, with a NaN injected into one rank's slice of global batch `index`."""
+    from dlrm.trainer import Trainer
+
+    validate(cfg)
+    world = World.from_env()
+    trainer = Trainer(cfg, world)
+    trainer.source = _NaNInjector(trainer.source, index, rank)
+    trainer.train()
+    pieces = {
+        name: [(offsets, t.detach().clone()) for t, offsets, _ in local_pieces(value)]
+        for name, value in trainer.model.state_dict().items()
+    }
+    result = {"losses": trainer.losses, "pieces": pieces, "skipped": trainer.skipped_steps}
+    del trainer
+    _teardown()
+    return result

@@ -62,6 +62,8 @@ BAD = {
     "nccl on cpu": (lambda c: setattr(c.topology, "backend", "nccl"), "NCCL needs topology.device=cuda"),
     "zero bandwidth": (lambda c: setattr(c.topology.inter_node, "bandwidth_GBps", 0.0), "inter_node.bandwidth_GBps"),
     "duplicate feature": (lambda c: setattr(c.model.tables[1], "features", ["C1"]), "one table only"),
+    "skip under the pipeline": (lambda c: setattr(c.trainer, "on_nonfinite", "skip"), "set trainer.pipeline=false"),
+    "eval_only without resume": (lambda c: setattr(c.trainer, "eval_only", True), "trainer.resume=PATH"),
 }
 
 
