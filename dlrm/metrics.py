@@ -6,7 +6,6 @@ import json
 import os
 import resource
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -63,7 +62,6 @@ class Progress:
         self.mode = mode if enabled else "none"
         self.total = total
         self._bar = tqdm(total=total, unit="step", dynamic_ncols=True) if self.mode == "bar" else None
-        self.started = time.perf_counter()
 
     def update(self, step: int, steps_done: int, **figures) -> None:
         """Report `figures` (loss, lr, samples_per_s, ...) at `step` after `steps_done` new steps."""

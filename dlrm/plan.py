@@ -296,7 +296,7 @@ def traffic(tables: List[dict], world: int, ranks_per_node: int, global_batch: i
         kind = t["sharding_type"]
         if kind == "data_parallel":
             continue
-        F, L, D, rows = t["features"], t["pooling"], t["dim"], t["rows"]
+        F, L, rows = t["features"], t["pooling"], t["rows"]
         id_bytes = b_local * F * L * ID_BYTES  # one rank's ids of this table
         if kind in ("table_wise", "column_wise", "table_column_wise"):
             for s in t["shards"]:

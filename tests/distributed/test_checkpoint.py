@@ -1,10 +1,7 @@
 """Checkpoints: resume == uninterrupted, resharding, elastic recovery, atomicity, guards, export."""
 
-import io
-import json
 import os
 import pickle
-import shutil
 import signal
 import subprocess
 import sys
