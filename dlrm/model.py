@@ -20,7 +20,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dlrm.config import ModelConfig
 
-EMBEDDING_INIT_BLOCK_ROWS = 4096
+EMBEDDING_INIT_BLOCK_ROWS = 4096  # the unit of random generation: part of the initial values' definition
+INIT_CHUNK_ROWS = 1 << 18  # rows generated at a time when filling a shard: only bounds host memory
 
 
 def embedding_configs(cfg: ModelConfig) -> List[EmbeddingBagConfig]:
@@ -103,8 +104,10 @@ def initialize(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> None:
             if table is not None:
                 rows, dim = tables[table]
                 for shard, (r0, c0), (nr, nc) in local_pieces(value):
-                    full_rows = table_rows_init(seed, table, rows, dim, r0, r0 + nr)
-                    shard.copy_(full_rows[:, c0 : c0 + nc])
+                    for lo in range(0, nr, INIT_CHUNK_ROWS):  # bounded host memory for huge shards
+                        hi = min(lo + INIT_CHUNK_ROWS, nr)
+                        full_rows = table_rows_init(seed, table, rows, dim, r0 + lo, r0 + hi)
+                        shard[lo:hi].copy_(full_rows[:, c0 : c0 + nc])
                 continue
             local = value.to_local() if isinstance(value, DTensor) else value
             shape = tuple(local.shape)

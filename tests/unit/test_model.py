@@ -79,3 +79,16 @@ def test_lr_schedule_warmup_constant_poly_decay():
     assert lr_factor(15, s) == pytest.approx(0.25)
     assert lr_factor(20, s) == 0.0 and lr_factor(50, s) == 0.0
     assert lr_factor(123, ScheduleConfig()) == 1.0
+
+
+def test_shards_are_filled_in_chunks_with_the_same_values(make_config, monkeypatch):
+    import dlrm.model
+
+    cfg = make_config("model=tiny")
+    whole = build_model(cfg.model, torch.device("cpu"))
+    initialize(whole, cfg.model, seed=0)
+    monkeypatch.setattr(dlrm.model, "INIT_CHUNK_ROWS", 7)  # tables of 30..100 rows: several chunks
+    chunked = build_model(cfg.model, torch.device("cpu"))
+    initialize(chunked, cfg.model, seed=0)
+    for name, value in whole.state_dict().items():
+        assert torch.equal(value, chunked.state_dict()[name]), name
