@@ -32,6 +32,7 @@ def test_hierarchical_allreduce_equals_flat():
         ("table_row_wise", "hierarchical"),
         ("data_parallel", "hierarchical"),
         ("mixed", "flat"),
+        ("grid_shard", "flat"),
     ],
 )
 def test_two_nodes_of_two_ranks_equal_one_process(make_config, sharding, allreduce):
