@@ -43,10 +43,20 @@ def fuse_embedding_optimizer(model: torch.nn.Module, cfg: EmbeddingOptimConfig) 
 
 
 def build_optimizer(model: torch.nn.Module, fused: torch.optim.Optimizer, cfg: OptimConfig) -> CombinedOptimizer:
-    """The fused embedding optimizer (DMP's `fused_optimizer`) and the dense one, stepped together."""
-    dense_params = dict(in_backward_optimizer_filter(model.named_parameters()))
-    dense = KeyedOptimizerWrapper(dense_params, lambda params: _dense_optimizer(cfg.dense, params))
-    return CombinedOptimizer([fused, dense])
+    """The fused embedding optimizer (DMP's `fused_optimizer`), the embedding optimizer of
+    data-parallel tables, and the dense optimizer, stepped together.
+
+    Data-parallel tables are replicated and allreduced like the MLPs, outside the fused kernels;
+    they still get the embedding optimizer (class, lr) so every sharding trains tables alike.
+    """
+    rest = dict(in_backward_optimizer_filter(model.named_parameters()))
+    tables = {name: p for name, p in rest.items() if "embedding_bags" in name}
+    dense = {name: p for name, p in rest.items() if name not in tables}
+    optimizers = [fused, KeyedOptimizerWrapper(dense, lambda params: _dense_optimizer(cfg.dense, params))]
+    if tables:
+        cls, kwargs = _embedding_optimizer(cfg.embedding)
+        optimizers.append(KeyedOptimizerWrapper(tables, lambda params: cls(params, **kwargs)))
+    return CombinedOptimizer(optimizers)
 
 
 def lr_factor(step: int, cfg: ScheduleConfig) -> float:

@@ -71,3 +71,21 @@ def test_bf16_dense_precision_trains_close_to_fp32(make_config):
     bf16 = launch(train_and_report, 2, config(make_config, "sharding=table_wise", "trainer.dense_precision=bf16"))[0]["losses"]
     assert bf16 != fp32, "autocast must change the arithmetic"
     assert bf16 == pytest.approx(fp32, rel=2e-2)
+
+
+@pytest.mark.slow
+def test_data_parallel_tables_get_the_embedding_optimizer_and_schedule(make_config):
+    """Data-parallel tables (replicated, outside the fused kernels) train like table-wise ones
+    (fbgemm's fused row-wise Adagrad): same optimizer, lr and warmup, not the dense optimizer's."""
+    opts = ("optim=rowwise_adagrad", "optim.dense.name=sgd", "optim.dense.lr=0.1", "optim.schedule.warmup_steps=6")
+    fused = launch(train_and_report, 2, config(make_config, "sharding=table_wise", *opts))
+    replicated = launch(train_and_report, 2, config(make_config, "sharding=data_parallel", *opts))
+    assert replicated[0]["losses"] == pytest.approx(fused[0]["losses"], rel=1e-5, abs=1e-6)
+
+    def whole(results):  # each table is whole on one rank (table-wise) or on every rank (replicated)
+        return {name: piece for r in results for name, pieces in r["pieces"].items() for _, piece in pieces}
+
+    a, b = whole(fused), whole(replicated)
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-6, msg=name)
