@@ -157,21 +157,36 @@ def _torchrun(run_dir: Path, port: int, *overrides: str) -> subprocess.Popen:
     )
 
 
+def _stop(job: subprocess.Popen) -> None:
+    """Kill a torchrun job and its ranks if still running, so a failed test leaves nothing behind."""
+    if job.poll() is None:
+        for pid in subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split():
+            os.kill(int(pid), signal.SIGKILL)
+        job.kill()
+        job.wait()
+
+
 @pytest.mark.slow
 def test_killed_rank_restarts_and_resumes(tmp_path):
     clean = _torchrun(tmp_path / "clean", free_port())
-    assert clean.wait(timeout=300) == 0, (tmp_path / "clean.log").read_text()[-3000:]
+    try:
+        assert clean.wait(timeout=300) == 0, (tmp_path / "clean.log").read_text()[-3000:]
+    finally:
+        _stop(clean)
 
     job = _torchrun(tmp_path / "killed", free_port())
-    first = tmp_path / "killed" / "checkpoints" / "step_00000010"
-    deadline = time.time() + 240
-    while not (first / "manifest.json").exists():
-        assert job.poll() is None and time.time() < deadline, "the job ended before its first checkpoint"
-        time.sleep(0.05)
-    ranks = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
-    assert ranks, "no worker processes found under torchrun"
-    os.kill(int(ranks[-1]), signal.SIGKILL)
-    job.wait(timeout=300)
+    try:
+        first = tmp_path / "killed" / "checkpoints" / "step_00000010"
+        deadline = time.time() + 240
+        while not (first / "manifest.json").exists():
+            assert job.poll() is None and time.time() < deadline, "the job ended before its first checkpoint"
+            time.sleep(0.05)
+        ranks = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
+        assert ranks, "no worker processes found under torchrun"
+        os.kill(int(ranks[-1]), signal.SIGKILL)
+        job.wait(timeout=300)
+    finally:
+        _stop(job)
     output = (tmp_path / "killed.log").read_text()
     assert job.returncode == 0, output[-3000:]
     assert "resumed from" in output, "the job must have restarted and resumed, not finished first"
