@@ -28,11 +28,15 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write JSON to a temporary file, then rename: readers never see a partial file."""
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside `path`, then rename: readers never see a partial file."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, obj: dict) -> None:
+    write_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
 class MetricsLog:

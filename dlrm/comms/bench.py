@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from dlrm.comms.model import CommsError, busbw_factor
+from dlrm.metrics import write_atomic
 
 COLLECTIVES = ("allreduce", "alltoall", "alltoall_uneven", "reduce_scatter", "allgather")
 SCOPES = ("world", "intra", "inter")
@@ -172,23 +173,17 @@ def summarize(collective: str, scope: str, p: int, nbytes: int, times_s: Sequenc
     }
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def write_outputs(out_dir: Path, meta: dict, rows: List[dict]) -> List[Path]:
     """Write bench.json, bench.csv and bench.png (busbw vs size, one line per collective and scope)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "bench.json", out_dir / "bench.csv", out_dir / "bench.png"]
-    _atomic_write(paths[0], json.dumps({**meta, "results": rows}, indent=1).encode())
+    write_atomic(paths[0], json.dumps({**meta, "results": rows}, indent=1).encode())
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=FIELDS)
     writer.writeheader()
     writer.writerows(rows)
-    _atomic_write(paths[1], buf.getvalue().encode())
-    _atomic_write(paths[2], plot_png(rows, f"{meta['backend']}, {meta['world_size']} ranks"))
+    write_atomic(paths[1], buf.getvalue().encode())
+    write_atomic(paths[2], plot_png(rows, f"{meta['backend']}, {meta['world_size']} ranks"))
     return paths
 
 

@@ -16,13 +16,19 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from dlrm.comms.bench import FIELDS, SCHEMA, base_collective, parse_size, sweep_sizes
-from dlrm.comms.model import CommsError, Link, collective_time, fit_alpha_beta, two_level_time
+from dlrm.comms.model import (
+    CommsError,
+    Link,
+    collective_time,
+    fit_alpha_beta,
+    two_level_time,
+)
+from dlrm.metrics import write_atomic
 
 COMPARED = ("ring", "fully_connected")
 
@@ -113,12 +119,6 @@ def bench_vs_model(data: dict) -> Tuple[List[list], List[list], Dict[tuple, tupl
     return fits, sizes, curves
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
@@ -207,7 +207,7 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
           table([[n] + [fmt_us(by_nodes[k][i]) for k in keys] for i, n in enumerate(node_counts)], ["nodes"] + keys)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out / "report.png", model_plot(sizes, by_size, node_counts, by_nodes, args.ranks, scale_bytes))
+    write_atomic(out / "report.png", model_plot(sizes, by_size, node_counts, by_nodes, args.ranks, scale_bytes))
     if args.bench:
         data = load_bench(args.bench)
         fits, rows, curves = bench_vs_model(data)
@@ -215,9 +215,9 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
                table(fits, ["collective", "scope", "p", "fabric", "alpha (us)", "B (GB/s)", "rel. rms misfit"]), "",
                "B = inf: the sizes were too small for the bandwidth term to show; sweep larger sizes.", "",
                table(rows, ["collective", "scope", "size", "measured (us)", "predicted (us)", "measured/predicted"])]
-        _atomic_write(out / "bench_vs_model.png", bench_plot(curves))
+        write_atomic(out / "bench_vs_model.png", bench_plot(curves))
     text = "\n".join(md) + "\n"
-    _atomic_write(out / "report.md", text.encode())
+    write_atomic(out / "report.md", text.encode())
     print(text)
     written = ["report.md", "report.png"] + (["bench_vs_model.png"] if args.bench else [])
     print("wrote " + ", ".join(str(out / name) for name in written))

@@ -6,21 +6,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import uuid
 from pathlib import Path
 
 import pytest
 
+from tests.distributed.harness import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
