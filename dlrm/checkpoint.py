@@ -12,6 +12,7 @@ W' ranks with another.
 
 from __future__ import annotations
 
+from dlrm.errors import UserError
 import json
 import os
 import pickle
@@ -32,7 +33,7 @@ MANIFEST = "manifest.json"
 _PREFIX = "step_"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used; the message says why and what to do."""
 
 

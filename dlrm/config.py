@@ -7,6 +7,7 @@ config; `validate` then checks what types cannot express (sizes, names, consiste
 
 from __future__ import annotations
 
+from dlrm.errors import UserError
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -32,7 +33,7 @@ FABRICS = ("ring", "fully_connected", "switch")
 DATA_SOURCES = ("synthetic", "criteo")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """An invalid configuration; the message names the key, the value and the fix."""
 
 

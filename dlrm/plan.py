@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+from dlrm.errors import UserError
 import argparse
 import json
 import logging
@@ -43,7 +44,7 @@ ID_BYTES = 8  # int64 ids in the input KeyedJaggedTensor
 PROPOSERS = ("default", "greedy", "uniform")
 
 
-class PlanError(ValueError):
+class PlanError(UserError, ValueError):
     """The model cannot be planned on this topology; the message names the rank, the GB and the fix."""
 
 

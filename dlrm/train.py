@@ -21,8 +21,8 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from dlrm.checkpoint import CheckpointError
-from dlrm.config import Config, ConfigError, register_configs, to_config, validate, validate_world
+from dlrm.config import Config, register_configs, to_config, validate, validate_world
+from dlrm.errors import UserError
 from dlrm.topology import World
 
 register_configs()
@@ -57,7 +57,7 @@ def hydra_main(dcfg: DictConfig) -> None:
         if world.is_main:
             (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(dcfg, resolve=True))
         summary = run(cfg, run_dir)
-    except (ConfigError, CheckpointError) as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     if world.is_main:

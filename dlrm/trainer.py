@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dlrm.errors import UserError
 import hashlib
 import itertools
 import json
@@ -33,7 +34,7 @@ from dlrm.topology import (
 )
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(UserError, RuntimeError):
     """Training produced a NaN or infinite loss; the message names the steps and the last checkpoint."""
 
 

@@ -36,6 +36,7 @@ inter part counts one message per remote node (messages to one node's ranks are 
 
 from __future__ import annotations
 
+from dlrm.errors import UserError
 import math
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
@@ -44,7 +45,7 @@ COLLECTIVES = ("allreduce", "alltoall", "reduce_scatter", "allgather")
 FABRICS = ("ring", "fully_connected", "switch")
 
 
-class CommsError(ValueError):
+class CommsError(UserError, ValueError):
     """Bad input to the comms benchmark or model; the message names the value and the fix."""
 
 

@@ -12,6 +12,7 @@ Parsing is vectorised over blocks of lines (numpy only): memory stays bounded by
 
 from __future__ import annotations
 
+from dlrm.errors import UserError
 import gzip
 import hashlib
 import os
@@ -53,7 +54,7 @@ _MAX_HEX_DIGITS = 16  # fits uint64
 _PAD = 32  # zero bytes before the block, so every fixed-width window ending at a field end is in bounds
 
 
-class CriteoFormatError(ValueError):
+class CriteoFormatError(UserError, ValueError):
     """Bad input under policy `fail`; the message names file, line, field, value and the fix."""
 
 

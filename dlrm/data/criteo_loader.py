@@ -9,6 +9,7 @@ order, one pass. `batches(..., start_step=k)` continues exactly where step k wou
 
 from __future__ import annotations
 
+from dlrm.errors import UserError
 import json
 import os
 from typing import Dict, Iterator, List, Sequence, Tuple
@@ -25,7 +26,7 @@ MULTI_HOT_SEED = 0  # fixed: the multi-hot ids are part of the data, not of the 
 SPLITS = ("train", "eval")
 
 
-class CriteoDataError(ValueError):
+class CriteoDataError(UserError, ValueError):
     """The preprocessed data cannot serve this config; the message names the file and the fix."""
 
 
