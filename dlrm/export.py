@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from dlrm.checkpoint import CheckpointError, load_unsharded, read_manifest
+from dlrm.core.checkpoint import CheckpointError, load_unsharded, read_manifest
 from dlrm.config import ModelConfig
-from dlrm.model import build_model
+from dlrm.core.model import build_model
 
 
 def model_config_of(checkpoint: Path) -> ModelConfig:

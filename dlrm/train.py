@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dlrm.config import Config, register_configs, to_config, validate, validate_world
 from dlrm.errors import UserError
-from dlrm.topology import World
+from dlrm.core.topology import World
 
 register_configs()
 
@@ -33,7 +33,7 @@ def run(cfg: Config, run_dir: Optional[Path] = None) -> dict:
     validate(cfg)
     world = World.from_env()
     validate_world(cfg, world.world_size, world.local_world_size)
-    from dlrm.trainer import Trainer  # imports TorchRec (seconds): only once the config is valid
+    from dlrm.core.trainer import Trainer  # imports TorchRec (seconds): only once the config is valid
 
     summary = Trainer(cfg, world, run_dir).train()
     # Collect the trainer now: its pipeline and model form reference cycles that hold in-flight

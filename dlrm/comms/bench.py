@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from dlrm.comms.model import CommsError, busbw_factor
-from dlrm.metrics import write_atomic
+from dlrm.comms.costmodel import CommsError, busbw_factor
+from dlrm.core.metrics import write_atomic
 
 COLLECTIVES = ("allreduce", "alltoall", "alltoall_uneven", "reduce_scatter", "allgather")
 SCOPES = ("world", "intra", "inter")

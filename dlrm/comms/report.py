@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from dlrm.comms.bench import FIELDS, SCHEMA, base_collective, parse_size, sweep_sizes
-from dlrm.comms.model import (
+from dlrm.comms.costmodel import (
     CommsError,
     Link,
     collective_time,
     fit_alpha_beta,
     two_level_time,
 )
-from dlrm.metrics import write_atomic
+from dlrm.core.metrics import write_atomic
 
 COMPARED = ("ring", "fully_connected")
 

@@ -6,7 +6,7 @@ import torch
 
 from dlrm.config import Config
 from dlrm.data.loader import make_source
-from dlrm.model import build_model, initialize
+from dlrm.core.model import build_model, initialize
 
 
 def train_unsharded(cfg: Config, skip_batches: tuple = ()) -> tuple[list[float], dict[str, torch.Tensor]]:

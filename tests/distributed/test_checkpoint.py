@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlrm.checkpoint import CheckpointError, SafeFileSystemReader, latest_checkpoint
+from dlrm.core.checkpoint import CheckpointError, SafeFileSystemReader, latest_checkpoint
 from dlrm.export import export, load_exported
 from tests.distributed.harness import free_port, launch
 from tests.distributed.test_equivalence import config

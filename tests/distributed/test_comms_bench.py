@@ -6,7 +6,7 @@ import json
 import pytest
 
 from dlrm.comms.bench import COLLECTIVES, check_request, group_layout, main, parse_size, sweep_sizes, uneven_splits
-from dlrm.comms.model import CommsError
+from dlrm.comms.costmodel import CommsError
 from tests.distributed.harness import launch
 
 

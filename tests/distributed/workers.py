@@ -7,17 +7,17 @@ import gc
 import torch
 
 from dlrm.config import Config, validate, validate_world
-from dlrm.model import local_pieces
-from dlrm.sharding import describe_plan
-from dlrm.topology import World
+from dlrm.core.model import local_pieces
+from dlrm.core.sharding import describe_plan
+from dlrm.core.topology import World
 
 
 def train_and_report(cfg: Config) -> dict:
     """Train on this rank; return the logged losses and this rank's pieces of the final weights.
 
-    pieces: {param name: [((row offset, col offset), tensor), ...]}; plan: dlrm.sharding.describe_plan
+    pieces: {param name: [((row offset, col offset), tensor), ...]}; plan: dlrm.core.sharding.describe_plan
     """
-    from dlrm.trainer import Trainer
+    from dlrm.core.trainer import Trainer
 
     validate(cfg)
     world = World.from_env()
@@ -44,8 +44,8 @@ def _teardown() -> None:
 
 def hierarchical_vs_flat(nodes: int, ranks_per_node: int) -> float:
     """Max |hierarchical - flat| over a few rank-dependent tensors (sizes not divisible by g too)."""
-    from dlrm.comm_hooks import hierarchical_allreduce_
-    from dlrm.topology import build_process_groups
+    from dlrm.core.dense_sync import hierarchical_allreduce_
+    from dlrm.core.topology import build_process_groups
 
     torch.distributed.init_process_group("gloo")
     groups = build_process_groups(torch.device("cpu"), nodes, ranks_per_node)
@@ -63,7 +63,7 @@ def hierarchical_vs_flat(nodes: int, ranks_per_node: int) -> float:
 
 def process_group_layout(nodes: int, ranks_per_node: int) -> dict:
     """The global ranks in this rank's intra-node and inter-node groups."""
-    from dlrm.topology import build_process_groups
+    from dlrm.core.topology import build_process_groups
 
     torch.distributed.init_process_group("gloo")
     groups = build_process_groups(torch.device("cpu"), nodes, ranks_per_node)
@@ -77,7 +77,7 @@ def process_group_layout(nodes: int, ranks_per_node: int) -> dict:
 
 def train_summary(cfg: Config) -> dict:
     """Train (or evaluate, with trainer.eval_only) on this rank and return the run summary."""
-    from dlrm.trainer import Trainer
+    from dlrm.core.trainer import Trainer
 
     validate(cfg)
     world = World.from_env()
@@ -105,7 +105,7 @@ class _NaNInjector:
 
 def train_with_a_nan_batch(cfg: Config, index: int, rank: int) -> dict:
     """train_and_report, with a NaN injected into one rank's slice of global batch `index`."""
-    from dlrm.trainer import Trainer
+    from dlrm.core.trainer import Trainer
 
     validate(cfg)
     world = World.from_env()

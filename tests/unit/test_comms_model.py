@@ -6,7 +6,7 @@ import math
 import pytest
 
 from dlrm.comms import load_topology
-from dlrm.comms.model import (
+from dlrm.comms.costmodel import (
     COLLECTIVES,
     FABRICS,
     CommsError,

@@ -5,8 +5,8 @@ import torch
 
 from dlrm.config import ScheduleConfig
 from dlrm.data.loader import make_source
-from dlrm.model import build_model, initialize, table_rows_init
-from dlrm.optim import lr_factor
+from dlrm.core.model import build_model, initialize, table_rows_init
+from dlrm.core.optim import lr_factor
 
 
 @pytest.mark.parametrize("model", ["tiny", "dcn_small"])
@@ -82,12 +82,12 @@ def test_lr_schedule_warmup_constant_poly_decay():
 
 
 def test_shards_are_filled_in_chunks_with_the_same_values(make_config, monkeypatch):
-    import dlrm.model
+    import dlrm.core.model
 
     cfg = make_config("model=tiny")
     whole = build_model(cfg.model, torch.device("cpu"))
     initialize(whole, cfg.model, seed=0)
-    monkeypatch.setattr(dlrm.model, "INIT_CHUNK_ROWS", 7)  # tables of 30..100 rows: several chunks
+    monkeypatch.setattr(dlrm.core.model, "INIT_CHUNK_ROWS", 7)  # tables of 30..100 rows: several chunks
     chunked = build_model(cfg.model, torch.device("cpu"))
     initialize(chunked, cfg.model, seed=0)
     for name, value in whole.state_dict().items():

@@ -16,15 +16,15 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
-from dlrm.checkpoint import Checkpointer, CheckpointError, latest_checkpoint, model_signature, step_tensor
-from dlrm.comm_hooks import use_hierarchical_allreduce
+from dlrm.core.checkpoint import Checkpointer, CheckpointError, latest_checkpoint, model_signature, step_tensor
+from dlrm.core.dense_sync import use_hierarchical_allreduce
 from dlrm.config import Config
 from dlrm.data.loader import make_source
-from dlrm.metrics import MetricsLog, Progress, auc_and_logloss, peak_rss_mb, write_json_atomic
-from dlrm.model import build_model, initialize
-from dlrm.optim import LRSchedule, build_optimizer, fuse_embedding_optimizer
-from dlrm.sharding import describe_plan, plan_sharding, shard_model
-from dlrm.topology import (
+from dlrm.core.metrics import MetricsLog, Progress, auc_and_logloss, peak_rss_mb, write_json_atomic
+from dlrm.core.model import build_model, initialize
+from dlrm.core.optim import LRSchedule, build_optimizer, fuse_embedding_optimizer
+from dlrm.core.sharding import describe_plan, plan_sharding, shard_model
+from dlrm.core.topology import (
     World,
     backend_for,
     build_process_groups,

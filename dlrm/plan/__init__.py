@@ -11,7 +11,7 @@ the meta device, no process group is created), prints:
 - per-iteration communication per rank (forward + backward) for `data.global_batch_size`: the
   embedding exchange (input ids, pooled embeddings, their gradients) split into intra-node and
   inter-node bytes, and the allreduce bytes (dense gradients and data-parallel tables), with times
-  from `dlrm.comms.model.step_comm_time`.
+  from `dlrm.comms.costmodel.step_comm_time`.
 
 Exit status: 0 with a plan; 2 when the config is invalid or the model does not fit (the message
 names the key or the rank, the needed and available GB and the fix).
@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Sequence
 
 from dlrm.config import Config, ConfigError, register_configs, to_config, validate, validate_world
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 GB = 10**9
 FLOAT_BYTES = 4  # fp32 weights, optimizer state, pooled embeddings and their gradients
 ID_BYTES = 8  # int64 ids in the input KeyedJaggedTensor
@@ -135,7 +135,7 @@ def precheck_memory(cfg: Config, world: int, dense_params: int) -> None:
       memory, counting host DDR on cuda (TorchRec may keep tables there by UVM);
     - a table pinned to table_wise does not fit one rank likewise.
     """
-    from dlrm.sharding import table_sharding  # noqa: PLC0415  (imports TorchRec)
+    from dlrm.core.sharding import table_sharding  # noqa: PLC0415  (imports TorchRec)
 
     cuda = cfg.topology.device == "cuda"
     cap = capacity_GB(cfg) * GB  # where dense parts and data-parallel tables live
@@ -190,15 +190,15 @@ def _quiet_torchrec() -> None:
 def run_planner(cfg: Config, model, world: int, ranks_per_node: int, proposer: str = "default"):
     """TorchRec's ShardingPlan for `model` (on meta) on `world` ranks, no process group.
 
-    proposer 'default' is exactly the trainer's planner (`dlrm.sharding.plan_sharding`); 'greedy' and
+    proposer 'default' is exactly the trainer's planner (`dlrm.core.sharding.plan_sharding`); 'greedy' and
     'uniform' replace TorchRec's proposers by one cheaper one (faster on many ranks; the plan may differ).
     """
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.proposers import GreedyProposer, UniformProposer
     from torchrec.distributed.planner.types import PlannerError
 
-    from dlrm.sharding import AnyDeviceEmbeddingBagCollectionSharder, constraints, plan_sharding
-    from dlrm.topology import planner_topology
+    from dlrm.core.sharding import AnyDeviceEmbeddingBagCollectionSharder, constraints, plan_sharding
+    from dlrm.core.topology import planner_topology
 
     topology = planner_topology(cfg.topology, world, ranks_per_node)
     try:
@@ -338,7 +338,7 @@ def comm_summary(cfg: Config, tables: List[dict], world: int, ranks_per_node: in
     """
     import numpy as np
 
-    from dlrm.comms.model import step_comm_time
+    from dlrm.comms.costmodel import step_comm_time
 
     p, g = world, ranks_per_node
     mats = traffic(tables, p, g, cfg.data.global_batch_size)
@@ -483,8 +483,8 @@ def make_plan(cfg: Config, ranks_per_node: Optional[int] = None, proposer: str =
         raise ConfigError(f"--proposer {proposer!r} is invalid: choose one of {', '.join(PROPOSERS)}")
     timings = {}
     t0 = time.perf_counter()
-    from dlrm.model import build_model
-    from dlrm.optim import fuse_embedding_optimizer
+    from dlrm.core.model import build_model
+    from dlrm.core.optim import fuse_embedding_optimizer
 
     model = build_model(cfg.model)  # meta device: no table memory
     fuse_embedding_optimizer(model, cfg.optim.embedding)  # as the trainer: the planner sees its state size
@@ -589,7 +589,7 @@ def format_report(report: dict) -> str:
         f"inter-node {_mb(cm['alltoall_bytes_inter_max'])}",
         f"  allreduce: {_mb(cm['allreduce_bytes'])} ({cm['allreduce_dense_params']} dense params + "
         f"{cm['allreduce_data_parallel_table_params']} data-parallel table params, fp32)",
-        f"  modelled time (dlrm.comms.model): alltoall intra {ts['alltoall_intra_s'] * 1e3:.3f} ms, "
+        f"  modelled time (dlrm.comms.costmodel): alltoall intra {ts['alltoall_intra_s'] * 1e3:.3f} ms, "
         f"inter {ts['alltoall_inter_s'] * 1e3:.3f} ms, allreduce {ts['allreduce_s'] * 1e3:.3f} ms, "
         f"total {ts['total_s'] * 1e3:.3f} ms",
         f"planner: {report['proposer']} proposer, {report['timings']['planner_s']:.1f} s",

@@ -1,6 +1,6 @@
 """The DLRM network, built on the meta device, and its seed-and-name-determined initial weights.
 
-No process group is touched here: `dlrm.sharding` distributes the model, then `initialize`
+No process group is touched here: `dlrm.core.sharding` distributes the model, then `initialize`
 fills every local piece of every parameter with the values the unsharded model would have.
 Notation: B = batch, F = sparse features, D = embedding dim.
 """

@@ -4,7 +4,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from dlrm.topology import ProcessGroups
+from dlrm.core.topology import ProcessGroups
 
 
 def hierarchical_allreduce_(tensor: torch.Tensor, groups: ProcessGroups) -> torch.Tensor:

@@ -1,0 +1,7 @@
+"""`python -m dlrm.plan`: see `dlrm.plan`."""
+
+import sys
+
+from dlrm.plan import main
+
+sys.exit(main())
