@@ -8,7 +8,6 @@ whole on the CPU, DCP fills it from the shards, and its state dict is written wi
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from omegaconf import OmegaConf
 from dlrm.core.checkpoint import CheckpointError, load_unsharded, read_manifest
 from dlrm.config import ModelConfig
 from dlrm.core.model import build_model
+from dlrm.io import atomic_path
 
 
 def model_config_of(checkpoint: Path) -> ModelConfig:
@@ -31,9 +31,8 @@ def export(checkpoint: Path, out: Path) -> dict:
     model = build_model(model_config_of(checkpoint), torch.device("cpu"))
     state = {"model": model.state_dict()}
     load_unsharded(checkpoint, state)
-    tmp = out.with_name(f".{out.name}.tmp")
-    torch.save(state["model"], tmp)
-    os.replace(tmp, out)
+    with atomic_path(out) as tmp:
+        torch.save(state["model"], tmp)
     return state["model"]
 
 

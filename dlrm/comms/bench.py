@@ -1,7 +1,7 @@
 """Collective benchmark: latency, algbw and busbw of allreduce, alltoall, reduce-scatter and allgather.
 
 Run under torchrun (Gloo on CPU, NCCL on GPU); rank 0 prints a table and writes bench.json, bench.csv
-and bench.png into --out (atomically: temporary file, then os.replace)::
+and bench.png into --out (atomically, with `dlrm.io.write_atomic`)::
 
     torchrun --nproc_per_node=2 -m dlrm.comms.bench --min-bytes 1K --max-bytes 64M --out outputs/comms
 
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from dlrm.comms.costmodel import CommsError, busbw_factor
-from dlrm.core.metrics import write_atomic
+from dlrm.io import write_atomic
 
 COLLECTIVES = ("allreduce", "alltoall", "alltoall_uneven", "reduce_scatter", "allgather")
 SCOPES = ("world", "intra", "inter")

@@ -28,7 +28,7 @@ from dlrm.comms.costmodel import (
     fit_alpha_beta,
     two_level_time,
 )
-from dlrm.core.metrics import write_atomic
+from dlrm.io import write_atomic
 
 COMPARED = ("ring", "fully_connected")
 

@@ -27,7 +27,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
 from dlrm.config import ModelConfig
-from dlrm.core.metrics import write_json_atomic
+from dlrm.io import write_json_atomic
 
 MANIFEST = "manifest.json"
 _PREFIX = "step_"

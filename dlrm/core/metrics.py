@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import resource
 import sys
 from pathlib import Path
@@ -26,17 +25,6 @@ def auc_and_logloss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, 
 def peak_rss_mb() -> float:
     """This process's peak resident memory in MiB (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename: readers never see a partial file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def write_json_atomic(path: Path, obj: dict) -> None:
-    write_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
 class MetricsLog:

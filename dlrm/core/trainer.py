@@ -20,7 +20,8 @@ from dlrm.core.checkpoint import Checkpointer, CheckpointError, latest_checkpoin
 from dlrm.core.dense_sync import use_hierarchical_allreduce
 from dlrm.config import Config
 from dlrm.data.loader import make_source
-from dlrm.core.metrics import MetricsLog, Progress, auc_and_logloss, peak_rss_mb, write_json_atomic
+from dlrm.io import write_json_atomic
+from dlrm.core.metrics import MetricsLog, Progress, auc_and_logloss, peak_rss_mb
 from dlrm.core.model import build_model, initialize
 from dlrm.core.optim import LRSchedule, build_optimizer, fuse_embedding_optimizer
 from dlrm.core.sharding import describe_plan, plan_sharding, shard_model

@@ -24,6 +24,8 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from dlrm.io import sha256_file
+
 NUM_DENSE = 13
 NUM_SPARSE = 26
 NUM_FIELDS = 1 + NUM_DENSE + NUM_SPARSE
@@ -316,14 +318,6 @@ class NpyWriter:
         self._f.seek(0)
         self._f.write(npy_header(self.dtype, (self.rows, self.cols)))
         self._f.close()
-
-
-def sha256_file(path: str, block: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------- converting one byte range of a file

@@ -49,10 +49,10 @@ from dlrm.data.criteo import (
     convert_range,
     day_paths,
     set_progress_counter,
-    sha256_file,
     shuffle_rows,
     to_contiguous,
 )
+from dlrm.io import atomic_path, sha256_file, write_json_atomic
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -205,15 +205,8 @@ def _finish_day(out: str, day: int, path: str, results: List[RangeResult], opts:
         "max_ids": max_ids,
         "files": files,
     }
-    _write_json(_day_json(out, day), meta)
+    write_json_atomic(_day_json(out, day), meta)
     return meta
-
-
-def _write_json(path: str, obj) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
 
 
 def _read_manifest(out: str) -> Optional[Dict]:
@@ -246,8 +239,8 @@ def remap_contiguous(out: str, manifest: Dict, min_count: int, block_rows: int =
         ids, counts = counter.result()
         vocabs.append(ids[counts >= min_count])
         path = os.path.join(out, f"vocab_{SPARSE_NAMES[c]}.npy")
-        np.save(path + ".tmp.npy", vocabs[-1])
-        os.replace(path + ".tmp.npy", path)
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.save(f, vocabs[-1])
     print(f"preprocess: contiguous vocabularies built in {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
     stamp = {"contiguous_min_count": min_count}
     for meta in days:
@@ -268,7 +261,7 @@ def remap_contiguous(out: str, manifest: Dict, min_count: int, block_rows: int =
         meta["files"]["sparse"].update(bytes=os.path.getsize(path), sha256=sha256_file(path))
         meta["max_ids"] = max_ids.tolist()
         meta["options"] = {**meta["options"], **stamp, "sparse_dtype": "int32"}
-        _write_json(_day_json(out, meta["day"]), meta)
+        write_json_atomic(_day_json(out, meta["day"]), meta)
     manifest = {
         **manifest,
         "days": days,
@@ -283,7 +276,7 @@ def remap_contiguous(out: str, manifest: Dict, min_count: int, block_rows: int =
         },
         "options": {**manifest["options"], **stamp, "sparse_dtype": "int32"},
     }
-    _write_json(os.path.join(out, MANIFEST), manifest)
+    write_json_atomic(os.path.join(out, MANIFEST), manifest)
     return manifest
 
 
@@ -397,7 +390,7 @@ def preprocess(
         "last_run": {"days_converted": sorted(done_meta), "rows": new_rows, "seconds": round(elapsed, 3),
                      "rows_per_s": round(new_rows / elapsed) if elapsed > 0 else None},
     }
-    _write_json(os.path.join(out, MANIFEST), manifest)
+    write_json_atomic(os.path.join(out, MANIFEST), manifest)
     return manifest
 
 

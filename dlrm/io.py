@@ -1,0 +1,52 @@
+"""Output files written atomically, and checksums: the one place every writer of the project uses.
+
+An atomic write goes to a temporary file beside the target (same directory, so same filesystem),
+is flushed to disk, then renamed over the target with `os.replace`: a reader sees the old file or
+the new one, never a partial one, and a failure (exception, kill) leaves the old file untouched and
+removes the temporary file (or, when killed, leaves only a dot-file named `.NAME.tmp*`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside `path` for a writer that takes a file name (torch.save, np.save,
+    savefig); on success it replaces `path`, on an exception it is removed and `path` is unchanged."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write `data` as the whole content of `path`, atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, indent: int = 2) -> None:
+    """`obj` as indented JSON with sorted keys and a final newline, atomically."""
+    write_atomic(path, (json.dumps(obj, indent=indent, sort_keys=True) + "\n").encode())
+
+
+def sha256_file(path: str | os.PathLike[str], block: int = 1 << 22) -> str:
+    """Hex SHA-256 of a file, read in blocks of `block` bytes (bounded memory)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
