@@ -21,6 +21,7 @@ import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from dlrm.compose import CONF_DIR
 from dlrm.config import Config, register_configs, to_config, validate, validate_world
 from dlrm.errors import UserError
 from dlrm.core.topology import World
@@ -46,7 +47,7 @@ def run(cfg: Config, run_dir: Optional[Path] = None) -> dict:
     return summary
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_main(dcfg: DictConfig) -> None:
     world = World.from_env()
     run_dir = Path(HydraConfig.get().runtime.output_dir)

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from dlrm.compose import CONF_DIR
 from dlrm.config import TopologyConfig
 
-TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "conf" / "topology"
+TOPOLOGY_DIR = CONF_DIR / "topology"
 
 
 def load_topology(name_or_path: str) -> TopologyConfig:

@@ -32,12 +32,11 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from dlrm.config import Config, ConfigError, register_configs, to_config, validate, validate_world
+from dlrm.compose import compose
+from dlrm.config import Config, ConfigError, validate, validate_world
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 GB = 10**9
 FLOAT_BYTES = 4  # fp32 weights, optimizer state, pooled embeddings and their gradients
 ID_BYTES = 8  # int64 ids in the input KeyedJaggedTensor
@@ -50,20 +49,6 @@ class PlanError(UserError, ValueError):
 
 # ----------------------------------------------------------------------------------------------
 # Config
-
-
-def compose(overrides: Sequence[str]) -> Config:
-    """The typed Config for these Hydra overrides, composed from conf/ like `dlrm.train` does."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    register_configs()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return to_config(hydra_compose(config_name="config", overrides=list(overrides)))
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(f"cannot compose the config from overrides {list(overrides)}: {e}") from e
 
 
 def world_of(cfg: Config, ranks_per_node: Optional[int]) -> tuple[int, int]:

@@ -151,27 +151,21 @@ def test_clear_errors(data_dir, tmp_path):
 
 
 def test_configs_compose_and_validate():
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from dlrm.compose import compose
+    from dlrm.config import validate
 
-    from dlrm.config import register_configs, to_config, validate
-
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = to_config(compose("config", overrides=["experiment=criteo_kaggle"]))
-        validate(cfg)
-        assert cfg.data.source == "criteo" and cfg.data.criteo.eval_fraction > 0
-        assert [t.rows for t in cfg.model.tables] == KAGGLE_TABLE_SIZES
-        assert [t.name for t in cfg.model.tables] == [f"t_C{i + 1}" for i in range(26)]
-        assert cfg.model.bottom_mlp == [512, 256, 64, 16] and cfg.model.top_mlp == [512, 256, 1]
-        tb = to_config(compose("config", overrides=["data=criteo_1tb"]))
-        assert tb.data.criteo.eval_days == [23] and tb.data.criteo.train_days == list(range(23))
-        mh = to_config(compose("config", overrides=["data=criteo_1tb_multihot", "model=mlperf_dcnv2"]))
-        validate(mh)
-        assert mh.data.criteo.multi_hot_sizes == MULTI_HOT_SIZES and mh.data.criteo.eval_days == [23]
-        assert [t.rows for t in mh.model.tables] == TB_TABLE_SIZES, "preprocess --table-sizes 1tb fits mlperf_dcnv2"
-    GlobalHydra.instance().clear()
+    cfg = compose(["experiment=criteo_kaggle"])
+    validate(cfg)
+    assert cfg.data.source == "criteo" and cfg.data.criteo.eval_fraction > 0
+    assert [t.rows for t in cfg.model.tables] == KAGGLE_TABLE_SIZES
+    assert [t.name for t in cfg.model.tables] == [f"t_C{i + 1}" for i in range(26)]
+    assert cfg.model.bottom_mlp == [512, 256, 64, 16] and cfg.model.top_mlp == [512, 256, 1]
+    tb = compose(["data=criteo_1tb"])
+    assert tb.data.criteo.eval_days == [23] and tb.data.criteo.train_days == list(range(23))
+    mh = compose(["data=criteo_1tb_multihot", "model=mlperf_dcnv2"])
+    validate(mh)
+    assert mh.data.criteo.multi_hot_sizes == MULTI_HOT_SIZES and mh.data.criteo.eval_days == [23]
+    assert [t.rows for t in mh.model.tables] == TB_TABLE_SIZES, "preprocess --table-sizes 1tb fits mlperf_dcnv2"
 
 
 def test_files_are_readable_by_torchrec(data_dir):
