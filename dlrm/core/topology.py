@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import init_device_mesh
 from torchrec.distributed.planner.types import Topology
 
 from dlrm.config import TopologyConfig
@@ -28,10 +28,6 @@ class World:
     world_size: int = 1
     local_rank: int = 0
     local_world_size: int = 1
-
-    @property
-    def node(self) -> int:
-        return self.rank // self.local_world_size
 
     @property
     def is_main(self) -> bool:
@@ -106,24 +102,21 @@ class ProcessGroups:
     """The job's process groups, in one place.
 
     world: all ranks. intra_node: the ranks of this rank's node. inter_node: the ranks with this
-    rank's local index on every node. mesh: the 2-D (node, local) device mesh they come from.
+    rank's local index on every node.
     """
 
     world: dist.ProcessGroup
     intra_node: dist.ProcessGroup
     inter_node: dist.ProcessGroup
-    mesh: DeviceMesh
 
 
 def build_process_groups(device: torch.device, nodes: int, ranks_per_node: int) -> ProcessGroups:
-    """Node x local-rank mesh over the default group: rank = node * ranks_per_node + local rank."""
+    """Node x local-rank groups over the default group: rank = node * ranks_per_node + local rank.
+
+    A collective call: every rank must make it. Built from a 2-D (node, local) device mesh.
+    """
     mesh = init_device_mesh(device.type, (nodes, ranks_per_node), mesh_dim_names=("node", "local"))
-    return ProcessGroups(
-        world=dist.group.WORLD,
-        intra_node=mesh.get_group("local"),
-        inter_node=mesh.get_group("node"),
-        mesh=mesh,
-    )
+    return ProcessGroups(world=dist.group.WORLD, intra_node=mesh.get_group("local"), inter_node=mesh.get_group("node"))
 
 
 def planner_topology(cfg: TopologyConfig, world_size: int, local_world_size: int) -> Topology:

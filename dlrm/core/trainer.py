@@ -56,15 +56,16 @@ class Trainer:
         self.run_dir = run_dir if world.is_main else None
         self.device = device_for(cfg.topology, world, tf32=cfg.trainer.tf32)
         self.pg = init_distributed(cfg.topology, world)
-        self.groups = build_process_groups(self.device, world.world_size // world.local_world_size, world.local_world_size)
 
         model = build_model(cfg.model)
         fuse_embedding_optimizer(model, cfg.optim.embedding)
         topology = planner_topology(cfg.topology, world.world_size, world.local_world_size)
         self.plan = plan_sharding(cfg, model, topology, self.pg)
         self.model = shard_model(model, self.plan, self.pg, self.device)
-        if cfg.trainer.dense_allreduce == "hierarchical" and not use_hierarchical_allreduce(self.model, self.groups):
-            raise RuntimeError("trainer.dense_allreduce=hierarchical, but the model has no DDP module to hook")
+        if cfg.trainer.dense_allreduce == "hierarchical":  # the node x local groups exist only for it
+            groups = build_process_groups(self.device, world.world_size // world.local_world_size, world.local_world_size)
+            if not use_hierarchical_allreduce(self.model, groups):
+                raise RuntimeError("trainer.dense_allreduce=hierarchical, but the model has no DDP module to hook")
         initialize(self.model, cfg.model, cfg.seed)
         self.optimizer = build_optimizer(self.model, self.model.fused_optimizer, cfg.optim)
         self.schedule = LRSchedule(self.optimizer, cfg.optim.schedule)
