@@ -13,9 +13,10 @@ import torch
 
 from dlrm.core.checkpoint import CheckpointError, SafeFileSystemReader, latest_checkpoint
 from dlrm.export import export, load_exported
-from tests.distributed.harness import free_port, launch
-from tests.distributed.test_equivalence import config
-from tests.distributed.workers import train_and_report, train_summary
+from tests.helpers.equivalence import assert_matches_reference, config
+from tests.helpers.harness import free_port, launch
+from tests.helpers.reference import train_unsharded
+from tests.helpers.workers import train_and_report, train_summary, train_with_a_nan_batch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -201,9 +202,6 @@ def test_killed_rank_restarts_and_resumes(tmp_path):
 def test_nonfinite_batch_is_skipped_on_every_rank(make_config):
     """A NaN in rank 1's slice of batch 3: both ranks drop that batch, and training equals the
     unsharded model trained without it."""
-    from tests.distributed.reference import train_unsharded
-    from tests.distributed.test_equivalence import assert_matches_reference
-    from tests.distributed.workers import train_with_a_nan_batch
 
     cfg = config(make_config, "sharding=row_wise", "trainer.pipeline=false", "trainer.on_nonfinite=skip")
     ref_losses, ref_weights = train_unsharded(cfg, skip_batches=(3,))

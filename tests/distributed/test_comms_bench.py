@@ -7,9 +7,10 @@ import pytest
 
 from dlrm.comms.bench import COLLECTIVES, check_request, group_layout, main, parse_size, sweep_sizes, uneven_splits
 from dlrm.comms.costmodel import CommsError
-from tests.distributed.harness import launch
+from tests.helpers.harness import launch
 
 
+@pytest.mark.slow
 def test_bench_two_gloo_ranks_writes_consistent_files(tmp_path):
     out = tmp_path / "bench"
     argv = ["--min-bytes", "1K", "--max-bytes", "8K", "--warmup", "1", "--iters", "3", "--out", str(out)]

@@ -5,13 +5,13 @@ import sys
 
 import pytest
 
-from tests.distributed.harness import launch
-from tests.distributed.reference import train_unsharded
-from tests.distributed.test_equivalence import assert_matches_reference
-from tests.distributed.workers import train_and_report, train_summary
-from tests.unit.test_criteo_preprocess import SAMPLE
+from tests.helpers.criteo import SAMPLE, needs_sample
+from tests.helpers.equivalence import assert_matches_reference
+from tests.helpers.harness import launch
+from tests.helpers.reference import train_unsharded
+from tests.helpers.workers import train_and_report, train_summary
 
-pytestmark = pytest.mark.skipif(not SAMPLE.exists(), reason=f"{SAMPLE} not found")
+pytestmark = needs_sample
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.harness import free_port
+from tests.helpers.harness import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120

@@ -2,10 +2,10 @@
 
 import pytest
 
-from tests.distributed.harness import launch
-from tests.distributed.reference import train_unsharded
-from tests.distributed.test_equivalence import assert_matches_reference, config
-from tests.distributed.workers import hierarchical_vs_flat, process_group_layout, train_and_report
+from tests.helpers.equivalence import assert_matches_reference, config
+from tests.helpers.harness import launch
+from tests.helpers.reference import train_unsharded
+from tests.helpers.workers import hierarchical_vs_flat, process_group_layout, train_and_report
 
 
 @pytest.mark.slow

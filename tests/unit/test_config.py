@@ -98,6 +98,7 @@ def test_cli_bad_config_exits_nonzero_before_training():
     assert "step " not in result.stdout
 
 
+@pytest.mark.slow
 def test_cli_topology_mismatch_with_torchrun_names_both():
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     result = _train("topology=cpu_2x2", launcher=(torchrun, "--standalone", "--nproc_per_node=2", "-m"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,10 +13,9 @@ from dlrm.config import CriteoConfig
 from dlrm.data.criteo import KAGGLE_TABLE_SIZES, MULTI_HOT_SIZES, TB_TABLE_SIZES, ParseOptions
 from dlrm.data.criteo_loader import CriteoDataError, CriteoSource
 from dlrm.data.preprocess import preprocess
+from tests.helpers.criteo import SAMPLE, needs_sample
 
-ROOT = Path(__file__).resolve().parents[2]
-SAMPLE = Path(os.environ.get("CRITEO_SAMPLE", ROOT.parent / "shared" / "data" / "criteo_sample.tsv"))
-pytestmark = pytest.mark.skipif(not SAMPLE.exists(), reason=f"{SAMPLE} not found")
+pytestmark = needs_sample
 NAMES = [f"C{i + 1}" for i in range(26)]
 GBS = 12  # divisible by 1, 2, 3
 

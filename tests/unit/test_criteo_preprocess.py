@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -17,10 +18,10 @@ import pytest
 
 from dlrm.data.criteo import KAGGLE_TABLE_SIZES, CriteoFormatError, ParseOptions, parse_block
 from dlrm.data.preprocess import main, preprocess
+from tests.helpers.criteo import SAMPLE, needs_sample
 
 ROOT = Path(__file__).resolve().parents[2]
-SAMPLE = Path(os.environ.get("CRITEO_SAMPLE", ROOT.parent / "shared" / "data" / "criteo_sample.tsv"))
-pytestmark = pytest.mark.skipif(not SAMPLE.exists(), reason=f"{SAMPLE} not found")
+pytestmark = needs_sample
 MODULO = ParseOptions(policy="fail", id_map="modulo", table_sizes=tuple(KAGGLE_TABLE_SIZES))
 
 
@@ -182,17 +183,19 @@ def test_id_outside_table_without_hashing(tmp_path):
 
 
 def test_truncated_gzip(tmp_path):
-    data = gzip.compress(SAMPLE.read_bytes())
+    """A gzip stream that breaks in the middle of line 51: 50 rows, the cut-off line counted, never parsed."""
+    text = SAMPLE.read_bytes()
+    cut = text.index(b"\t", sum(len(line) + 1 for line in text.split(b"\n")[:50]))  # inside line 51
+    gz = zlib.compressobj(wbits=31)  # gzip framing
     path = tmp_path / "cut.tsv.gz"
-    path.write_bytes(data[: len(data) // 2])
+    path.write_bytes(gz.compress(text[:cut]) + gz.flush(zlib.Z_FULL_FLUSH))  # no end of stream, no trailer
     with pytest.raises(CriteoFormatError, match="truncated or corrupt.*--policy skip"):
         preprocess([str(path)], str(tmp_path / "fail"), MODULO)
     m = preprocess([str(path)], str(tmp_path / "skip"), ParseOptions("skip", "modulo", tuple(KAGGLE_TABLE_SIZES)))
     day = m["days"][0]
-    assert day["truncated"] and 0 < day["rows"] < 100
-    if day["skipped"]:  # the cut-off last line is counted, never parsed
-        assert day["skipped"] == 1 and "incomplete last line" in day["skipped_examples"][0]["reason"]
-        assert day["skipped_examples"][0]["line"] == day["rows"] + 1
+    assert day["truncated"] and day["rows"] == 50
+    assert day["skipped"] == 1 and "incomplete last line" in day["skipped_examples"][0]["reason"]
+    assert day["skipped_examples"][0]["line"] == 51
     ref = tmp_path / "ref"
     preprocess([str(SAMPLE)], str(ref), MODULO)
     for k, v in load(tmp_path / "skip").items():  # only complete lines, all of them correct

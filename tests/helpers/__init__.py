@@ -1,0 +1,7 @@
+"""Helpers shared by the test modules (test modules import from here, never from each other).
+
+harness: run a function on local Gloo ranks (simulated nodes too). workers: the functions those
+ranks run. reference: the unsharded single-process model trained on the same global batches.
+equivalence: the small config of the equivalence tests and the sharded == unsharded assertion.
+criteo: the real Criteo sample rows.
+"""
