@@ -6,6 +6,7 @@ reduce-scatter/allgather) and wraps the dense layers in DDP (gradients are allre
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import torch
@@ -13,10 +14,10 @@ import torch.distributed as dist
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
-from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Proposer, Topology
 from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
-from dlrm.config import Config, ShardingConfig, ModelConfig
+from dlrm.config import Config, ModelConfig, ShardingConfig
 
 
 class AnyDeviceEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
@@ -49,20 +50,28 @@ def constraints(cfg: Config) -> Dict[str, ParameterConstraints]:
     }
 
 
-def make_planner(cfg: Config, topology: Topology) -> EmbeddingShardingPlanner:
-    """TorchRec's planner for this topology, with per-rank batch size and table constraints."""
+def make_planner(cfg: Config, topology: Topology, proposer: Optional[Proposer] = None) -> EmbeddingShardingPlanner:
+    """TorchRec's planner for this topology, with per-rank batch size and table constraints.
+
+    proposer: one TorchRec proposer instead of its default four (faster with 100+ ranks; the plan may differ).
+    """
     return EmbeddingShardingPlanner(
         topology=topology,
         batch_size=cfg.data.global_batch_size // topology.world_size,
         constraints=constraints(cfg),
+        proposer=proposer,
     )
 
 
 def plan_sharding(
-    cfg: Config, model: torch.nn.Module, topology: Topology, pg: Optional[dist.ProcessGroup]
+    cfg: Config,
+    model: torch.nn.Module,
+    topology: Topology,
+    pg: Optional[dist.ProcessGroup],
+    proposer: Optional[Proposer] = None,
 ) -> ShardingPlan:
     """Plan on rank 0 and broadcast (pg given), or plan locally (pg None: no process group needed)."""
-    planner = make_planner(cfg, topology)
+    planner = make_planner(cfg, topology, proposer)
     sharders = [AnyDeviceEmbeddingBagCollectionSharder()]
     try:
         if pg is None:
@@ -103,3 +112,61 @@ def describe_plan(plan: ShardingPlan) -> List[dict]:
                 }
             )
     return rows
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One block of a table on one rank: rows [row_offset, row_offset + rows), cols likewise."""
+
+    rank: int
+    row_offset: int
+    col_offset: int
+    rows: int
+    cols: int
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    """Where one table lives in a sharding plan, for analysis (memory, traffic, reports).
+
+    features: how many features look it up; pooling: ids per sample per feature; ranks: those holding
+    a shard; shards: every block (data_parallel: one full replica per rank).
+    """
+
+    table: str
+    rows: int
+    dim: int
+    features: int
+    pooling: int
+    sharding_type: str
+    compute_kernel: str
+    cache_load_factor: Optional[float]
+    ranks: List[int]
+    shards: List[Shard] = field(default_factory=list)
+
+
+def table_plans(plan: ShardingPlan, model: ModelConfig, world_size: int) -> List[TablePlan]:
+    """The plan of every table of `model`, in config order."""
+    by_name = {name: ps for module_plan in plan.plan.values() for name, ps in module_plan.items()}  # type: ignore[union-attr]
+    out = []
+    for t in model.tables:
+        ps = by_name[t.name]
+        if ps.sharding_spec is None:  # data_parallel: a full replica on every rank
+            shards = [Shard(r, 0, 0, t.rows, t.dim) for r in (ps.ranks or range(world_size))]
+        else:
+            shards = [Shard(md.placement.rank(), *md.shard_offsets, *md.shard_sizes) for md in ps.sharding_spec.shards]
+        out.append(
+            TablePlan(
+                table=t.name,
+                rows=t.rows,
+                dim=t.dim,
+                features=len(t.features),
+                pooling=t.pooling,
+                sharding_type=ps.sharding_type,
+                compute_kernel=ps.compute_kernel,
+                cache_load_factor=getattr(ps.cache_params, "load_factor", None),
+                ranks=sorted({s.rank for s in shards}),
+                shards=shards,
+            )
+        )
+    return out

@@ -2,6 +2,6 @@
 
 import sys
 
-from dlrm.plan import main
+from dlrm.plan.cli import main
 
 sys.exit(main())

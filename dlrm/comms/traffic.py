@@ -1,0 +1,139 @@
+"""Bytes a sharding plan moves per training step, rank to rank, and their modelled time.
+
+`traffic` is the embedding exchange of each sharding type as a [world, world] matrix of bytes;
+`comm_summary` splits it into intra- and inter-node bytes per rank, adds the allreduce of the dense
+gradients and data-parallel tables, and times the busiest rank with `dlrm.comms.costmodel`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dlrm.comms.costmodel import step_comm_time
+from dlrm.config import Config
+
+if TYPE_CHECKING:  # dlrm.core.sharding imports TorchRec (seconds)
+    from dlrm.core.sharding import Shard, TablePlan
+
+FLOAT_BYTES = 4  # pooled embeddings, their gradients and dense gradients in fp32
+ID_BYTES = 8  # int64 ids in the input KeyedJaggedTensor
+
+
+def traffic(tables: list[TablePlan], world: int, ranks_per_node: int, global_batch: int):
+    """Bytes per iteration (forward + backward) rank i sends to rank j: T[i, j], split by kind.
+
+    B_l = global_batch / world samples per rank; per table: F features, L ids per sample per feature,
+    dim D. Ids are 8 bytes, pooled embeddings and their gradients 4 bytes per element. Ids are
+    assumed spread uniformly over the rows, so a row-sharded table gets a share of the ids equal to
+    its share of the rows. Per sharding type:
+
+    - table_wise / column_wise / table_column_wise: each shard's rank gets every rank's ids of the
+      table (B_l F L ids), and sends every other rank its B_l x F x cols pooled slice; the backward
+      sends the gradients of those slices back (same bytes, reversed).
+    - row_wise (across all ranks): ids are bucketised by row range to the shards; each shard computes
+      partial sums for the global batch and reduce-scatters them (sends B_l F D to each other shard
+      rank); the backward allgathers the gradients (same bytes, reversed).
+    - table_row_wise / grid_shard (row shards within one node): ids bucketised as for row_wise;
+      intra-node reduce-scatter (each shard sends (B / g) F D to each other shard of its node), then
+      cross-node alltoall among ranks of the same local index (B_l F D to each); backward reversed.
+    - data_parallel: no alltoall (its gradients are allreduced, see `allreduce_bytes`).
+    Returns {"ids": T, "pooled_fwd": T, "pooled_bwd": T} (numpy arrays [world, world], diagonal 0).
+    """
+    p, g = world, ranks_per_node
+    b_local = global_batch / p
+    ids = np.zeros((p, p))
+    fwd = np.zeros((p, p))
+    node = np.arange(p) // g
+    others = ~np.eye(p, dtype=bool)
+    for t in tables:
+        kind = t.sharding_type
+        if kind == "data_parallel":
+            continue
+        F, L, rows = t.features, t.pooling, t.rows
+        id_bytes = b_local * F * L * ID_BYTES  # one rank's ids of this table
+        if kind in ("table_wise", "column_wise", "table_column_wise"):
+            for s in t.shards:
+                ids[:, s.rank] += id_bytes
+                fwd[s.rank, :] += b_local * F * s.cols * FLOAT_BYTES
+            continue
+        # row-sharded: group shards by column block (grid_shard has several), each group row-sharded
+        groups: dict[int, list[Shard]] = {}
+        for s in t.shards:
+            groups.setdefault(s.col_offset, []).append(s)
+        for group in groups.values():
+            cols = group[0].cols
+            for s in group:
+                ids[:, s.rank] += id_bytes * s.rows / rows
+            ranks = [s.rank for s in group]
+            nodes_of_group = {int(node[r]) for r in ranks}
+            if kind in ("table_row_wise", "grid_shard") and len(nodes_of_group) == 1:
+                n_ranks = len(ranks)
+                for r in ranks:
+                    for r2 in ranks:  # intra-node reduce-scatter of the global batch's partial sums
+                        if r2 != r:
+                            fwd[r, r2] += global_batch / n_ranks * F * cols * FLOAT_BYTES
+                    same_local = [d for d in range(p) if d % g == r % g and node[d] != node[r]]
+                    fwd[r, same_local] += b_local * F * cols * FLOAT_BYTES  # cross-node alltoall
+            else:  # row_wise: reduce-scatter over the shard ranks of every rank's B_l slice
+                for r in ranks:
+                    fwd[r, :] += b_local * F * cols * FLOAT_BYTES
+    ids *= others
+    fwd *= others
+    return {"ids": ids, "pooled_fwd": fwd, "pooled_bwd": fwd.T.copy()}
+
+
+def comm_summary(cfg: Config, tables: list[TablePlan], world: int, ranks_per_node: int, dense_params: int) -> dict:
+    """Per-rank, per-iteration bytes (sent and received, intra- and inter-node) and modelled seconds.
+
+    The estimate uses the busiest rank (max over ranks of bytes sent or received at each level),
+    since every rank waits for the slowest in a collective.
+    """
+    p, g = world, ranks_per_node
+    mats = traffic(tables, p, g, cfg.data.global_batch_size)
+    total = sum(mats.values())
+    node = np.arange(p) // g
+    same = node[:, None] == node[None, :]
+    sent_intra = (total * same).sum(axis=1)
+    sent_inter = (total * ~same).sum(axis=1)
+    recv_intra = (total * same).sum(axis=0)
+    recv_inter = (total * ~same).sum(axis=0)
+    dp_params = sum(t.rows * t.dim for t in tables if t.sharding_type == "data_parallel")
+    allreduce = FLOAT_BYTES * (dense_params + dp_params)
+    busiest_intra = float(max(sent_intra.max(), recv_intra.max()))
+    busiest_inter = float(max(sent_inter.max(), recv_inter.max()))
+    times = step_comm_time(
+        cfg.topology,
+        alltoall_bytes_intra=busiest_intra if g > 1 else 0.0,
+        alltoall_bytes_inter=busiest_inter if cfg.topology.nodes > 1 else 0.0,
+        allreduce_bytes=allreduce,
+        ranks_per_node=g,
+        alltoall_count=3,  # ids, pooled embeddings forward, their gradients backward
+    )
+    by_kind = {
+        k: {"intra": float((m * same).sum() / p), "inter": float((m * ~same).sum() / p)} for k, m in mats.items()
+    }
+    return {
+        "global_batch_size": cfg.data.global_batch_size,
+        "local_batch_size": cfg.data.global_batch_size // p,
+        "alltoall_bytes_intra_mean": float(sent_intra.mean()),
+        "alltoall_bytes_inter_mean": float(sent_inter.mean()),
+        "alltoall_bytes_intra_max": busiest_intra,
+        "alltoall_bytes_inter_max": busiest_inter,
+        "alltoall_bytes_by_kind_mean": by_kind,
+        "allreduce_bytes": allreduce,
+        "allreduce_dense_params": dense_params,
+        "allreduce_data_parallel_table_params": dp_params,
+        "per_rank": [
+            {
+                "rank": r,
+                "sent_intra": float(sent_intra[r]),
+                "sent_inter": float(sent_inter[r]),
+                "recv_intra": float(recv_intra[r]),
+                "recv_inter": float(recv_inter[r]),
+            }
+            for r in range(p)
+        ],
+        "time_s": times,
+    }

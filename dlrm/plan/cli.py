@@ -1,0 +1,60 @@
+"""`python -m dlrm.plan [--json] [--ranks-per-node N] [--proposer P] [hydra overrides]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import warnings
+from collections.abc import Sequence
+
+from dlrm.compose import compose
+from dlrm.config import ConfigError
+from dlrm.plan.memory import PlanError
+from dlrm.plan.planner import PROPOSERS, make_plan
+from dlrm.plan.report import format_report
+
+
+def _quiet_torchrec() -> None:
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    logging.getLogger("root").setLevel(logging.ERROR)
+    logging.getLogger().setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning, module="torchrec")
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog="python -m dlrm.plan",
+        description="Sharding plan, per-rank memory and per-iteration communication, without the hardware. "
+        "Other arguments are Hydra overrides, as for dlrm.train (e.g. model=mlperf_dcnv2 topology=dgx_h100).",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    parser.add_argument("--ranks-per-node", type=int, default=None, help="for topologies with ranks_per_node=null")
+    parser.add_argument(
+        "--proposer",
+        choices=PROPOSERS,
+        default="default",
+        help="default: the trainer's planner; greedy/uniform: one cheaper TorchRec proposer (the plan may differ)",
+    )
+    args, overrides = parser.parse_known_args(list(argv))
+    bad = [o for o in overrides if o.startswith("-")]
+    if bad:
+        parser.error(f"unknown option(s) {' '.join(bad)}; Hydra overrides look like key=value")
+    return args, overrides
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the planner for these arguments; print the report; return the exit status (0, or 2)."""
+    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # as a command: TorchRec's warnings and INFO logs would drown the report
+        _quiet_torchrec()
+    try:
+        cfg = compose(overrides)
+        report = make_plan(cfg, args.ranks_per_node, args.proposer)
+    except (ConfigError, PlanError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=1) if args.json else format_report(report))
+    return 0

@@ -1,0 +1,115 @@
+"""Planning without the hardware: TorchRec's planner on the meta-device model, no process group.
+
+`make_plan` runs the trainer's planner (or a cheaper proposer) for the config's topology and puts
+together the whole report: the plan as typed `TablePlan` records, memory (`dlrm.plan.memory`) and
+communication (`dlrm.comms.traffic`); `--json` prints it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+from dlrm.comms.traffic import comm_summary
+from dlrm.config import Config, ConfigError, validate, validate_world
+from dlrm.plan.memory import (
+    PlanError,
+    capacity_GB,
+    capacity_key,
+    check_fits,
+    fix_hint,
+    memory_summary,
+    precheck_memory,
+)
+
+PROPOSERS = ("default", "greedy", "uniform")
+
+
+def world_of(cfg: Config, ranks_per_node: int | None) -> tuple[int, int]:
+    """(world size, ranks per node) for planning; checks them like the launcher's world is checked."""
+    tp = cfg.topology
+    if ranks_per_node is not None and ranks_per_node <= 0:
+        raise ConfigError(f"--ranks-per-node {ranks_per_node} is invalid: it must be a positive number")
+    if tp.ranks_per_node is None and ranks_per_node is None:
+        raise ConfigError(
+            f"config key 'topology.ranks_per_node' = None: topology '{tp.name}' takes it from the launcher, "
+            "but planning has no launcher; set topology.ranks_per_node=N or pass --ranks-per-node N"
+        )
+    if tp.ranks_per_node is not None and ranks_per_node is not None and tp.ranks_per_node != ranks_per_node:
+        raise ConfigError(
+            f"config key 'topology.ranks_per_node' = {tp.ranks_per_node} does not match --ranks-per-node "
+            f"{ranks_per_node}: drop one of them or make them equal"
+        )
+    g = ranks_per_node or tp.ranks_per_node
+    world = tp.nodes * g
+    validate_world(cfg, world, g)  # global batch divisible by the world size, etc.
+    return world, g
+
+
+def run_planner(cfg: Config, model, world: int, ranks_per_node: int, proposer: str = "default"):
+    """TorchRec's ShardingPlan for `model` (on meta) on `world` ranks, no process group.
+
+    proposer 'default' is exactly the trainer's planner (`dlrm.core.sharding.plan_sharding`); 'greedy' and
+    'uniform' replace TorchRec's proposers by one cheaper one (faster on many ranks; the plan may differ).
+    """
+    from torchrec.distributed.planner.proposers import GreedyProposer, UniformProposer
+    from torchrec.distributed.planner.types import PlannerError
+
+    from dlrm.core.sharding import plan_sharding
+    from dlrm.core.topology import planner_topology
+
+    topology = planner_topology(cfg.topology, world, ranks_per_node)
+    one = {"default": None, "greedy": GreedyProposer, "uniform": UniformProposer}[proposer]
+    try:
+        return plan_sharding(cfg, model, topology, pg=None, proposer=one() if one else None)
+    except PlannerError as e:
+        raise PlanError(
+            f"TorchRec's planner found no plan that fits {world} ranks with {capacity_GB(cfg):.2f} GB each "
+            f"({capacity_key(cfg)}); {fix_hint(cfg)}.\nTorchRec's report: {e}"
+        ) from e
+
+
+def make_plan(cfg: Config, ranks_per_node: int | None = None, proposer: str = "default") -> dict:
+    """The report dict (`--json` prints it). Raises ConfigError or PlanError (nothing fits)."""
+    validate(cfg)
+    world, g = world_of(cfg, ranks_per_node)
+    if proposer not in PROPOSERS:
+        raise ConfigError(f"--proposer {proposer!r} is invalid: choose one of {', '.join(PROPOSERS)}")
+    timings = {}
+    t0 = time.perf_counter()
+    from dlrm.core.model import build_model
+    from dlrm.core.optim import fuse_embedding_optimizer
+    from dlrm.core.sharding import table_plans
+
+    model = build_model(cfg.model)  # meta device: no table memory
+    fuse_embedding_optimizer(model, cfg.optim.embedding)  # as the trainer: the planner sees its state size
+    dense_params = sum(p.numel() for n, p in model.named_parameters() if "embedding_bags" not in n)
+    timings["build_s"] = time.perf_counter() - t0
+    precheck_memory(cfg, world, dense_params)
+    t0 = time.perf_counter()
+    plan = run_planner(cfg, model, world, g, proposer)
+    timings["planner_s"] = time.perf_counter() - t0
+    tables = table_plans(plan, cfg.model, world)
+    memory = memory_summary(cfg, tables, world, dense_params)
+    check_fits(memory, cfg)
+    comms = comm_summary(cfg, tables, world, g, dense_params)
+    return {
+        "model": {
+            "tables": len(cfg.model.tables),
+            "embedding_params": sum(t.rows * t.dim for t in tables),
+            "dense_params": dense_params,
+        },
+        "topology": {
+            "name": cfg.topology.name,
+            "nodes": cfg.topology.nodes,
+            "ranks_per_node": g,
+            "world_size": world,
+            "device": cfg.topology.device,
+            "capacity_GB": capacity_GB(cfg),
+        },
+        "proposer": proposer,
+        "plan": [asdict(t) | ({"shards": []} if t.sharding_type == "data_parallel" else {}) for t in tables],
+        "memory": memory,
+        "comms": comms,
+        "timings": timings,
+    }
