@@ -20,7 +20,8 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.config import CriteoConfig
-from dlrm.data.criteo import NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, day_paths, read_ahead
+from dlrm.data.criteo import NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, day_paths
+from dlrm.data.prefetch import read_ahead
 
 MULTI_HOT_SEED = 0  # fixed: the multi-hot ids are part of the data, not of the training run
 SPLITS = ("train", "eval")

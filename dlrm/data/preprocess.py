@@ -40,18 +40,12 @@ from dlrm.data.criteo import (
     SPARSE_NAMES,
     TB_TABLE_SIZES,
     CriteoFormatError,
-    IdCounter,
-    NpyWriter,
     ParseOptions,
-    RangeResult,
-    RangeTask,
-    concat_parts,
-    convert_range,
     day_paths,
-    set_progress_counter,
-    shuffle_rows,
-    to_contiguous,
 )
+from dlrm.data.id_remap import IdCounter, to_contiguous
+from dlrm.data.npy import NpyWriter, concat_parts, shuffle_rows
+from dlrm.data.ranges import RangeResult, RangeTask, convert_range, set_progress_counter
 from dlrm.io import atomic_path, sha256_file, write_json_atomic
 
 MANIFEST = "manifest.json"
