@@ -1,13 +1,31 @@
-"""Choose the batch source named by `data.source`.
-
-A source has `num_batches(split) -> int | None` (None: endless) and
-`batches(split, rank, world_size, start_step) -> Iterator[Batch]`, yielding this rank's slice
-(global_batch_size // world_size samples) of global batches start_step, start_step + 1, ...
-"""
+"""The interface of batch sources (`BatchSource`), and the one `data.source` names (`make_source`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol
+
 from dlrm.config import Config
+
+if TYPE_CHECKING:
+    from torchrec.datasets.utils import Batch
+
+
+class BatchSource(Protocol):
+    """Where training and evaluation batches come from, the same global batches on any world size.
+
+    Global batch k of a split is fixed by the config and the seed; rank r of W takes samples
+    [r * B / W, (r + 1) * B / W) of it (B = data.global_batch_size).
+    """
+
+    def num_batches(self, split: str) -> int | None:
+        """Global batches in `split` ("train" or "eval"); None: endless."""
+        ...
+
+    def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Iterator[Batch]:
+        """This rank's slice of global batches start_step, start_step + 1, ... of `split`: each a
+        Batch of dense [B / W, 13] float, sparse KeyedJaggedTensor, labels [B / W]."""
+        ...
 
 
 def feature_layout(cfg: Config) -> tuple[list[str], list[int], list[int]]:
@@ -21,7 +39,7 @@ def feature_layout(cfg: Config) -> tuple[list[str], list[int], list[int]]:
     return names, rows, pooling
 
 
-def make_source(cfg: Config):
+def make_source(cfg: Config) -> BatchSource:
     """The batch source for this config (synthetic or preprocessed Criteo)."""
     names, rows, pooling = feature_layout(cfg)
     if cfg.data.source == "criteo":
