@@ -29,6 +29,7 @@ import os
 import re
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -236,12 +237,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[dict]]:
     import torch
     import torch.distributed as dist
 
+    from dlrm.config import TopologyConfig
+    from dlrm.core.topology import World, backend_for, device_for, init_distributed
+
     args = parse_args(argv)
     if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
         raise CommsError("WORLD_SIZE/RANK are not set: run under torchrun, "
                          "e.g. torchrun --nproc_per_node=2 -m dlrm.comms.bench")
-    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    launcher = World.from_env()
+    world, rank, local = launcher.world_size, launcher.rank, launcher.local_world_size
     collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]
     scopes = [s.strip() for s in args.scopes.split(",") if s.strip()]
     for s in scopes:
@@ -273,11 +277,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[dict]]:
 
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()
                                           and (topo is None or topo.device == "cuda"))
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if use_cuda else torch.device("cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
-    backend = "nccl" if use_cuda else "gloo"
-    dist.init_process_group(backend)
+    # The trainer's device, backend and process group for this machine: NCCL on cuda, Gloo on cpu.
+    machine = replace(topo or TopologyConfig(name="bench"), device="cuda" if use_cuda else "cpu", backend="auto")
+    device = device_for(machine, launcher)
+    backend = backend_for(machine)
+    init_distributed(machine, launcher)
     try:
         groups = {}
         for s in scopes:
