@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from dlrm import plan as dplan
+from dlrm.plan import planner
 
 ROOT = Path(__file__).resolve().parents[2]
 MLPERF = ["model=mlperf_dcnv2", "data.global_batch_size=65536"]
@@ -159,7 +160,7 @@ def no_planner(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the planner ran; the error should have come before it")
 
-    monkeypatch.setattr(dplan, "run_planner", refuse)
+    monkeypatch.setattr(planner, "run_planner", refuse)
 
 
 def test_model_that_cannot_fit_anywhere_is_refused_before_planning(capsys, no_planner):
