@@ -29,11 +29,12 @@ import os
 import re
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from dlrm.comms.costmodel import CommsError, busbw_factor
+from dlrm.config import TopologyConfig
 from dlrm.io import write_atomic
 
 COLLECTIVES = ("allreduce", "alltoall", "alltoall_uneven", "reduce_scatter", "allgather")
@@ -232,20 +233,20 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Optional[List[dict]]:
-    """Run the benchmark in this torchrun worker; returns the result rows on rank 0, None elsewhere."""
-    import torch
-    import torch.distributed as dist
+@dataclass(frozen=True)
+class Request:
+    """What to measure, checked against the launcher: collectives x scopes x message sizes."""
 
-    from dlrm.config import TopologyConfig
-    from dlrm.core.topology import World, backend_for, device_for, init_distributed
+    collectives: List[str]
+    scopes: List[str]
+    sizes: List[int]
+    nodes: int
+    ranks_per_node: int
+    topology: Optional[TopologyConfig]
 
-    args = parse_args(argv)
-    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
-        raise CommsError("WORLD_SIZE/RANK are not set: run under torchrun, "
-                         "e.g. torchrun --nproc_per_node=2 -m dlrm.comms.bench")
-    launcher = World.from_env()
-    world, rank, local = launcher.world_size, launcher.rank, launcher.local_world_size
+
+def check_args(args: argparse.Namespace, world_size: int, local_world_size: int) -> Request:
+    """The request these arguments make on this launcher's world; CommsError names a bad value and the fix."""
     collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]
     scopes = [s.strip() for s in args.scopes.split(",") if s.strip()]
     for s in scopes:
@@ -254,60 +255,83 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[dict]]:
     if args.warmup < 0 or args.iters < 1:
         raise CommsError(f"--warmup={args.warmup} --iters={args.iters}: pass warmup >= 0 and iters >= 1")
     sizes = sweep_sizes(parse_size(args.min_bytes), parse_size(args.max_bytes))
-
     topo = None
     if args.topology:
         from dlrm.comms import load_topology
 
         topo = load_topology(args.topology)
-    rpn = (topo.ranks_per_node if topo else None) or local
-    nodes = topo.nodes if topo else world // rpn
-    if rpn != local or nodes * rpn != world:
+    rpn = (topo.ranks_per_node if topo else None) or local_world_size
+    nodes = topo.nodes if topo else world_size // rpn
+    if rpn != local_world_size or nodes * rpn != world_size:
         raise CommsError(
             f"topology {topo.name if topo else '(none)'} says {nodes} node(s) x {rpn} ranks but torchrun started "
-            f"WORLD_SIZE={world}, LOCAL_WORLD_SIZE={local}; launch with --nnodes={nodes} --nproc_per_node={rpn} "
-            "or pick a matching --topology"
+            f"WORLD_SIZE={world_size}, LOCAL_WORLD_SIZE={local_world_size}; launch with --nnodes={nodes} "
+            f"--nproc_per_node={rpn} or pick a matching --topology"
         )
-    layout = group_layout(world, nodes, rpn)
+    layout = group_layout(world_size, nodes, rpn)
     group_sizes = {s: len(layout[s][0]) for s in scopes}
     for s, p in group_sizes.items():
         if p < 2:
             raise CommsError(f"scope '{s}' has groups of {p} rank on {nodes} node(s) x {rpn}; drop it from --scopes")
     check_request(collectives, sizes, group_sizes)
+    return Request(collectives, scopes, sizes, nodes, rpn, topo)
 
+
+def measure(req: Request, rank: int, world_size: int, device, warmup: int, iters: int) -> List[dict]:
+    """Time every collective of `req` in every scope (all ranks call it); one summary row per size."""
+    import torch
+    import torch.distributed as dist
+
+    layout = group_layout(world_size, req.nodes, req.ranks_per_node)
+    groups = {}
+    for s in req.scopes:
+        for ranks in layout[s]:  # every rank creates every group, in the same order
+            g = None if s == "world" else dist.new_group(ranks)
+            if rank in ranks:
+                groups[s] = (g, ranks)
+    rows = []
+    for s in req.scopes:
+        group, ranks = groups[s]
+        for c in req.collectives:
+            for n in req.sizes:
+                op = make_op(c, n, group, ranks, rank, device)
+                times = torch.tensor(time_op(op, group, warmup, iters, device), dtype=torch.float64).to(device)
+                dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets each iteration
+                rows.append(summarize(c, s, len(ranks), n, times.cpu().tolist()))
+    return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Optional[List[dict]]:
+    """Run the benchmark in this torchrun worker; returns the result rows on rank 0, None elsewhere."""
+    import torch
+    import torch.distributed as dist
+
+    from dlrm.core.topology import World, backend_for, device_for, init_distributed
+
+    args = parse_args(argv)
+    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+        raise CommsError("WORLD_SIZE/RANK are not set: run under torchrun, "
+                         "e.g. torchrun --nproc_per_node=2 -m dlrm.comms.bench")
+    world = World.from_env()
+    req = check_args(args, world.world_size, world.local_world_size)
+    topo = req.topology
     use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()
                                           and (topo is None or topo.device == "cuda"))
     # The trainer's device, backend and process group for this machine: NCCL on cuda, Gloo on cpu.
     machine = replace(topo or TopologyConfig(name="bench"), device="cuda" if use_cuda else "cpu", backend="auto")
-    device = device_for(machine, launcher)
-    backend = backend_for(machine)
-    init_distributed(machine, launcher)
+    device = device_for(machine, world)
+    init_distributed(machine, world)
     try:
-        groups = {}
-        for s in scopes:
-            for ranks in layout[s]:  # every rank creates every group, in the same order
-                g = None if s == "world" else dist.new_group(ranks)
-                if rank in ranks:
-                    groups[s] = (g, ranks)
-        rows = []
-        for s in scopes:
-            group, ranks = groups[s]
-            for c in collectives:
-                for n in sizes:
-                    times = torch.tensor(time_op(make_op(c, n, group, ranks, rank, device), group,
-                                                 args.warmup, args.iters, device), dtype=torch.float64)
-                    times = times.to(device)
-                    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets each iteration
-                    rows.append(summarize(c, s, len(ranks), n, times.cpu().tolist()))
-        if rank != 0:
+        rows = measure(req, world.rank, world.world_size, device, args.warmup, args.iters)
+        if not world.is_main:
             return None
         meta = {
             "schema": SCHEMA,
-            "backend": backend,
+            "backend": backend_for(machine),
             "device": device.type,
-            "world_size": world,
-            "nodes": nodes,
-            "ranks_per_node": rpn,
+            "world_size": world.world_size,
+            "nodes": req.nodes,
+            "ranks_per_node": req.ranks_per_node,
             "topology": topo.name if topo else None,
             "intra_fabric": topo.intra_node.fabric if topo else "switch",
             "inter_fabric": topo.inter_node.fabric if topo else "switch",
