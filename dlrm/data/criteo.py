@@ -197,16 +197,11 @@ def _parse_fields(ap: np.ndarray, fs: np.ndarray, fe: np.ndarray, signed: bool):
     return value, bad
 
 
-def parse_block(buf: bytes, opts: ParseOptions, first_line: int = 1) -> Parsed:
-    """Parse complete lines (`buf` must end with '\\n'); first_line is the number of its first line.
-
-    Every bad line is returned in `bad` (and left out of the arrays); the caller applies the policy.
-    """
-    a = np.frombuffer(buf, np.uint8)
-    ap = np.concatenate([np.zeros(_PAD, np.uint8), a])
+def _field_ends(buf: bytes, a: np.ndarray, first_line: int):
+    """Field end offsets [m, 40] of the m well-formed lines of `a` (the bytes of `buf`), their line
+    indexes [m] and start offsets [m], the number of lines, and a BadLine for every other line."""
     sep = np.flatnonzero(a < 11)  # tabs and newlines (and other control bytes, which make the check fail)
     kind = a[sep]
-    bad: List[BadLine] = []
     n = len(sep) // NUM_FIELDS
     if (
         n
@@ -217,24 +212,45 @@ def parse_block(buf: bytes, opts: ParseOptions, first_line: int = 1) -> Parsed:
     ):
         # fast path: every line has exactly 39 tabs (every 40th separator, and only those, is a newline)
         fe = sep.reshape(n, NUM_FIELDS)
-        good = np.arange(n)
-        line_start = np.concatenate([[0], fe[:-1, -1] + 1])
-    else:
-        nl = np.flatnonzero(a == 10)
-        n = len(nl)
-        starts = np.concatenate([[0], nl[:-1] + 1]).astype(np.int64)
-        tabs = np.flatnonzero(a == 9)
-        ntabs = np.bincount(np.searchsorted(nl, tabs), minlength=n)[:n]
-        ok = ntabs == NUM_FIELDS - 1
-        for i in np.flatnonzero(~ok):
-            text = buf[starts[i] : nl[i]].decode("utf-8", "replace")
-            reason = "empty line" if not text else f"{ntabs[i] + 1} tab-separated fields, expected {NUM_FIELDS}"
-            bad.append(BadLine(first_line + int(i), "line", text[:80], reason))
-        good = np.flatnonzero(ok)
-        fe = np.empty((len(good), NUM_FIELDS), np.int64)
-        fe[:, :-1] = tabs[np.repeat(ok, ntabs)].reshape(-1, NUM_FIELDS - 1)
-        fe[:, -1] = nl[good]
-        line_start = starts[good]
+        return fe, np.arange(n), np.concatenate([[0], fe[:-1, -1] + 1]), n, []
+    nl = np.flatnonzero(a == 10)
+    n = len(nl)
+    starts = np.concatenate([[0], nl[:-1] + 1]).astype(np.int64)
+    tabs = np.flatnonzero(a == 9)
+    ntabs = np.bincount(np.searchsorted(nl, tabs), minlength=n)[:n]
+    ok = ntabs == NUM_FIELDS - 1
+    bad = []
+    for i in np.flatnonzero(~ok):
+        text = buf[starts[i] : nl[i]].decode("utf-8", "replace")
+        reason = "empty line" if not text else f"{ntabs[i] + 1} tab-separated fields, expected {NUM_FIELDS}"
+        bad.append(BadLine(first_line + int(i), "line", text[:80], reason))
+    good = np.flatnonzero(ok)
+    fe = np.empty((len(good), NUM_FIELDS), np.int64)
+    fe[:, :-1] = tabs[np.repeat(ok, ntabs)].reshape(-1, NUM_FIELDS - 1)
+    fe[:, -1] = nl[good]
+    return fe, good, starts[good], n, bad
+
+
+def _bad_field_reason(f: int, length: int, not_hex: bool, value_id: int, opts: ParseOptions) -> str:
+    """Why field f (0 label, 1..13 dense, 14..39 categorical) of a line is bad."""
+    if f == 0:
+        return "label must be 0 or 1"
+    if f <= NUM_DENSE:
+        return "dense value too long" if length > _MAX_DEC_DIGITS else "dense value is not a decimal integer"
+    if not_hex:
+        return "categorical value is not a hexadecimal id of at most 16 digits"
+    size = opts.table_sizes[f - 1 - NUM_DENSE] if opts.table_sizes else 2**63
+    return f"id {value_id} is outside the table of {size} rows and no hashing is configured"
+
+
+def parse_block(buf: bytes, opts: ParseOptions, first_line: int = 1) -> Parsed:
+    """Parse complete lines (`buf` must end with '\\n'); first_line is the number of its first line.
+
+    Every bad line is returned in `bad` (and left out of the arrays); the caller applies the policy.
+    """
+    a = np.frombuffer(buf, np.uint8)
+    ap = np.concatenate([np.zeros(_PAD, np.uint8), a])
+    fe, good, line_start, n, bad = _field_ends(buf, a, first_line)
     fs = np.empty_like(fe)
     fs[:, 1:] = fe[:, :-1] + 1
     fs[:, 0] = line_start
@@ -260,17 +276,8 @@ def parse_block(buf: bytes, opts: ParseOptions, first_line: int = 1) -> Parsed:
     for j in np.flatnonzero(line_bad):
         f = int(np.argmax(field_bad[j]))
         value = bytes(ap[fs[j, f] : fe[j, f]]).decode("utf-8", "replace")
-        if f == 0:
-            reason = "label must be 0 or 1"
-        elif f <= NUM_DENSE:
-            too_long = fe[j, f] - fs[j, f] > _MAX_DEC_DIGITS
-            reason = "dense value too long" if too_long else "dense value is not a decimal integer"
-        elif sbad[j, f - 1 - NUM_DENSE]:
-            reason = "categorical value is not a hexadecimal id of at most 16 digits"
-        else:
-            size = opts.table_sizes[f - 1 - NUM_DENSE] if opts.table_sizes else 2**63
-            value_id = int(sval[j, f - 1 - NUM_DENSE])
-            reason = f"id {value_id} is outside the table of {size} rows and no hashing is configured"
+        c = max(f - 1 - NUM_DENSE, 0)
+        reason = _bad_field_reason(f, int(fe[j, f] - fs[j, f]), bool(sbad[j, c]), int(sval[j, c]), opts)
         bad.append(BadLine(first_line + int(good[j]), FIELD_NAMES[f], value[:80], reason))
     bad.sort(key=lambda b: b.line)
     keep = ~line_bad
