@@ -7,6 +7,7 @@ compute kernel puts it, and `check_fits` names the first rank that does not fit.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from dlrm.config import Config
@@ -111,6 +112,46 @@ UVM_KERNELS = ("fused_uvm", "quant_uvm")  # table in host memory (unified virtua
 UVM_CACHING_KERNELS = ("fused_uvm_caching", "quant_uvm_caching")  # in host memory, a cache of rows in HBM
 
 
+@dataclass
+class RankMemory:
+    """Bytes one rank needs, by part, and where (hbm, ddr); `fits` its capacities."""
+
+    rank: int
+    sharded_weights: int = 0
+    sharded_optimizer: int = 0
+    replicated_weights: int = 0
+    replicated_optimizer: int = 0
+    uvm_cache: int = 0
+    hbm: int = 0
+    ddr: int = 0
+    uvm_tables: list[str] = field(default_factory=list)
+    dense_weights: int = 0
+    dense_grads: int = 0
+    dense_optimizer: int = 0
+    total: int = 0
+    fits: bool = True
+
+    def add_shard(self, table: TablePlan, weights: int, optimizer: int, cuda: bool, cache_ratio: float) -> None:
+        """Count one shard of `table`: where its compute kernel keeps it (see `memory_summary`)."""
+        if table.sharding_type == "data_parallel":
+            self.replicated_weights += weights
+            self.replicated_optimizer += optimizer
+        else:
+            self.sharded_weights += weights
+            self.sharded_optimizer += optimizer
+        kernel = table.compute_kernel
+        if not cuda or kernel in UVM_KERNELS or kernel in UVM_CACHING_KERNELS:
+            self.ddr += weights + optimizer
+        else:
+            self.hbm += weights + optimizer
+        if cuda and (kernel in UVM_KERNELS or kernel in UVM_CACHING_KERNELS):
+            self.uvm_tables.append(table.table)
+        if cuda and kernel in UVM_CACHING_KERNELS:
+            cache = int((table.cache_load_factor or cache_ratio) * (weights + optimizer))
+            self.uvm_cache += cache
+            self.hbm += cache
+
+
 def memory_summary(cfg: Config, tables: list[TablePlan], world: int, dense_params: int) -> dict:
     """Bytes per rank in HBM and in host DDR, by part, against the capacities; `fits` per rank.
 
@@ -123,50 +164,34 @@ def memory_summary(cfg: Config, tables: list[TablePlan], world: int, dense_param
 
     opt = cfg.optim.embedding.name
     cuda = cfg.topology.device == "cuda"
-    keys = ("sharded_weights", "sharded_optimizer", "replicated_weights", "replicated_optimizer", "uvm_cache")
-    ranks = [dict({"rank": r}, **{k: 0 for k in keys}, hbm=0, ddr=0, uvm_tables=[]) for r in range(world)]
+    ranks = [RankMemory(r) for r in range(world)]
     for t in tables:
-        dp = t.sharding_type == "data_parallel"
-        kernel = t.compute_kernel
         for s in t.shards:
-            w = s.rows * s.cols * FLOAT_BYTES
-            o = optimizer_state_bytes(opt, s.rows, s.cols)
-            m = ranks[s.rank]
-            m["replicated_weights" if dp else "sharded_weights"] += w
-            m["replicated_optimizer" if dp else "sharded_optimizer"] += o
-            if not cuda:
-                m["ddr"] += w + o
-            elif kernel in UVM_KERNELS or kernel in UVM_CACHING_KERNELS:
-                m["ddr"] += w + o
-                m["uvm_tables"].append(t.table)
-                if kernel in UVM_CACHING_KERNELS:
-                    ratio = t.cache_load_factor or UVM_CACHING_RATIO
-                    cache = int(ratio * (w + o))
-                    m["uvm_cache"] += cache
-                    m["hbm"] += cache
-            else:
-                m["hbm"] += w + o
+            weights = s.rows * s.cols * FLOAT_BYTES
+            ranks[s.rank].add_shard(t, weights, optimizer_state_bytes(opt, s.rows, s.cols), cuda, UVM_CACHING_RATIO)
     dense_w = dense_params * FLOAT_BYTES
     hbm_cap = cfg.topology.hbm_GB * GB if cuda else 0
     ddr_cap = cfg.topology.ddr_GB * GB
     for m in ranks:
-        m["dense_weights"] = dense_w
-        m["dense_grads"] = dense_w
-        m["dense_optimizer"] = dense_w * dense_optimizer_factor(cfg.optim.dense.name)
-        dense = m["dense_weights"] + m["dense_grads"] + m["dense_optimizer"]
-        m["hbm" if cuda else "ddr"] += dense
-        m["total"] = m["hbm"] + m["ddr"]
-        m["fits"] = m["hbm"] <= hbm_cap and m["ddr"] <= ddr_cap
+        m.dense_weights = m.dense_grads = dense_w
+        m.dense_optimizer = dense_w * dense_optimizer_factor(cfg.optim.dense.name)
+        dense = m.dense_weights + m.dense_grads + m.dense_optimizer
+        if cuda:
+            m.hbm += dense
+        else:
+            m.ddr += dense
+        m.total = m.hbm + m.ddr
+        m.fits = m.hbm <= hbm_cap and m.ddr <= ddr_cap
     return {
         "hbm_capacity_bytes": hbm_cap,
         "ddr_capacity_bytes": ddr_cap,
         "capacity_key": capacity_key(cfg),
         "embedding_optimizer": opt,
         "dense_optimizer": cfg.optim.dense.name,
-        "per_rank": ranks,
-        "max_rank": max(ranks, key=lambda m: (m["hbm"], m["ddr"]))["rank"],
-        "sharded_weights_total": sum(m["sharded_weights"] for m in ranks),
-        "uvm_tables": sorted({t for m in ranks for t in m["uvm_tables"]}),
+        "per_rank": [asdict(m) for m in ranks],
+        "max_rank": max(ranks, key=lambda m: (m.hbm, m.ddr)).rank,
+        "sharded_weights_total": sum(m.sharded_weights for m in ranks),
+        "uvm_tables": sorted({t for m in ranks for t in m.uvm_tables}),
     }
 
 
