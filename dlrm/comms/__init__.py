@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from omegaconf import OmegaConf
 
@@ -26,4 +27,4 @@ def load_topology(name_or_path: str) -> TopologyConfig:
             f"topology {name_or_path!r} not found (looked at {path}); pass one of {known} or a YAML file path"
         )
     merged = OmegaConf.merge(OmegaConf.structured(TopologyConfig), OmegaConf.load(path))
-    return OmegaConf.to_object(merged)
+    return cast(TopologyConfig, OmegaConf.to_object(merged))

@@ -109,33 +109,38 @@ def uneven_splits(nelems: int, p: int, i: int) -> tuple:
     return [counts[i]] * p, counts
 
 
-def make_op(collective: str, nbytes: int, group, ranks: List[int], rank: int, device) -> Callable[[], None]:
+def make_op(collective: str, nbytes: int, group, ranks: List[int], rank: int, device) -> Callable[[], object]:
     """A closure that runs one collective of nbytes (nccl-tests' size) on `group` with float32 buffers."""
     import torch
     import torch.distributed as dist
 
     p, n = len(ranks), nbytes // ELEMENT_BYTES
-    f32 = dict(dtype=torch.float32, device=device)
+
+    def buffers(n_in: int, n_out: int):
+        """An input of ones and an output, float32, of n_in and n_out elements."""
+        f32 = torch.float32
+        return torch.ones(n_in, dtype=f32, device=device), torch.empty(n_out, dtype=f32, device=device)
+
     if collective == "allreduce":
-        x = torch.ones(n, **f32)
+        x, _ = buffers(n, 0)
         return lambda: dist.all_reduce(x, group=group)
     if collective == "alltoall":
-        x, y = torch.ones(n, **f32), torch.empty(n, **f32)
+        x, y = buffers(n, n)
         return lambda: dist.all_to_all_single(y, x, group=group)
     if collective == "alltoall_uneven":
         ins, outs = uneven_splits(n, p, ranks.index(rank))
-        x, y = torch.ones(sum(ins), **f32), torch.empty(sum(outs), **f32)
+        x, y = buffers(sum(ins), sum(outs))
         return lambda: dist.all_to_all_single(y, x, outs, ins, group=group)
     if collective == "reduce_scatter":
-        x, y = torch.ones(n, **f32), torch.empty(n // p, **f32)
+        x, y = buffers(n, n // p)
         return lambda: dist.reduce_scatter_single(y, x, group=group)
     if collective == "allgather":
-        x, y = torch.ones(n // p, **f32), torch.empty(n, **f32)
+        x, y = buffers(n // p, n)
         return lambda: dist.all_gather_single(y, x, group=group)
     raise CommsError(f"unknown collective {collective!r}: choose from {','.join(COLLECTIVES)}")
 
 
-def time_op(op: Callable[[], None], group, warmup: int, iters: int, device) -> List[float]:
+def time_op(op: Callable[[], object], group, warmup: int, iters: int, device) -> List[float]:
     """Seconds of each timed iteration on this rank (barrier, then op, synchronising CUDA)."""
     import torch
     import torch.distributed as dist
@@ -220,7 +225,7 @@ def format_table(rows: List[dict]) -> str:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m dlrm.comms.bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dlrm.comms.bench", description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--collectives", default=",".join(COLLECTIVES), help=f"comma list of {','.join(COLLECTIVES)}")
     ap.add_argument("--min-bytes", default="1K", help="smallest message size, e.g. 1K")
     ap.add_argument("--max-bytes", default="64M", help="largest message size, e.g. 64M (doubling from min)")

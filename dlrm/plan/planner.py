@@ -30,17 +30,17 @@ def world_of(cfg: Config, ranks_per_node: int | None) -> tuple[int, int]:
     tp = cfg.topology
     if ranks_per_node is not None and ranks_per_node <= 0:
         raise ConfigError(f"--ranks-per-node {ranks_per_node} is invalid: it must be a positive number")
-    if tp.ranks_per_node is None and ranks_per_node is None:
+    g = ranks_per_node if ranks_per_node is not None else tp.ranks_per_node
+    if g is None:
         raise ConfigError(
             f"config key 'topology.ranks_per_node' = None: topology '{tp.name}' takes it from the launcher, "
             "but planning has no launcher; set topology.ranks_per_node=N or pass --ranks-per-node N"
         )
-    if tp.ranks_per_node is not None and ranks_per_node is not None and tp.ranks_per_node != ranks_per_node:
+    if tp.ranks_per_node is not None and tp.ranks_per_node != g:
         raise ConfigError(
             f"config key 'topology.ranks_per_node' = {tp.ranks_per_node} does not match --ranks-per-node "
             f"{ranks_per_node}: drop one of them or make them equal"
         )
-    g = ranks_per_node or tp.ranks_per_node
     world = tp.nodes * g
     validate_world(cfg, world, g)  # global batch divisible by the world size, etc.
     return world, g
