@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import List, Tuple
-
 import numpy as np
+
 
 class IdCounter:
     """Counts of the ids of one sparse column, fed block by block (memory ~ 16 bytes per distinct id)."""
 
     def __init__(self):
-        self.parts: List[Tuple[np.ndarray, np.ndarray]] = []
+        self.parts: list[tuple[np.ndarray, np.ndarray]] = []
         self.pending, self.merged = 0, 0
 
     def add(self, ids: np.ndarray) -> None:
@@ -26,7 +25,7 @@ class IdCounter:
         self.parts = [(uniq, np.bincount(inverse, weights=counts, minlength=len(uniq)).astype(np.int64))]
         self.pending = self.merged = len(uniq)
 
-    def result(self) -> Tuple[np.ndarray, np.ndarray]:
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
         """(sorted distinct ids, their counts)."""
         if not self.parts:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Dict, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -17,7 +17,7 @@ from dlrm.io import sha256_file
 _NPY_HEADER = 128
 
 
-def npy_header(dtype: np.dtype, shape: Tuple[int, ...]) -> bytes:
+def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     """A version-1.0 .npy header of fixed length 128 bytes (so it can be rewritten in place)."""
     descr = np.lib.format.dtype_to_descr(np.dtype(dtype))
     d = f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': {tuple(shape)!r}, }}"
@@ -45,8 +45,7 @@ class NpyWriter:
         self._f.close()
 
 
-
-def concat_parts(part_paths: Sequence[str], out_path: str, dtype, cols: int) -> Tuple[int, str]:
+def concat_parts(part_paths: Sequence[str], out_path: str, dtype, cols: int) -> tuple[int, str]:
     """Concatenate streamed part .npy files into `out_path`; returns (rows, sha256 of the file)."""
     if len(part_paths) == 1:
         os.replace(part_paths[0], out_path)
@@ -68,7 +67,7 @@ def concat_parts(part_paths: Sequence[str], out_path: str, dtype, cols: int) -> 
     return rows, h.hexdigest()
 
 
-def shuffle_rows(paths: Dict[str, str], seed: int, day: int, block_rows: int = 1 << 18) -> None:
+def shuffle_rows(paths: dict[str, str], seed: int, day: int, block_rows: int = 1 << 18) -> None:
     """Permute the rows of a day's .npy files in place (same permutation for all), block by block.
 
     Reads the source memory-mapped, so memory is bounded by the permutation (8 bytes a row) and a block.

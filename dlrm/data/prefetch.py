@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Iterator
-
+from collections.abc import Iterator
 
 _DONE = object()
 
 
 def read_ahead(items: Iterator, depth: int) -> Iterator:
     """Run `items` in a background thread, `depth` ahead; errors are re-raised in the consumer."""
-    q: "queue.Queue" = queue.Queue(depth)
+    q: queue.Queue = queue.Queue(depth)
     stop = threading.Event()
 
     def put(x) -> bool:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import gzip
 import zlib
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
 
 import numpy as np
 
 from dlrm.data.criteo import NUM_DENSE, NUM_SPARSE, BadLine, ParseOptions, parse_block
 from dlrm.data.npy import NpyWriter
 from dlrm.data.prefetch import read_ahead
+
 
 # ---------------------------------------------------------------- converting one byte range of a file
 @dataclass
@@ -27,7 +27,7 @@ class RangeTask:
     path: str
     part_prefix: str  # output files are f"{part_prefix}_{kind}.npy"
     start: int = 0
-    end: Optional[int] = None
+    end: int | None = None
     opts: ParseOptions = field(default_factory=ParseOptions)
     block_bytes: int = 8 << 20
 
@@ -39,11 +39,11 @@ class RangeResult:
     lines: int = 0
     skipped: int = 0
     truncated: bool = False
-    bad: List[BadLine] = field(default_factory=list)  # the first few, line numbers local to the range
-    max_ids: List[int] = field(default_factory=lambda: [-1] * NUM_SPARSE)
-    partial: Optional[BadLine] = None  # the cut-off last line of a truncated gzip stream
-    error: Optional[BadLine] = None  # policy fail: the first bad line (local numbering)
-    fatal: Optional[str] = None  # an unreadable stream under policy fail
+    bad: list[BadLine] = field(default_factory=list)  # the first few, line numbers local to the range
+    max_ids: list[int] = field(default_factory=lambda: [-1] * NUM_SPARSE)
+    partial: BadLine | None = None  # the cut-off last line of a truncated gzip stream
+    error: BadLine | None = None  # policy fail: the first bad line (local numbering)
+    fatal: str | None = None  # an unreadable stream under policy fail
 
 
 def _is_gzip(path: str) -> bool:
@@ -66,7 +66,7 @@ def _report(nbytes: int = 0, nlines: int = 0) -> None:
             _progress[1] += nlines
 
 
-def _fill(read, n: int) -> Tuple[bytes, Optional[BaseException]]:
+def _fill(read, n: int) -> tuple[bytes, BaseException | None]:
     """Up to n bytes from `read` (fewer only at the end); a broken stream returns what came before it."""
     chunks, got = [], 0
     try:
@@ -129,7 +129,6 @@ def _blocks(task: RangeTask, result: RangeResult):
                 yield buf[:cut]
     finally:
         raw.close()
-
 
 
 def convert_range(task: RangeTask) -> RangeResult:

@@ -18,15 +18,23 @@ def test_pyproject_lists_every_package():
 def test_a_plain_install_finds_the_configs(tmp_path):
     """A wheel (not an editable install) carries conf/ as dlrm/conf, and composes from it."""
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     (wheel,) = tmp_path.glob("dlrm-*.whl")
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     assert (tmp_path / "site" / "dlrm" / "conf" / "topology" / "zion.yaml").is_file()
-    code = (
-        "import dlrm.compose as c; cfg = c.compose(['topology=zion']); "
-        "print(c.CONF_DIR); print(cfg.topology.name)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "site")},
-                         check=True, capture_output=True, text=True, timeout=120).stdout.split()
+    code = "import dlrm.compose as c; cfg = c.compose(['topology=zion']); print(c.CONF_DIR); print(cfg.topology.name)"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path / "site")},
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.split()
     assert out == [str(tmp_path / "site" / "dlrm" / "conf"), "zion"]
