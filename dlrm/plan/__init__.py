@@ -26,8 +26,8 @@ Example::
 """
 
 from dlrm.compose import compose
+from dlrm.core.memory import PlanError
 from dlrm.plan.cli import main
-from dlrm.plan.memory import PlanError
 from dlrm.plan.planner import make_plan
 from dlrm.plan.report import format_report
 

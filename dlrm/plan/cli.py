@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from dlrm.compose import compose
 from dlrm.config import ConfigError
-from dlrm.plan.memory import PlanError
+from dlrm.core.memory import PlanError
 from dlrm.plan.planner import PROPOSERS, make_plan
 from dlrm.plan.report import format_report
 

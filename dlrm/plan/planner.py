@@ -12,15 +12,8 @@ from dataclasses import asdict
 
 from dlrm.comms.traffic import comm_summary
 from dlrm.config import Config, ConfigError, validate, validate_world
-from dlrm.plan.memory import (
-    PlanError,
-    capacity_GB,
-    capacity_key,
-    check_fits,
-    fix_hint,
-    memory_summary,
-    precheck_memory,
-)
+from dlrm.core.memory import PlanError, capacity_GB, capacity_key, fix_hint, precheck_memory
+from dlrm.plan.memory import check_fits, memory_summary
 
 PROPOSERS = ("default", "greedy", "uniform")
 
