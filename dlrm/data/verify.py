@@ -61,7 +61,8 @@ def read_npy_header(path: str, kind: str) -> NpyHeader:
     except OSError as e:
         raise CriteoDataError(f"{path} cannot be read ({e.strerror or e}); check the file and its permissions")
     except (ValueError, TypeError, SyntaxError, OverflowError, MemoryError, RecursionError) as e:
-        raise CriteoDataError(f"{path} is not a valid .npy file ({str(e)[:200]}); {RERUN}") from None
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]  # numpy's first line, not its advice
+        raise CriteoDataError(f"{path} is not a valid .npy file ({reason}); {RERUN}") from None
     if dtype.str not in DTYPES[kind] or dtype.hasobject:
         raise CriteoDataError(
             f"{path} holds dtype {dtype.str!r} but {kind} must be {' or '.join(DTYPES[kind])} "
@@ -111,7 +112,7 @@ def load_manifest(directory: str) -> Dict:
     except OSError as e:
         raise CriteoDataError(f"{path} cannot be read ({e.strerror or e}); check the file and its permissions")
     except (ValueError, RecursionError) as e:
-        raise CriteoDataError(f"{path} is not valid JSON ({str(e)[:120]}); {RERUN}") from None
+        raise CriteoDataError(f"{path} is not valid JSON ({str(e).splitlines()[0][:120]}); {RERUN}") from None
     _need(isinstance(m, dict) and isinstance(m.get("days"), list), path, "no list 'days'")
     _need(m.get("sparse_dtype") in ("int32", "int64"), path, f"sparse_dtype {m.get('sparse_dtype')!r}")
     seen = set()
