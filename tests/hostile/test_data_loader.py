@@ -270,6 +270,7 @@ def test_train_refuses_before_building_tables(data, monkeypatch):
         run(train_config(data))
 
 
+@pytest.mark.slow  # imports torch and torchrec in a fresh process: ~10-25 s on 2 busy cores
 def test_train_cli_exits_2_with_one_line(data, tmp_path):
     s = load(data, 0, "sparse")
     s[10, 0] = 5000
