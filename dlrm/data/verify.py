@@ -60,7 +60,7 @@ def read_npy_header(path: str, kind: str) -> NpyHeader:
             offset = f.tell()
     except OSError as e:
         raise CriteoDataError(f"{path} cannot be read ({e.strerror or e}); check the file and its permissions")
-    except (ValueError, TypeError, SyntaxError, OverflowError, MemoryError, RecursionError) as e:
+    except Exception as e:  # numpy's header parser raises ValueError, SyntaxError, tokenize.TokenError, ...
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]  # numpy's first line, not its advice
         raise CriteoDataError(f"{path} is not a valid .npy file ({reason}); {RERUN}") from None
     if dtype.str not in DTYPES[kind] or dtype.hasobject:
