@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -169,7 +167,7 @@ def test_pickled_object_array_never_runs(data, tmp_path):
     p = data / "day_0_labels.npy"
     with open(p, "wb") as f:
         np.lib.format.write_array(f, arr, allow_pickle=True)
-    assert b"system" in p.read_bytes() and pickle.DEFAULT_PROTOCOL
+    assert b"system" in p.read_bytes(), "the payload is in the file"
     set_file_in_manifest(data, 0, "labels")
     refused(data, str(p), "'|O'")
     assert not marker.exists()
