@@ -12,7 +12,10 @@ Input file i becomes day_{i}_{dense,sparse,labels}.npy (see `dlrm.data.criteo`).
 parallel, and a plain file is also split into byte ranges when there are fewer files than workers.
 Outputs are written under temporary names and renamed at the end of each day; a day's `day_{i}.json`
 is written last, so a killed run leaves nothing that looks complete. A re-run skips days whose
-day_{i}.json matches the input file and the options (use --force to redo), and redoes the rest.
+day_{i}.json matches the input file and the options (use --force to redo), and redoes the rest; the
+earlier files of a day (and manifest.json) stay until its new version is complete. One run at a time
+per --out (fcntl lock on --out/.preprocess.lock). Bad flags, inputs and I/O failures are one
+`error: ...` line and exit 2.
 """
 
 from __future__ import annotations
