@@ -269,3 +269,11 @@ def test_bench_uses_a_private_directory_and_removes_it(tmp_path, capsys):
     assert (keep / "precious").read_text() == "x"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ours"], "the private directory is gone"
     assert "samples/s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content", ['{"id_map": 5, "days": 3}', "[1, 2]", "{not json"])
+def test_damaged_manifest_in_out_is_redone_for_contiguous_ids(out, content):
+    """The reuse check of --id-map contiguous reads the old manifest.json: damage means redo, not a traceback."""
+    (out / "manifest.json").write_text(content)
+    m = pp.preprocess([S], str(out), pp.ParseOptions(), contiguous_min_count=2)
+    assert m["id_map"]["kind"] == "contiguous" and m["last_run"]["days_converted"] == [0]
