@@ -67,6 +67,9 @@ def parse_args(argv):
     p.add_argument("--shm-size", default="64Gi", help="size of the /dev/shm memory volume (default 64Gi)")
     p.add_argument("--pvc", default=None,
                    help="PersistentVolumeClaim mounted at outputs/ (checkpoints survive pod restarts; needed for resume)")
+    p.add_argument("--log-dir", default=None,
+                   help="torchrun --log-dir (PET_LOG_DIR) with --tee=3: every rank's stdout/stderr in files there "
+                        "(under outputs/ with --pvc to keep them)")
     p.add_argument("--out", default=None, help="write the manifest here (atomically) instead of stdout")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for dlrm.train, e.g. topology=dgx_h100_multinode")
     return p.parse_args(argv)
@@ -184,6 +187,8 @@ def pod_template(name: str, args, r: dict) -> dict:
         "TORCHRUN": "torchrun",
         "LOGLEVEL": "INFO",  # torchrun's agent logs its group_rank (rank 0 lives on group_rank 0)
     }
+    if args.log_dir:  # torchrun reads any of its options from PET_<OPTION> when not on its command line
+        env.update(PET_LOG_DIR=args.log_dir, PET_TEE="3")
     limits = {}
     if r["gpu"]:
         limits[args.gpu_resource] = r["ranks_per_node"]

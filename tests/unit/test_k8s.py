@@ -129,13 +129,15 @@ def test_launcher_sized_topology_takes_nproc_per_node_and_one_node_has_no_worker
 def test_options_host_network_pvc_rdma_and_gpu_resource():
     job = job_for("--host-network", "--pvc", "dlrm-outputs", "--rdma-resource", "nvidia.com/rdma_vf",
                   "--rdma-count", "8", "--gpu-resource", "amd.com/gpu", "--namespace", "ml",
-                  "topology=dgx_h100_multinode")
+                  "--log-dir", "outputs/logs", "topology=dgx_h100_multinode")
     pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert {"name": "outputs", "persistentVolumeClaim": {"claimName": "dlrm-outputs"}} in pod["volumes"]
     limits = container(job, "Worker")["resources"]["limits"]
     assert limits == {"amd.com/gpu": 8, "nvidia.com/rdma_vf": 8}
     assert job["metadata"]["namespace"] == "ml"
+    env = {e["name"]: e["value"] for e in container(job, "Master")["env"]}
+    assert env["PET_LOG_DIR"] == "outputs/logs" and env["PET_TEE"] == "3"
 
 
 def run_cli(*argv: str, out: Path | None = None) -> subprocess.CompletedProcess:
