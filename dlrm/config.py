@@ -83,6 +83,7 @@ class CriteoConfig:
     eval_days: days to evaluate on; [] with eval_fraction > 0 holds out the last fraction of the train rows.
     multi_hot_sizes: ids per sample of each sparse column C1..C26 (MLPerf DCNv2 synthesis); None = one-hot.
     shuffle: train batch order reshuffled each epoch from the seed. prefetch_batches: batches read ahead.
+    verify_checksums: compare each file's sha256 with manifest.json at start-up (the other checks always run).
     """
 
     dir: Optional[str] = None
@@ -92,6 +93,7 @@ class CriteoConfig:
     multi_hot_sizes: Optional[List[int]] = None
     shuffle: bool = True
     prefetch_batches: int = 4
+    verify_checksums: bool = True
 
 
 @dataclass

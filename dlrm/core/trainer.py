@@ -55,6 +55,7 @@ class Trainer:
         self.world = world
         self.run_dir = run_dir if world.is_main else None
         self.device = device_for(cfg.topology, world, tf32=cfg.trainer.tf32)
+        self.source = make_source(cfg)  # data errors before any process group or table exists
         self.pg = init_distributed(cfg.topology, world)
 
         model = build_model(cfg.model)
@@ -69,7 +70,6 @@ class Trainer:
         initialize(self.model, cfg.model, cfg.seed)
         self.optimizer = build_optimizer(self.model, self.model.fused_optimizer, cfg.optim)
         self.schedule = LRSchedule(self.optimizer, cfg.optim.schedule)
-        self.source = make_source(cfg)
         self.pipeline = (
             TrainPipelineSparseDist(self.model, self.optimizer, self.device, custom_model_fwd=self._forward)
             if cfg.trainer.pipeline

@@ -1,10 +1,12 @@
 """Benchmark: rows/s of `dlrm.data.preprocess` vs TorchRec's `BinaryCriteoUtils.tsv_to_npys`, and loader samples/s.
 
-    python -m dlrm.data.bench_preprocess [--rows 1000000] [--workers 2] [--dir /tmp/criteo_bench] [--skip-torchrec]
+    python -m dlrm.data.bench_preprocess --sample criteo_sample.tsv [--rows 1000000] [--workers 2] [--dir DIR]
+                                         [--skip-torchrec]
 
-Generates a Criteo-format file of `--rows` lines from the real sample (shared/data/criteo_sample.tsv) by
+Generates a Criteo-format file of `--rows` lines from a real sample (`--sample`, or $CRITEO_SAMPLE) by
 perturbing its ids and counts, converts it with both tools (same file, same run) and reads it back
-with `CriteoSource` on 2 ranks (each rank's iterator in turn, in one process).
+with `CriteoSource` on 2 ranks (each rank's iterator in turn, in one process). Everything is written
+into a new private directory (under --dir if given, else the system's temp dir), removed at the end.
 """
 
 from __future__ import annotations
@@ -12,14 +14,13 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import shutil
+import sys
+import tempfile
 import time
 
 import numpy as np
 
 from dlrm.data.criteo import NUM_DENSE, NUM_FIELDS, ParseOptions
-
-SAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "criteo_sample.tsv")
 
 
 def generate(path: str, rows: int, sample: str, seed: int = 0) -> None:
@@ -51,26 +52,40 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--dir", default="/tmp/criteo_bench")
-    ap.add_argument("--sample", default=os.path.abspath(SAMPLE))
+    ap.add_argument("--dir", default=None, help="parent of the private work directory (default: the temp dir)")
+    ap.add_argument("--sample", default=os.environ.get("CRITEO_SAMPLE"),
+                    help="real Criteo TSV rows to perturb (default: $CRITEO_SAMPLE)")
     ap.add_argument("--skip-torchrec", action="store_true")
     ap.add_argument("--batch", type=int, default=8192, help="global batch size of the loader benchmark")
-    a = ap.parse_args()
-    os.makedirs(a.dir, exist_ok=True)
-    tsv = os.path.join(a.dir, f"criteo_{a.rows}.tsv")
-    if not os.path.exists(tsv):
-        t = time.time()
-        generate(tsv, a.rows, a.sample)
-        print(f"generated {tsv} ({os.path.getsize(tsv) / 1e6:.0f} MB) in {time.time() - t:.1f}s")
+    a = ap.parse_args(argv)
+    if not a.sample or not os.path.isfile(a.sample):
+        print(f"error: Criteo sample {a.sample!r} not found: pass --sample FILE (Criteo TSV rows) or set "
+              f"CRITEO_SAMPLE", file=sys.stderr)
+        sys.exit(2)
+    if a.dir is not None and not os.path.isdir(a.dir):
+        print(f"error: --dir {a.dir!r} is not a directory: create it, or leave --dir out", file=sys.stderr)
+        sys.exit(2)
+    if a.rows < 1 or a.workers < 1 or a.batch < 2:
+        print("error: --rows and --workers must be >= 1 and --batch >= 2", file=sys.stderr)
+        sys.exit(2)
+    with tempfile.TemporaryDirectory(prefix="criteo_bench_", dir=a.dir) as work:
+        run(a, work)
+
+
+def run(a: argparse.Namespace, work: str) -> None:
+    """The benchmark, with every file under the private directory `work`."""
+    tsv = os.path.join(work, f"criteo_{a.rows}.tsv")
+    t = time.time()
+    generate(tsv, a.rows, a.sample)
+    print(f"generated {tsv} ({os.path.getsize(tsv) / 1e6:.0f} MB) in {time.time() - t:.1f}s")
 
     from dlrm.data.preprocess import preprocess
 
-    out = os.path.join(a.dir, "ours")
-    shutil.rmtree(out, ignore_errors=True)
+    out = os.path.join(work, "ours")
     opts = ParseOptions(policy="fail", id_map="modulo", table_sizes=tuple([10_000_000] * 26))
     t, c = time.time(), _cpu()
     m = preprocess([tsv], out, opts, workers=a.workers, progress_every=1e9)
@@ -82,7 +97,7 @@ def main() -> None:
     if not a.skip_torchrec:
         from torchrec.datasets.criteo import BinaryCriteoUtils
 
-        tr = os.path.join(a.dir, "torchrec")
+        tr = os.path.join(work, "torchrec")
         os.makedirs(tr, exist_ok=True)
         t, c = time.time(), _cpu()
         BinaryCriteoUtils.tsv_to_npys(tsv, *(os.path.join(tr, f"day_0_{k}.npy") for k in ("dense", "sparse", "labels")))

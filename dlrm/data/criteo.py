@@ -56,6 +56,10 @@ class CriteoFormatError(UserError, ValueError):
     """Bad input under policy `fail`; the message names file, line, field, value and the fix."""
 
 
+class CriteoDataError(UserError, ValueError):
+    """Preprocessed data or preprocessing arguments that cannot be used; the message names the file and the fix."""
+
+
 @dataclass(frozen=True)
 class ParseOptions:
     """policy: fail | skip. id_map: modulo (id % table size) | none (raw id, checked < table size).
@@ -74,10 +78,14 @@ class ParseOptions:
         if self.id_map not in ("modulo", "none"):
             raise ValueError(f"id_map {self.id_map!r}: use modulo or none")
         if self.table_sizes is not None:
-            if len(self.table_sizes) != NUM_SPARSE or min(self.table_sizes) < 1:
-                raise ValueError(f"table_sizes needs {NUM_SPARSE} positive sizes, got {list(self.table_sizes)}")
+            if len(self.table_sizes) != NUM_SPARSE or not all(1 <= int(s) < 2**63 for s in self.table_sizes):
+                raise ValueError(
+                    f"--table-sizes needs {NUM_SPARSE} sizes in [1, 2^63), got {list(self.table_sizes)}"
+                )
         elif self.id_map == "modulo":
             raise ValueError("id_map=modulo needs table_sizes (--table-sizes)")
+        if self.shuffle_seed is not None and self.shuffle_seed < 0:
+            raise ValueError(f"--shuffle-seed {self.shuffle_seed}: give a seed >= 0")
 
     @property
     def sparse_dtype(self) -> np.dtype:

@@ -9,9 +9,6 @@ order, one pass. `batches(..., start_step=k)` continues exactly where step k wou
 
 from __future__ import annotations
 
-from dlrm.errors import UserError
-import json
-import os
 from typing import Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
@@ -20,26 +17,15 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.config import CriteoConfig
-from dlrm.data.criteo import NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, day_paths
+from dlrm.data.criteo import NUM_DENSE, NUM_SPARSE, CriteoDataError
 from dlrm.data.prefetch import read_ahead
+from dlrm.data.verify import load_manifest, verify_days
 
 MULTI_HOT_SEED = 0  # fixed: the multi-hot ids are part of the data, not of the training run
 SPLITS = ("train", "eval")
 
 
-class CriteoDataError(UserError, ValueError):
-    """The preprocessed data cannot serve this config; the message names the file and the fix."""
-
-
-def load_manifest(directory: str) -> Dict:
-    path = os.path.join(directory, "manifest.json")
-    if not os.path.exists(path):
-        raise CriteoDataError(
-            f"{path} not found: data.criteo.dir must be the --out directory of a finished "
-            f"`python -m dlrm.data.preprocess --out {directory} ...` run"
-        )
-    with open(path) as f:
-        return json.load(f)
+__all__ = ["CriteoDataError", "CriteoSource", "load_manifest", "multi_hot_offsets"]
 
 
 def multi_hot_offsets(sizes: Sequence[int], table_rows: Sequence[int]) -> List[np.ndarray]:
@@ -113,9 +99,6 @@ class CriteoSource:
                     f"{key} lists day(s) {missing} but {cfg.dir}/manifest.json has days {sorted(days)}; "
                     f"preprocess those input files or change {key}"
                 )
-        self.arrays = {d: self._open(days[d]) for d in sorted(set(train_days + eval_days))}
-        self._check_ids([days[d] for d in sorted(self.arrays)])
-
         train = [(d, 0, days[d]["rows"]) for d in train_days]
         evals = [(d, 0, days[d]["rows"]) for d in eval_days]
         if not eval_days and cfg.eval_fraction > 0:
@@ -130,7 +113,13 @@ class CriteoSource:
                 train.append((d, 0, take))
                 evals.append((d, take, n))
                 left -= take
+        self.arrays: Dict[int, Dict[str, np.ndarray]] = {}  # filled below, once verified
         self.splits = {"train": _Split(train, self.arrays), "eval": _Split(evals, self.arrays)}
+        if self.splits["train"].rows < self.global_batch_size:
+            raise CriteoDataError(
+                f"the train split of {cfg.dir} has {self.splits['train'].rows} rows, less than one global "
+                f"batch of {self.global_batch_size}; lower data.global_batch_size or add train days"
+            )
 
         self.multi_hot = None
         if cfg.multi_hot_sizes:
@@ -140,35 +129,11 @@ class CriteoSource:
                     f"data.criteo.multi_hot_sizes = {sizes}: give {NUM_SPARSE} sizes >= 1 (columns C1..C26), or null"
                 )
             self.multi_hot = (sizes, multi_hot_offsets(sizes, self.table_rows))
-
-    def _open(self, meta: Dict) -> Dict[str, np.ndarray]:
-        paths = day_paths(self.cfg.dir, int(meta["day"]))
-        arrays = {}
-        for k, p in paths.items():
-            if not os.path.exists(p):
-                raise CriteoDataError(
-                    f"{p} is missing although manifest.json lists day {meta['day']}; re-run preprocessing"
-                )
-            arrays[k] = np.load(p, mmap_mode="r")
-            if arrays[k].shape[0] != meta["rows"]:
-                raise CriteoDataError(
-                    f"{p} has {arrays[k].shape[0]} rows but manifest.json says {meta['rows']}; re-run preprocessing"
-                )
-        return arrays
-
-    def _check_ids(self, metas: List[Dict]) -> None:
-        """Out-of-range ids must never reach an embedding kernel: check the manifest's max ids now."""
-        for c, (name, rows) in enumerate(zip(self.names, self.table_rows)):
-            for meta in metas:
-                top = int(meta["max_ids"][c])
-                if top >= rows:
-                    path = day_paths(self.cfg.dir, int(meta["day"]))["sparse"]
-                    raise CriteoDataError(
-                        f"sparse column {SPARSE_NAMES[c]} (feature '{name}') has id {top} in {path}, but the table "
-                        f"serving '{name}' has only {rows} rows. Fix: give that table at least {top + 1} rows in the "
-                        f"model config, or re-run `python -m dlrm.data.preprocess --table-sizes ...` with the "
-                        f"model's table sizes so ids are hashed into them"
-                    )
+        # the contents last: the only check that reads whole files
+        days_used = sorted(set(train_days + eval_days))
+        self.arrays.update(
+            verify_days(cfg.dir, self.manifest, days_used, self.names, self.table_rows, cfg.verify_checksums)
+        )
 
     def num_batches(self, split: str) -> int:
         """Global batches per epoch of `split` (train or eval); the last partial batch is dropped."""
@@ -185,16 +150,11 @@ class CriteoSource:
 
     def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Iterator[Batch]:
         """This rank's slices of global batches start_step, start_step + 1, ... (train: endless; eval: one pass)."""
-        n = self.num_batches(split)
+        self.num_batches(split)  # checks the split's name
         if self.global_batch_size % world_size or not 0 <= rank < world_size:
             raise ValueError(
                 f"rank {rank} of world size {world_size}: data.global_batch_size={self.global_batch_size} "
                 f"must be divisible by the world size, and 0 <= rank < world size"
-            )
-        if split == "train" and n == 0:
-            raise CriteoDataError(
-                f"the train split of {self.cfg.dir} has {self.splits['train'].rows} rows, less than one global "
-                f"batch of {self.global_batch_size}; lower data.global_batch_size or add train days"
             )
         return read_ahead(self._produce(split, rank, world_size, start_step), max(1, self.cfg.prefetch_batches))
 

@@ -12,12 +12,18 @@ Input file i becomes day_{i}_{dense,sparse,labels}.npy (see `dlrm.data.criteo`).
 parallel, and a plain file is also split into byte ranges when there are fewer files than workers.
 Outputs are written under temporary names and renamed at the end of each day; a day's `day_{i}.json`
 is written last, so a killed run leaves nothing that looks complete. A re-run skips days whose
-day_{i}.json matches the input file and the options (use --force to redo), and redoes the rest.
+day_{i}.json matches the input file and the options (use --force to redo), and redoes the rest; the
+earlier files of a day (and manifest.json) stay until its new version is complete. One run at a time
+per --out (fcntl lock on --out/.preprocess.lock). Bad flags, inputs and I/O failures are one
+`error: ...` line and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import fcntl
 import glob
 import json
 import math
@@ -39,6 +45,7 @@ from dlrm.data.criteo import (
     NUM_SPARSE,
     SPARSE_NAMES,
     TB_TABLE_SIZES,
+    CriteoDataError,
     CriteoFormatError,
     ParseOptions,
     day_paths,
@@ -47,6 +54,7 @@ from dlrm.data.id_remap import IdCounter, to_contiguous
 from dlrm.data.npy import NpyWriter, concat_parts, shuffle_rows
 from dlrm.data.ranges import RangeResult, RangeTask, convert_range, set_progress_counter
 from dlrm.io import atomic_path, sha256_file, write_json_atomic
+from dlrm.errors import UserError
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -60,11 +68,17 @@ def parse_table_sizes(text: Optional[str]) -> Optional[List[int]]:
         return list(KAGGLE_TABLE_SIZES)
     if text.lower() == "1tb":
         return list(TB_TABLE_SIZES)
-    sizes = [int(s) for s in text.split(",")]
+    try:
+        sizes = [int(s) for s in text.split(",")]
+    except ValueError:
+        sizes = []
     if len(sizes) == 1:
         sizes *= NUM_SPARSE
-    if len(sizes) != NUM_SPARSE or min(sizes) < 1:
-        raise SystemExit(f"--table-sizes: give kaggle, 1tb, one size or {NUM_SPARSE} positive sizes, got {text!r}")
+    if len(sizes) != NUM_SPARSE or not all(1 <= s < 2**63 for s in sizes):
+        raise CriteoDataError(
+            f"--table-sizes {text!r}: give kaggle, 1tb, one size or {NUM_SPARSE} comma-separated sizes, "
+            f"each an integer in [1, 2^63)"
+        )
     return sizes
 
 
@@ -91,13 +105,14 @@ def _is_complete(out: str, day: int, path: str, opts: ParseOptions) -> bool:
     try:
         with open(_day_json(out, day)) as f:
             meta = json.load(f)
-    except (OSError, ValueError):
+        if meta.get("input") != _input_stamp(path) or meta.get("options") != _options_stamp(opts):
+            return False
+        return all(
+            os.path.exists(p) and os.path.getsize(p) == meta["files"][k]["bytes"]
+            for k, p in day_paths(out, day).items()
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # a damaged day_{i}.json: redo the day
         return False
-    if meta.get("input") != _input_stamp(path) or meta.get("options") != _options_stamp(opts):
-        return False
-    return all(
-        os.path.exists(p) and os.path.getsize(p) == meta["files"][k]["bytes"] for k, p in day_paths(out, day).items()
-    )
 
 
 def _plan(days: Dict[int, str], out: str, opts: ParseOptions, workers: int, block_bytes: int, min_range_bytes: int):
@@ -182,6 +197,10 @@ def _finish_day(out: str, day: int, path: str, results: List[RangeResult], opts:
         shuffle_rows(tmp, opts.shuffle_seed, day)
         for k in KINDS:
             files[k]["sha256"] = sha256_file(tmp[k])
+    # The new day is complete: only now unpublish the manifest and the old day, and put the new one in place.
+    for old in (os.path.join(out, MANIFEST), _day_json(out, day)):
+        if os.path.exists(old):
+            os.remove(old)
     for k in KINDS:
         os.replace(tmp[k], final[k])
     max_ids = np.max([r.max_ids for r in results], axis=0).tolist()
@@ -206,7 +225,8 @@ def _finish_day(out: str, day: int, path: str, results: List[RangeResult], opts:
 def _read_manifest(out: str) -> Optional[Dict]:
     try:
         with open(os.path.join(out, MANIFEST)) as f:
-            return json.load(f)
+            m = json.load(f)
+        return m if isinstance(m, dict) else None
     except (OSError, ValueError):
         return None
 
@@ -274,6 +294,83 @@ def remap_contiguous(out: str, manifest: Dict, min_count: int, block_rows: int =
     return manifest
 
 
+def check_inputs(files: Sequence[str], out: str) -> None:
+    """Refuse before any work: no file, a missing, unreadable or repeated input, a directory, --out a file."""
+    if not files:
+        raise CriteoDataError("give at least one input file (Criteo TSV, plain or .gz)")
+    seen: Dict[tuple, int] = {}
+    for i, p in enumerate(files):
+        if os.path.isdir(p):
+            raise CriteoDataError(f"input {p!r} is a directory: give the Criteo files inside it (one per day)")
+        if not os.path.exists(p):
+            raise CriteoDataError(f"input file {p!r} does not exist: check the path")
+        if not os.path.isfile(p):
+            raise CriteoDataError(f"input {p!r} is not a regular file: give a Criteo TSV file (plain or .gz)")
+        try:
+            with open(p, "rb") as f:
+                f.read(2)
+        except OSError as e:
+            raise CriteoDataError(
+                f"input file {p!r} cannot be read ({e.strerror or e}): make it readable (chmod +r) or give another file"
+            ) from None
+        st = os.stat(p)
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            j = seen[key]
+            raise CriteoDataError(
+                f"input files {files[j]!r} (day {j}) and {p!r} (day {i}) are the same file: each input becomes "
+                f"one day, so its rows would be in two days (train/eval leakage); list it once"
+            )
+        seen[key] = i
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise CriteoDataError(f"--out {out!r} is a file: give a directory (it is created if missing)")
+
+
+def check_numbers(workers: int, block_bytes: int, progress_every: float, min_count: Optional[int]) -> None:
+    """Refuse flag values that would do nothing, spin or fail later."""
+    if workers < 1:
+        raise CriteoDataError(f"--workers {workers}: give at least 1 (processes that convert files)")
+    if not 1 <= block_bytes <= 4 << 30:
+        raise CriteoDataError(f"--block-mb {block_bytes / (1 << 20):g}: give a size in MB in (0, 4096] (default 8)")
+    if not (math.isfinite(progress_every) and progress_every > 0):
+        raise CriteoDataError(f"--progress-every {progress_every}: give a positive number of seconds")
+    if min_count is not None and min_count < 1:
+        raise CriteoDataError(f"--min-count {min_count}: give a count >= 1 (ids seen fewer times map to row 0)")
+
+
+@contextlib.contextmanager
+def _locked(out: str):
+    """Hold an exclusive lock on `out` (fcntl.flock on out/.preprocess.lock): one run per directory."""
+    path = os.path.join(out, ".preprocess.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+            raise CriteoDataError(
+                f"--out {out!r} is in use by another preprocess run (pid {holder}, lock {path}): wait for it "
+                f"to finish, or give another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _os_error(e: OSError, out: str) -> CriteoDataError:
+    """An OSError during preprocessing as one message with the file and the fix."""
+    where = e.filename or out
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free space or give another --out; finished days are kept and a re-run continues from them"
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        fix = "inputs must be readable and --out writable: fix the permissions or give another --out"
+    else:
+        fix = "check the file and its device, then re-run (finished days are kept)"
+    return CriteoDataError(f"{where}: {e.strerror or e}: {fix}")
+
+
 def preprocess(
     files: Sequence[str],
     out: str,
@@ -289,35 +386,42 @@ def preprocess(
 
     contiguous_min_count: remap raw ids to contiguous rows afterwards (see `remap_contiguous`); all days
     are then redone unless a finished contiguous run with the same inputs and count exists.
+    Bad arguments, inputs and I/O failures raise `CriteoDataError`; outputs of earlier runs stay until
+    a new day is complete. One run at a time per `out` (a lock file in it).
     """
-    if contiguous_min_count is not None:
-        if opts.id_map != "none" or opts.table_sizes is not None:
-            raise ValueError("contiguous ids are built from raw ids: use id_map=none without table_sizes")
-        old = _read_manifest(out)
-        if not force and old and old["id_map"].get("min_count") == contiguous_min_count and [
-            d["input"] for d in old["days"]
-        ] == [_input_stamp(p) for p in files] and old["options"]["policy"] == opts.policy and old["options"].get(
-            "shuffle_seed"
-        ) == opts.shuffle_seed:
-            return old
-        kw = dict(workers=workers, block_bytes=block_bytes, min_range_bytes=min_range_bytes)
-        raw = preprocess(files, out, opts, force=True, progress_every=progress_every, **kw)
-        return remap_contiguous(out, raw, contiguous_min_count)
-    if not files:
-        raise ValueError("give at least one input file")
-    for p in files:
-        if not os.path.isfile(p):
-            raise FileNotFoundError(f"input file {p!r} does not exist")
-    os.makedirs(out, exist_ok=True)
+    check_inputs(files, out)
+    check_numbers(workers, block_bytes, progress_every, contiguous_min_count)
+    if contiguous_min_count is not None and (opts.id_map != "none" or opts.table_sizes is not None):
+        raise CriteoDataError("--id-map contiguous builds ids from raw ids: drop --table-sizes")
+    kw = dict(workers=workers, block_bytes=block_bytes, min_range_bytes=min_range_bytes, progress_every=progress_every)
+    try:
+        os.makedirs(out, exist_ok=True)
+        with _locked(out):
+            if contiguous_min_count is None:
+                return _convert(files, out, opts, force=force, **kw)
+            old = _read_manifest(out)
+            try:
+                reuse = not force and old is not None and old["id_map"].get("min_count") == contiguous_min_count and [
+                    d["input"] for d in old["days"]
+                ] == [_input_stamp(p) for p in files] and old["options"]["policy"] == opts.policy and old[
+                    "options"
+                ].get("shuffle_seed") == opts.shuffle_seed
+            except (KeyError, TypeError, AttributeError):  # a damaged manifest: redo
+                reuse = False
+            if reuse:
+                return old
+            raw = _convert(files, out, opts, force=True, **kw)
+            return remap_contiguous(out, raw, contiguous_min_count)
+    except OSError as e:
+        raise _os_error(e, out) from None
+
+
+def _convert(files: Sequence[str], out: str, opts: ParseOptions, workers: int, force: bool, block_bytes: int,
+             min_range_bytes: int, progress_every: float) -> Dict:
+    """The conversion of `preprocess` (arguments checked, `out` locked)."""
     for stale in glob.glob(os.path.join(out, ".tmp_day_*")):  # leftovers of a killed run
         os.remove(stale)
     todo = [d for d, p in enumerate(files) if force or not _is_complete(out, d, p, opts)]
-    if todo and os.path.exists(os.path.join(out, MANIFEST)):
-        os.remove(os.path.join(out, MANIFEST))  # unpublished until this run completes
-    for d in todo:
-        for p in list(day_paths(out, d).values()) + [_day_json(out, d)]:
-            if os.path.exists(p):
-                os.remove(p)
     plan = _plan({d: files[d] for d in todo}, out, opts, workers, block_bytes, min_range_bytes)
     t0 = time.time()
     total_bytes = sum(os.path.getsize(files[d]) for d in todo)
@@ -388,8 +492,15 @@ def preprocess(
     return manifest
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are UserErrors: one `error: ...` line, exit 2."""
+
+    def error(self, message):
+        raise CriteoDataError(f"{message} (see `{self.prog} --help`)")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dlrm.data.preprocess", description=__doc__.split("\n")[0])
+    ap = _Parser(prog="python -m dlrm.data.preprocess", description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="+", help="Criteo TSV files (plain or .gz); file i becomes day_i")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument(
@@ -407,21 +518,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     ap.add_argument("--force", action="store_true", help="redo days that are already complete")
     ap.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
-    a = ap.parse_args(argv)
-    sizes = parse_table_sizes(a.table_sizes)
-    id_map = a.id_map or ("modulo" if sizes else "none")
-    contiguous = a.min_count if id_map == "contiguous" else None
-    if contiguous is not None and sizes:
-        ap.error("--id-map contiguous computes the table sizes: drop --table-sizes")
     try:
-        parse_map = "none" if contiguous is not None else id_map
-        opts = ParseOptions(a.policy, parse_map, tuple(sizes) if sizes else None, a.shuffle_seed)
-    except ValueError as e:
-        ap.error(str(e))
-    try:
+        a = ap.parse_args(argv)
+        sizes = parse_table_sizes(a.table_sizes)
+        id_map = a.id_map or ("modulo" if sizes else "none")
+        contiguous = a.min_count if id_map == "contiguous" else None
+        if contiguous is not None and sizes:
+            raise CriteoDataError("--id-map contiguous computes the table sizes: drop --table-sizes")
+        if not (math.isfinite(a.block_mb) and a.block_mb > 0):
+            raise CriteoDataError(f"--block-mb {a.block_mb}: give a size in MB in (0, 4096] (default 8)")
+        try:
+            parse_map = "none" if contiguous is not None else id_map
+            opts = ParseOptions(a.policy, parse_map, tuple(sizes) if sizes else None, a.shuffle_seed)
+        except ValueError as e:
+            raise CriteoDataError(str(e)) from None
         m = preprocess(a.files, a.out, opts, workers=a.workers, force=a.force, block_bytes=int(a.block_mb * (1 << 20)),
                        progress_every=a.progress_every, contiguous_min_count=contiguous)
-    except (CriteoFormatError, FileNotFoundError, ValueError) as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     lr = m["last_run"]
