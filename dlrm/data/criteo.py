@@ -8,8 +8,9 @@ Output, per input file i (the layout of `torchrec.datasets.criteo.BinaryCriteoUt
     day_{i}_sparse.npy  int32|int64 [N, 26]  int(hex, 16), then `% table_size` with id_map=modulo; missing -> 0
     day_{i}_labels.npy  int32 [N, 1]
 Parsing is vectorised over blocks of lines (numpy only): memory stays bounded by the block size.
-The rest of the preprocessing: `ranges` (one byte range of a file -> part files), `npy` (streamed
-.npy files), `id_remap` (contiguous ids), `preprocess` (the CLI, in parallel over files and ranges).
+The rest of the preprocessing: `ranges` (one byte range of a file -> part files), `days` (a day's
+finishing and its json), `npy` (streamed .npy files), `id_remap` (contiguous ids), `preprocess` (the
+command, in parallel over files and ranges).
 """
 
 from __future__ import annotations

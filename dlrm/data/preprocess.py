@@ -32,31 +32,33 @@ import os
 import sys
 import threading
 import time
-from dataclasses import asdict
 from typing import Dict, List, Optional, Sequence
 
-import numpy as np
 
 from dlrm.data.criteo import (
     DENSE_TRANSFORM,
     KAGGLE_TABLE_SIZES,
-    KINDS,
-    NUM_DENSE,
     NUM_SPARSE,
     SPARSE_NAMES,
     TB_TABLE_SIZES,
     CriteoDataError,
-    CriteoFormatError,
     ParseOptions,
-    day_paths,
 )
-from dlrm.data.id_remap import IdCounter, to_contiguous
-from dlrm.data.npy import NpyWriter, concat_parts, shuffle_rows
-from dlrm.data.ranges import RangeResult, RangeTask, convert_range, set_progress_counter
-from dlrm.io import atomic_path, sha256_file, write_json_atomic
+from dlrm.data.days import (
+    MANIFEST,
+    day_json,
+    finish_day,
+    input_stamp,
+    is_complete,
+    options_stamp,
+    plan_ranges,
+    read_manifest,
+)
+from dlrm.data.id_remap import remap_contiguous
+from dlrm.data.ranges import RangeResult, convert_range, set_progress_counter
+from dlrm.io import write_json_atomic
 from dlrm.errors import UserError
 
-MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 
 
@@ -82,54 +84,6 @@ def parse_table_sizes(text: Optional[str]) -> Optional[List[int]]:
     return sizes
 
 
-def _input_stamp(path: str) -> Dict:
-    st = os.stat(path)
-    return {"path": os.path.abspath(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def _options_stamp(opts: ParseOptions) -> Dict:
-    return {
-        "policy": opts.policy,
-        "id_map": opts.id_map,
-        "table_sizes": list(opts.table_sizes) if opts.table_sizes else None,
-        "sparse_dtype": opts.sparse_dtype.name,
-        "shuffle_seed": opts.shuffle_seed,
-    }
-
-
-def _day_json(out: str, day: int) -> str:
-    return os.path.join(out, f"day_{day}.json")
-
-
-def _is_complete(out: str, day: int, path: str, opts: ParseOptions) -> bool:
-    try:
-        with open(_day_json(out, day)) as f:
-            meta = json.load(f)
-        if meta.get("input") != _input_stamp(path) or meta.get("options") != _options_stamp(opts):
-            return False
-        return all(
-            os.path.exists(p) and os.path.getsize(p) == meta["files"][k]["bytes"]
-            for k, p in day_paths(out, day).items()
-        )
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # a damaged day_{i}.json: redo the day
-        return False
-
-
-def _plan(days: Dict[int, str], out: str, opts: ParseOptions, workers: int, block_bytes: int, min_range_bytes: int):
-    """{day: [RangeTask]}: gzip -> one task; plain -> up to ceil(workers / files) byte ranges of >= min_range_bytes."""
-    per_file = max(1, math.ceil(workers / max(1, len(days))))
-    plan = {}
-    for day, path in days.items():
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            gz = f.read(2) == b"\x1f\x8b"
-        n = 1 if gz else max(1, min(per_file, size // max(1, min_range_bytes)))
-        bounds = [size * k // n for k in range(n)] + [None]
-        prefix = os.path.join(out, f".tmp_day_{day}_part")
-        plan[day] = [RangeTask(path, f"{prefix}{k}", bounds[k], bounds[k + 1], opts, block_bytes) for k in range(n)]
-    return plan
-
-
 class _Progress(threading.Thread):
     """Prints lines/s and the ETA (from input bytes) to stderr every `every` seconds."""
 
@@ -150,148 +104,6 @@ class _Progress(threading.Thread):
                 file=sys.stderr,
                 flush=True,
             )
-
-
-def _finish_day(out: str, day: int, path: str, results: List[RangeResult], opts: ParseOptions) -> Dict:
-    """Apply the policy to a day's range results, concatenate parts, rename, write day_{i}.json."""
-    results.sort(key=lambda r: r.task.start)
-    # Range-local line numbers -> file line numbers.
-    offsets, base = [], 0
-    for r in results:
-        offsets.append(base)
-        base += r.lines
-    for r, off in zip(results, offsets):
-        for b in r.bad + ([r.error] if r.error else []):
-            if b.line > 0:
-                b.line += off
-    lines = sum(r.lines for r in results)
-    first_error = next((r for r in results if r.error), None)
-    if first_error is not None:
-        err = first_error.error
-        raise CriteoFormatError(
-            f"{err.describe(path)}. Fix the input, or run with --policy skip to drop and count bad lines."
-        )
-    fatal = next((r.fatal for r in results if r.fatal), None)
-    if fatal:
-        raise CriteoFormatError(
-            f"{path}: {fatal} after line {lines}. Re-download or re-compress the file, or run with "
-            f"--policy skip to keep the {sum(r.rows for r in results)} complete rows read before the break."
-        )
-    if lines == 0 and not any(r.truncated for r in results):
-        if opts.policy == "fail":
-            raise CriteoFormatError(
-                f"{path}: the file is empty (0 lines). Remove it from the inputs, or run with --policy skip."
-            )
-    final = day_paths(out, day)
-    files = {}
-    rows = None
-    cols = {"dense": NUM_DENSE, "sparse": NUM_SPARSE, "labels": 1}
-    dtypes = {"dense": np.float32, "sparse": opts.sparse_dtype, "labels": np.int32}
-    tmp = {k: os.path.join(out, f".tmp_day_{day}_{k}.npy") for k in KINDS}
-    for k in KINDS:
-        n, digest = concat_parts([f"{r.task.part_prefix}_{k}.npy" for r in results], tmp[k], dtypes[k], cols[k])
-        assert rows is None or n == rows, (k, n, rows)
-        rows = n
-        files[k] = {"name": os.path.basename(final[k]), "bytes": os.path.getsize(tmp[k]), "sha256": digest}
-    if opts.shuffle_seed is not None:
-        shuffle_rows(tmp, opts.shuffle_seed, day)
-        for k in KINDS:
-            files[k]["sha256"] = sha256_file(tmp[k])
-    # The new day is complete: only now unpublish the manifest and the old day, and put the new one in place.
-    for old in (os.path.join(out, MANIFEST), _day_json(out, day)):
-        if os.path.exists(old):
-            os.remove(old)
-    for k in KINDS:
-        os.replace(tmp[k], final[k])
-    max_ids = np.max([r.max_ids for r in results], axis=0).tolist()
-    bad = [asdict(b) for r in results for b in r.bad][:20]
-    meta = {
-        "day": day,
-        "input": _input_stamp(path),
-        "options": _options_stamp(opts),
-        "lines": lines,
-        "rows": rows,
-        "skipped": sum(r.skipped for r in results),
-        "skipped_examples": bad,
-        "truncated": any(r.truncated for r in results),
-        "empty": lines == 0,
-        "max_ids": max_ids,
-        "files": files,
-    }
-    write_json_atomic(_day_json(out, day), meta)
-    return meta
-
-
-def _read_manifest(out: str) -> Optional[Dict]:
-    try:
-        with open(os.path.join(out, MANIFEST)) as f:
-            m = json.load(f)
-        return m if isinstance(m, dict) else None
-    except (OSError, ValueError):
-        return None
-
-
-def remap_contiguous(out: str, manifest: Dict, min_count: int, block_rows: int = 1 << 20) -> Dict:
-    """Replace raw ids by contiguous rows, as MLPerf's preprocessing: per column, the ids seen at least
-    `min_count` times over all days, sorted, get rows 1..K (saved as vocab_C{c}.npy); every other id -> 0.
-
-    Needs ~16 bytes of memory per distinct id of all columns. Rewrites day_{i}_sparse.npy as int32
-    [N, 26] (atomically per day) and the day and manifest json files with the new table sizes.
-    """
-    os.remove(os.path.join(out, MANIFEST))  # unpublished until the remap is complete
-    days = manifest["days"]
-    counters = [IdCounter() for _ in range(NUM_SPARSE)]
-    t0 = time.time()
-    for meta in days:
-        sparse = np.load(day_paths(out, meta["day"])["sparse"], mmap_mode="r")
-        for i in range(0, sparse.shape[0], block_rows):
-            block = np.asarray(sparse[i : i + block_rows])
-            for c in range(NUM_SPARSE):
-                counters[c].add(block[:, c])
-    vocabs = []
-    for c, counter in enumerate(counters):
-        ids, counts = counter.result()
-        vocabs.append(ids[counts >= min_count])
-        path = os.path.join(out, f"vocab_{SPARSE_NAMES[c]}.npy")
-        with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            np.save(f, vocabs[-1])
-    print(f"preprocess: contiguous vocabularies built in {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
-    stamp = {"contiguous_min_count": min_count}
-    for meta in days:
-        path = day_paths(out, meta["day"])["sparse"]
-        sparse = np.load(path, mmap_mode="r")
-        tmp = os.path.join(out, f".tmp_day_{meta['day']}_sparse.npy")
-        writer = NpyWriter(tmp, np.int32, NUM_SPARSE)
-        max_ids = np.full(NUM_SPARSE, -1, np.int64)
-        for i in range(0, sparse.shape[0], block_rows):
-            block = np.asarray(sparse[i : i + block_rows])
-            mapped = np.stack([to_contiguous(block[:, c], vocabs[c]) for c in range(NUM_SPARSE)], axis=1)
-            writer.append(mapped)
-            if len(mapped):
-                np.maximum(max_ids, mapped.max(0), out=max_ids)
-        writer.close()
-        del sparse
-        os.replace(tmp, path)
-        meta["files"]["sparse"].update(bytes=os.path.getsize(path), sha256=sha256_file(path))
-        meta["max_ids"] = max_ids.tolist()
-        meta["options"] = {**meta["options"], **stamp, "sparse_dtype": "int32"}
-        write_json_atomic(_day_json(out, meta["day"]), meta)
-    manifest = {
-        **manifest,
-        "days": days,
-        "sparse_dtype": "int32",
-        "table_sizes": [len(v) + 1 for v in vocabs],
-        "id_map": {
-            "kind": "contiguous",
-            "min_count": min_count,
-            "rule": "row = 1 + index of int(hex, 16) in vocab_C{c}.npy (sorted ids seen >= min_count times "
-            "over all input days, missing counted as id 0); any other id -> row 0",
-            "vocab_files": [f"vocab_{n}.npy" for n in SPARSE_NAMES],
-        },
-        "options": {**manifest["options"], **stamp, "sparse_dtype": "int32"},
-    }
-    write_json_atomic(os.path.join(out, MANIFEST), manifest)
-    return manifest
 
 
 def check_inputs(files: Sequence[str], out: str) -> None:
@@ -399,11 +211,11 @@ def preprocess(
         with _locked(out):
             if contiguous_min_count is None:
                 return _convert(files, out, opts, force=force, **kw)
-            old = _read_manifest(out)
+            old = read_manifest(out)
             try:
                 reuse = not force and old is not None and old["id_map"].get("min_count") == contiguous_min_count and [
                     d["input"] for d in old["days"]
-                ] == [_input_stamp(p) for p in files] and old["options"]["policy"] == opts.policy and old[
+                ] == [input_stamp(p) for p in files] and old["options"]["policy"] == opts.policy and old[
                     "options"
                 ].get("shuffle_seed") == opts.shuffle_seed
             except (KeyError, TypeError, AttributeError):  # a damaged manifest: redo
@@ -421,8 +233,8 @@ def _convert(files: Sequence[str], out: str, opts: ParseOptions, workers: int, f
     """The conversion of `preprocess` (arguments checked, `out` locked)."""
     for stale in glob.glob(os.path.join(out, ".tmp_day_*")):  # leftovers of a killed run
         os.remove(stale)
-    todo = [d for d, p in enumerate(files) if force or not _is_complete(out, d, p, opts)]
-    plan = _plan({d: files[d] for d in todo}, out, opts, workers, block_bytes, min_range_bytes)
+    todo = [d for d, p in enumerate(files) if force or not is_complete(out, d, p, opts)]
+    plan = plan_ranges({d: files[d] for d in todo}, out, opts, workers, block_bytes, min_range_bytes)
     t0 = time.time()
     total_bytes = sum(os.path.getsize(files[d]) for d in todo)
     tasks = [t for d in todo for t in plan[d]]
@@ -448,7 +260,7 @@ def _convert(files: Sequence[str], out: str, opts: ParseOptions, workers: int, f
                 d = day_of[id(t)]
                 pending[d].append(r)
                 if len(pending[d]) == len(plan[d]):
-                    done_meta[d] = _finish_day(out, d, files[d], pending.pop(d), opts)
+                    done_meta[d] = finish_day(out, d, files[d], pending.pop(d), opts)
                     m = done_meta[d]
                     print(f"preprocess: day {d} ({files[d]}): {m['rows']:,} rows, {m['skipped']:,} skipped",
                           file=sys.stderr, flush=True)
@@ -464,7 +276,7 @@ def _convert(files: Sequence[str], out: str, opts: ParseOptions, workers: int, f
     elapsed = time.time() - t0
     days = []
     for d, p in enumerate(files):
-        with open(_day_json(out, d)) as f:
+        with open(day_json(out, d)) as f:
             days.append(json.load(f))
     new_rows = sum(done_meta[d]["rows"] for d in done_meta)
     manifest = {
@@ -484,7 +296,7 @@ def _convert(files: Sequence[str], out: str, opts: ParseOptions, workers: int, f
             if opts.id_map == "modulo"
             else "int(hex, 16); missing -> 0" + ("; checked < table_sizes[c]" if opts.table_sizes else ""),
         },
-        "options": {**_options_stamp(opts), "workers": workers, "block_bytes": block_bytes},
+        "options": {**options_stamp(opts), "workers": workers, "block_bytes": block_bytes},
         "last_run": {"days_converted": sorted(done_meta), "rows": new_rows, "seconds": round(elapsed, 3),
                      "rows_per_s": round(new_rows / elapsed) if elapsed > 0 else None},
     }
