@@ -3,5 +3,6 @@
 harness: run a function on local Gloo ranks (simulated nodes too). workers: the functions those
 ranks run. reference: the unsharded single-process model trained on the same global batches.
 equivalence: the small config of the equivalence tests and the sharded == unsharded assertion.
-criteo: the real Criteo sample rows.
+criteo: the real Criteo sample rows; criteo_data: a small preprocessed directory of them, and
+ways to damage it.
 """

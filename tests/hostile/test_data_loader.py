@@ -18,7 +18,7 @@ import pytest
 from dlrm.config import CriteoConfig
 from dlrm.data.criteo_loader import CriteoDataError, CriteoSource
 from dlrm.errors import UserError
-from tests.hostile.data_common import (
+from tests.helpers.criteo_data import (
     GBS, NAMES, ROOT, SAMPLE, TABLE_ROWS, copy, edit_manifest, load, make_dataset, rewrite, set_file_in_manifest,
     snapshot,
 )

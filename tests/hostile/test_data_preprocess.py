@@ -17,7 +17,8 @@ import pytest
 
 from dlrm.data import preprocess as pp
 from dlrm.data.npy import NpyWriter
-from tests.hostile.data_common import ROOT, SAMPLE, make_dataset, snapshot
+from tests.helpers.criteo import ROOT, SAMPLE
+from tests.helpers.criteo_data import make_dataset, snapshot
 
 pytestmark = pytest.mark.skipif(not SAMPLE.exists(), reason=f"{SAMPLE} not found")
 

@@ -1,17 +1,16 @@
-"""Shared by the hostile data tests: a small preprocessed Criteo directory and ways to damage it."""
+"""A small preprocessed Criteo directory (from the real sample) and ways to damage it (hostile data tests)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-SAMPLE = Path(os.environ.get("CRITEO_SAMPLE", ROOT.parent / "shared" / "data" / "criteo_sample.tsv"))
+from tests.helpers.criteo import SAMPLE
+
 ROWS = 2000  # every table of model=dlrm_small; the data are hashed into it
 NAMES = [f"C{i + 1}" for i in range(26)]
 TABLE_ROWS = [ROWS] * 26
