@@ -18,7 +18,8 @@ import pytest
 
 from dlrm.config import CriteoConfig
 from dlrm.data.criteo_loader import CriteoDataError, CriteoSource
-from tests.helpers.criteo_data import GBS, NAMES, ROWS, SAMPLE, TABLE_ROWS, make_dataset
+from tests.helpers.criteo import SAMPLE
+from tests.helpers.criteo_data import GBS, NAMES, ROWS, TABLE_ROWS, make_dataset
 
 pytestmark = pytest.mark.skipif(not SAMPLE.exists(), reason=f"{SAMPLE} not found")
 NPY = ["day_0_dense.npy", "day_0_sparse.npy", "day_0_labels.npy", "day_1_labels.npy"]

@@ -18,9 +18,9 @@ import pytest
 from dlrm.config import CriteoConfig
 from dlrm.data.criteo_loader import CriteoDataError, CriteoSource
 from dlrm.errors import UserError
+from tests.helpers.criteo import ROOT, SAMPLE
 from tests.helpers.criteo_data import (
-    GBS, NAMES, ROOT, SAMPLE, TABLE_ROWS, copy, edit_manifest, load, make_dataset, rewrite, set_file_in_manifest,
-    snapshot,
+    GBS, NAMES, TABLE_ROWS, copy, edit_manifest, load, make_dataset, rewrite, set_file_in_manifest, snapshot,
 )
 
 pytestmark = pytest.mark.skipif(not SAMPLE.exists(), reason=f"{SAMPLE} not found")
