@@ -23,20 +23,23 @@ from pathlib import Path
 from typing import Optional
 
 import hydra
-import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from dlrm.config import Config, compose, register_configs, to_config, validate, validate_world
+from dlrm.config import CONF_DIR, Config, compose, register_configs, to_config, validate, validate_world
 from dlrm.errors import UserError
-from dlrm.topology import World
 
 register_configs()
+# torch (seconds to import) is imported where needed: a bad command line fails before it.
 
 
 def run(cfg: Config, run_dir: Optional[Path] = None) -> dict:
     """Validate, train and evaluate on this rank; return the run summary (see README)."""
     validate(cfg)
+    import torch.distributed as dist
+
+    from dlrm.topology import World
+
     world = World.from_env()
     validate_world(cfg, world.world_size, world.local_world_size)
     from dlrm.plan import check_memory  # imports TorchRec (seconds): only once the config is valid
@@ -55,8 +58,10 @@ def run(cfg: Config, run_dir: Optional[Path] = None) -> dict:
     return summary
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_main(dcfg: DictConfig) -> None:
+    from dlrm.topology import World
+
     world = World.from_env()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     logging.getLogger("torchrec").setLevel(logging.WARNING)  # its INFO lines drown the progress
@@ -67,7 +72,7 @@ def hydra_main(dcfg: DictConfig) -> None:
             (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(dcfg, resolve=True))
         summary = run(cfg, run_dir)
     except Exception as e:
-        exit_on_user_error(e, world)
+        exit_on_user_error(e, world.rank)
         raise
     if world.is_main:
         speed = summary["train_samples_per_s"]
@@ -79,10 +84,7 @@ def hydra_main(dcfg: DictConfig) -> None:
 
 def user_error_in(e: BaseException) -> Optional[UserError]:
     """The UserError `e` is or wraps (as a cause, or inside DCP's CheckpointException), else None."""
-    from torch.distributed.checkpoint import CheckpointException
-
-    seen = set()
-    todo = [e]
+    todo, seen = [e], set()
     while todo:
         e = todo.pop(0)
         if e is None or id(e) in seen:
@@ -90,35 +92,48 @@ def user_error_in(e: BaseException) -> Optional[UserError]:
         seen.add(id(e))
         if isinstance(e, UserError):
             return e
-        if isinstance(e, CheckpointException):  # one (exception, traceback) per failed rank
-            todo += [failure[0] if isinstance(failure, tuple) else failure for failure in e.failures.values()]
+        if hasattr(e, "failures") and "torch.distributed.checkpoint" in sys.modules:
+            from torch.distributed.checkpoint import CheckpointException
+
+            if isinstance(e, CheckpointException):  # one (exception, traceback) per failed rank
+                todo += [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]
         todo += [e.__cause__, e.__context__]
     return None
 
 
-def user_error_message(e: UserError, world: World) -> Optional[str]:
+# How long a rank other than 0 waits for rank 0 to report an error that every rank meets. torchrun
+# stops every rank as soon as one exits, so rank 0 must get to print first; a rank still alive after
+# this wait says it itself (rank 0 did not stop the job: it did not meet the error).
+REPORT_GRACE_S = 30.0
+
+
+def user_error_message(e: UserError, rank: int) -> Optional[str]:
     """The one line to print for `e` on this rank, or None when rank 0 prints it (see dlrm.errors)."""
-    if world.is_main:
+    if rank == 0:
         return f"error: {e}"
     if e.same_on_all_ranks:
         return None
-    return f"error: [rank {world.rank}] {e}"
+    return f"error: [rank {rank}] {e}"
 
 
-def exit_on_user_error(e: BaseException, world: World) -> None:
+def exit_on_user_error(e: BaseException, rank: int) -> None:
     """If `e` is (or wraps) a UserError: print its one line (see `user_error_message`) and exit 2.
 
-    Returns (so the caller re-raises) for anything else: bugs and environment failures keep their
+    A rank other than 0 waits REPORT_GRACE_S for rank 0 to report an error every rank meets (torchrun
+    then stops it). Returns (so the caller re-raises) for anything else: bugs and environment failures keep their
     traceback. With a process group up, the exit skips interpreter teardown (os._exit): other ranks
     may be inside a collective, and tearing Gloo down then can hang or abort instead of exiting 2.
     """
     user = user_error_in(e)
     if user is None:
         return
-    line = user_error_message(user, world)
-    if line:
-        print(line, file=sys.stderr)
-    if dist.is_available() and dist.is_initialized():
+    line = user_error_message(user, rank)
+    if line is None:  # rank 0 reports it: give it the time to, before torchrun stops the job
+        time.sleep(REPORT_GRACE_S)
+        line = f"error: [rank {rank}] {user}"
+    print(line, file=sys.stderr)
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -126,7 +141,7 @@ def exit_on_user_error(e: BaseException, world: World) -> None:
     sys.exit(user.exit_code)
 
 
-def _shared_run_dir(world: World) -> str:
+def _shared_run_dir() -> str:
     """One run directory for all ranks of a torchrun job, agreed through torchrun's own store.
 
     The first rank to ask proposes outputs/<timestamp>; every rank reads back the same value.
@@ -136,6 +151,8 @@ def _shared_run_dir(world: World) -> str:
             "error: several ranks but no torchrun store to agree on a run directory; "
             "pass hydra.run.dir=DIR (the same on every rank)"
         )
+    import torch.distributed as dist
+
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60)
     )
@@ -145,18 +162,22 @@ def _shared_run_dir(world: World) -> str:
 
 
 def main() -> None:
-    """Add the launcher-dependent Hydra overrides, then hand over to Hydra."""
-    world = World.from_env()
+    """Check the command line, add the launcher-dependent Hydra overrides, then hand over to Hydra."""
     args = sys.argv[1:]
+    rank = int(os.environ.get("RANK", "0"))
     if not any(a.startswith("-") for a in args):  # Hydra's own flags (--cfg, -m, --help): Hydra's business
-        try:  # fail fast, before Hydra makes a run directory, with a "did you mean" for a misspelt key
+        try:  # fail fast, before torch is imported and Hydra makes a run directory
             cfg = compose(args)
             validate(cfg)
-            validate_world(cfg, world.world_size, world.local_world_size)
+            world_size = int(os.environ.get("WORLD_SIZE", "1"))
+            validate_world(cfg, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
         except UserError as e:
-            exit_on_user_error(e, world)
+            exit_on_user_error(e, rank)
+    from dlrm.topology import World
+
+    world = World.from_env()
     if world.world_size > 1 and not any(a.startswith("hydra.run.dir=") for a in args):
-        sys.argv.append(f"hydra.run.dir={_shared_run_dir(world)}")
+        sys.argv.append(f"hydra.run.dir={_shared_run_dir()}")
     if not world.is_main:  # only rank 0 writes Hydra's files and log
         sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
     hydra_main()
