@@ -37,6 +37,7 @@ detect_accel() {
 #   TORCHRUN set: that torchrun, as given (its failure summary included);
 #   else the venv's python -m dlrm.torchrun (torchrun's own launcher, which ends a user error with its
 #   one `error:` line and exit 2 instead of torchrun's failure summary; other failures get the summary);
+#   else python3 -m dlrm.torchrun when python3 on PATH has torch (a container without a venv);
 #   else torchrun on PATH.
 find_torchrun() {
   local venv=${DLRM_VENV:-.venv}
@@ -44,6 +45,9 @@ find_torchrun() {
     TORCHRUN_CMD=("$TORCHRUN")
   elif [ -x "$venv/bin/python" ]; then
     TORCHRUN_CMD=("$venv/bin/python" -m dlrm.torchrun)
+  elif command -v python3 >/dev/null 2>&1 &&
+    python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null; then
+    TORCHRUN_CMD=(python3 -m dlrm.torchrun)
   elif command -v torchrun >/dev/null 2>&1; then
     TORCHRUN_CMD=(torchrun)
   else

