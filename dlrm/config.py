@@ -364,7 +364,9 @@ def validate(cfg: Config) -> None:
         _require_positive(f"optim.{part}.lr", getattr(o, part).lr)
         _require_positive(f"optim.{part}.eps", getattr(o, part).eps)
     if o.embedding.name == "adam" and tp.device == "cpu":
-        from_planner = [t.name for t in m.tables if (s.per_table.get(t.name) or t.sharding or s.strategy) != "data_parallel"]
+        # A table's sharding type, as dlrm.sharding.table_sharding resolves it (auto: the planner's choice).
+        kinds = {t.name: s.per_table.get(t.name) or t.sharding or s.strategy for t in m.tables}
+        from_planner = [name for name, kind in kinds.items() if kind != "data_parallel"]
         if from_planner:
             _fail(
                 "optim.embedding.name",
@@ -477,7 +479,8 @@ def check_overrides(overrides: Sequence[str]) -> None:
         try:
             parsed += parser.parse_overrides([text])
         except OverrideParseException as e:
-            reason = str(e).strip().splitlines()[1 if text in str(e) else 0]
+            lines = str(e).strip().splitlines() or [type(e).__name__]
+            reason = lines[1] if len(lines) > 1 and text in lines[0] else lines[0]  # skip "Error parsing 'x'"
             raise ConfigError(
                 f"cannot parse the override '{text}' ({reason}); overrides look like key=value "
                 "(e.g. trainer.max_steps=50; quote values with spaces or brackets)"
