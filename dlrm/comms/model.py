@@ -49,6 +49,8 @@ FABRICS = ("ring", "fully_connected", "switch")
 class CommsError(UserError, ValueError):
     """Bad input to the comms benchmark or model; the message names the value and the fix."""
 
+    same_on_all_ranks = True  # arguments and files every rank reads alike
+
 
 @dataclass(frozen=True)
 class Link:
