@@ -7,12 +7,19 @@ config; `validate` then checks what types cannot express (sizes, names, consiste
 
 from __future__ import annotations
 
-from dlrm.errors import UserError
+import dataclasses
+import difflib
+import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+from dlrm.errors import UserError
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 SHARDING_TYPES = (
     "table_wise",
@@ -35,6 +42,8 @@ DATA_SOURCES = ("synthetic", "criteo")
 
 class ConfigError(UserError, ValueError):
     """An invalid configuration; the message names the key, the value and the fix."""
+
+    same_on_all_ranks = True  # every rank composes and validates the same config
 
 
 @dataclass
@@ -261,8 +270,8 @@ def _fail(key: str, value, fix: str) -> None:
 
 
 def _require_positive(key: str, value) -> None:
-    if value is None or value <= 0:
-        _fail(key, value, "it must be a positive number")
+    if value is None or not value > 0 or math.isinf(value):  # `not >` also catches nan
+        _fail(key, value, "it must be a positive, finite number")
 
 
 def _require_choice(key: str, value, choices) -> None:
@@ -295,6 +304,8 @@ def validate(cfg: Config) -> None:
         names.add(t.name)
         _require_positive(f"{key}.rows", t.rows)
         _require_positive(f"{key}.dim", t.dim)
+        if t.dim % 4:
+            _fail(f"{key}.dim", t.dim, f"fbgemm's embedding kernels need a multiple of 4; use {t.dim + 4 - t.dim % 4}")
         _require_positive(f"{key}.pooling", t.pooling)
         if not t.features:
             _fail(f"{key}.features", list(t.features), "list the sparse features this table serves")
@@ -335,8 +346,8 @@ def validate(cfg: Config) -> None:
         link = getattr(tp, level)
         _require_choice(f"topology.{level}.fabric", link.fabric, FABRICS)
         _require_positive(f"topology.{level}.bandwidth_GBps", link.bandwidth_GBps)
-        if link.latency_us < 0:
-            _fail(f"topology.{level}.latency_us", link.latency_us, "latency cannot be negative")
+        if not link.latency_us >= 0 or math.isinf(link.latency_us):
+            _fail(f"topology.{level}.latency_us", link.latency_us, "use a finite latency >= 0")
     if tp.device == "cuda":
         _require_positive("topology.hbm_GB", tp.hbm_GB)
     _require_positive("topology.ddr_GB", tp.ddr_GB)
@@ -351,8 +362,22 @@ def validate(cfg: Config) -> None:
     o = cfg.optim
     _require_choice("optim.embedding.name", o.embedding.name, EMBEDDING_OPTIMIZERS)
     _require_choice("optim.dense.name", o.dense.name, DENSE_OPTIMIZERS)
-    _require_positive("optim.embedding.lr", o.embedding.lr)
-    _require_positive("optim.dense.lr", o.dense.lr)
+    for part in ("embedding", "dense"):
+        _require_positive(f"optim.{part}.lr", getattr(o, part).lr)
+        _require_positive(f"optim.{part}.eps", getattr(o, part).eps)
+    if o.embedding.name == "adam" and tp.device == "cpu":
+        # A table's sharding type, as dlrm.sharding.table_sharding resolves it (auto: the planner's choice).
+        kinds = {t.name: s.per_table.get(t.name) or t.sharding or s.strategy for t in m.tables}
+        from_planner = [name for name, kind in kinds.items() if kind != "data_parallel"]
+        if from_planner:
+            _fail(
+                "optim.embedding.name",
+                "adam",
+                f"fbgemm's CPU kernels for sharded tables run sgd, adagrad and rowwise_adagrad only, and "
+                f"table(s) {', '.join(from_planner[:3])}{' ...' if len(from_planner) > 3 else ''} may be sharded; "
+                "on CPU use optim=rowwise_adagrad (or optim.embedding.name=adagrad|sgd), or replicate every "
+                "table with sharding=data_parallel, where adam runs",
+            )
     sch = o.schedule
     for key in ("warmup_steps", "decay_start_step", "decay_steps"):
         if getattr(sch, key) < 0:
@@ -412,3 +437,120 @@ def validate_world(cfg: Config, world_size: int, local_world_size: int) -> None:
             cfg.data.global_batch_size,
             f"it must be divisible by the world size {world_size}, so every rank takes an equal slice",
         )
+
+
+# ----------------------------------------------------------------------------------------------
+# Overrides: checked against the schema and conf/ before Hydra composes them
+
+
+def _schema_keys(cls=Config, prefix: str = "") -> Dict[str, object]:
+    """Every dotted key of the schema -> its dataclass type, 'dict' or 'list' (open containers), or None."""
+    keys: Dict[str, object] = {}
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            keys[key] = type(default)
+            keys.update(_schema_keys(type(default), key + "."))
+        else:
+            keys[key] = "dict" if isinstance(default, dict) else "list" if isinstance(default, list) else None
+    return keys
+
+
+def group_options(group: str) -> List[str]:
+    """The options of a config group: the names of conf/<group>/*.yaml."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.7)
+    return f"did you mean '{close[0]}'?" if close else ""
+
+
+def check_overrides(overrides: Sequence[str]) -> None:
+    """Refuse an unknown key or group option among Hydra overrides, with a "did you mean".
+
+    Hydra would refuse them too, but advises `+key=value`, which the closed schema refuses in turn.
+    Keys under hydra, `~key` deletions and dict entries (sharding.per_table.NAME) are left to Hydra.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser, parsed = OverridesParser.create(), []
+    for text in overrides:
+        try:
+            parsed += parser.parse_overrides([text])
+        except OverrideParseException as e:
+            lines = str(e).strip().splitlines() or [type(e).__name__]
+            reason = lines[1] if len(lines) > 1 and text in lines[0] else lines[0]  # skip "Error parsing 'x'"
+            raise ConfigError(
+                f"cannot parse the override '{text}' ({reason}); overrides look like key=value "
+                "(e.g. trainer.max_steps=50; quote values with spaces or brackets)"
+            ) from None
+    keys = _schema_keys()
+    groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+    for o in parsed:
+        key = o.key_or_group
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")) or o.is_delete() or o.package is not None:
+            continue
+        if key in groups:
+            value = o.value()
+            if value is None or not isinstance(value, str):  # experiment=null; a list is Hydra's business
+                continue
+            choices = group_options(key)
+            if value not in choices:
+                hint = _did_you_mean(value, choices)
+                raise ConfigError(
+                    f"unknown option '{value}' for config group '{key}'; "
+                    + (hint + " " if hint else "")
+                    + f"choose one of: {', '.join(choices)} (files in conf/{key}/)"
+                )
+            continue
+        parent = key.rpartition(".")[0]
+        prefixes = [key[:i] for i, c in enumerate(key) if c == "."]
+        if key in keys or any(keys.get(p) in ("dict", "list") for p in prefixes):
+            continue  # entries of open dicts and lists are Hydra's to check
+        siblings = sorted(k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent)
+        if parent in keys:  # a known section: suggest among its keys only
+            close = difflib.get_close_matches(key.rpartition(".")[2], siblings, n=1, cutoff=0.7)
+            fix = (f"did you mean '{parent}.{close[0]}'?" if close
+                   else f"the keys under '{parent}' are: {', '.join(siblings)}")
+        else:
+            close = difflib.get_close_matches(key, list(keys) + groups, n=1, cutoff=0.8)
+            fix = f"did you mean '{close[0]}'?" if close else "see `python -m dlrm.train --cfg job` for every key"
+        raise ConfigError(f"unknown config key '{key}'; {fix}")
+
+
+def _composition_error(e: Exception) -> ConfigError:
+    """A ConfigError naming the key and the reason of Hydra's or OmegaConf's refusal."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    cause = e
+    while cause.__cause__ is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__
+    key = getattr(cause, "full_key", None)
+    reason = (getattr(cause, "msg", None) or str(cause)).strip().splitlines()[0]
+    if key and "not in struct" in reason:  # a new entry of an open dict (sharding.per_table.NAME)
+        return ConfigError(f"config key '{key}' does not exist yet; add it with '+{key}=VALUE'")
+    if key:
+        return ConfigError(f"config key '{key}' is invalid: {reason}; fix its override or YAML value")
+    return ConfigError(f"cannot compose the config: {str(e).strip().splitlines()[0]}")
+
+
+def compose(overrides: Sequence[str]) -> Config:
+    """The typed Config for these Hydra overrides, composed from conf/ as `dlrm.train` does.
+
+    Raises ConfigError for an unknown key or option (with a "did you mean"), a value of the wrong
+    type, or anything else Hydra refuses. Does not `validate`.
+    """
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    check_overrides(overrides)
+    register_configs()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return to_config(hydra_compose(config_name="config", overrides=list(overrides)))
+    except (HydraException, OmegaConfBaseException) as e:
+        raise _composition_error(e) from None

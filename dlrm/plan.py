@@ -28,6 +28,7 @@ from dlrm.errors import UserError
 import argparse
 import json
 import logging
+import math
 import sys
 import time
 import warnings
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from dlrm.config import Config, ConfigError, register_configs, to_config, validate, validate_world
+from dlrm.config import Config, ConfigError, compose, validate, validate_world
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 GB = 10**9
@@ -47,23 +48,11 @@ PROPOSERS = ("default", "greedy", "uniform")
 class PlanError(UserError, ValueError):
     """The model cannot be planned on this topology; the message names the rank, the GB and the fix."""
 
+    same_on_all_ranks = True  # every rank checks the same config (the planner runs on rank 0)
+
 
 # ----------------------------------------------------------------------------------------------
 # Config
-
-
-def compose(overrides: Sequence[str]) -> Config:
-    """The typed Config for these Hydra overrides, composed from conf/ like `dlrm.train` does."""
-    from hydra import compose as hydra_compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    register_configs()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return to_config(hydra_compose(config_name="config", overrides=list(overrides)))
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ConfigError(f"cannot compose the config from overrides {list(overrides)}: {e}") from e
 
 
 def world_of(cfg: Config, ranks_per_node: Optional[int]) -> tuple[int, int]:
@@ -168,11 +157,40 @@ def precheck_memory(cfg: Config, world: int, dense_params: int) -> None:
     sharded = sum(b for name, b in table_bytes.items() if pinned[name] != "data_parallel")
     per_rank = sharded / world + replicated
     if per_rank > table_cap:
+        at_least = math.ceil(sharded / (table_cap - replicated))  # replicated < cap <= table_cap here
         raise PlanError(
             f"the model needs at least {per_rank / GB:.2f} GB on every rank even if its tables were spread "
             f"perfectly over {world} ranks ({sharded / GB:.1f} GB of sharded tables + optimizer state), "
-            f"but a rank has {table_cap / GB:.2f} GB ({mem_keys}); {_fix_hint(cfg)}"
+            f"but a rank has {table_cap / GB:.2f} GB ({mem_keys}), so it needs at least {at_least} such ranks; "
+            f"{_fix_hint(cfg)}"
         )
+
+
+def dense_param_count(model) -> int:
+    """Parameters of `model` outside its embedding tables (the MLPs, the interaction)."""
+    return sum(p.numel() for n, p in model.named_parameters() if "embedding_bags" not in n)
+
+
+def check_memory(cfg: Config, world: int) -> None:
+    """`precheck_memory` for the trainer: builds the model on the meta device (no memory, no process
+    group), so a model that cannot fit is refused before anything expensive starts."""
+    from dlrm.model import build_model
+
+    precheck_memory(cfg, world, dense_param_count(build_model(cfg.model)))
+
+
+def planner_refusal(cfg: Config, world: int, error: Exception) -> PlanError:
+    """The PlanError for TorchRec's PlannerError: capacity, the largest tables, the fix, TorchRec's reason."""
+    opt = cfg.optim.embedding.name
+    need = {t.name: t.rows * t.dim * FLOAT_BYTES + optimizer_state_bytes(opt, t.rows, t.dim) for t in cfg.model.tables}
+    largest = sorted(need, key=need.get, reverse=True)[:3]
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return PlanError(
+        f"TorchRec's planner found no plan that fits {world} ranks with {capacity_GB(cfg):.2f} GB each "
+        f"({_capacity_key(cfg)}) for {len(need)} tables of {sum(need.values()) / GB:.2f} GB "
+        f"(weights + {opt} state; largest: {', '.join(f'{n} {need[n] / GB:.2f} GB' for n in largest)}); "
+        f"{_fix_hint(cfg)}. TorchRec: {reason}"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -212,10 +230,7 @@ def run_planner(cfg: Config, model, world: int, ranks_per_node: int, proposer: s
         )
         return planner.plan(model, [AnyDeviceEmbeddingBagCollectionSharder()])
     except PlannerError as e:
-        raise PlanError(
-            f"TorchRec's planner found no plan that fits {world} ranks with {capacity_GB(cfg):.2f} GB each "
-            f"({_capacity_key(cfg)}); {_fix_hint(cfg)}.\nTorchRec's report: {e}"
-        ) from e
+        raise planner_refusal(cfg, world, e) from e
 
 
 @dataclass
@@ -488,7 +503,7 @@ def make_plan(cfg: Config, ranks_per_node: Optional[int] = None, proposer: str =
 
     model = build_model(cfg.model)  # meta device: no table memory
     fuse_embedding_optimizer(model, cfg.optim.embedding)  # as the trainer: the planner sees its state size
-    dense_params = sum(p.numel() for n, p in model.named_parameters() if "embedding_bags" not in n)
+    dense_params = dense_param_count(model)
     timings["build_s"] = time.perf_counter() - t0
     precheck_memory(cfg, world, dense_params)
     t0 = time.perf_counter()

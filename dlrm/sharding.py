@@ -17,6 +17,7 @@ from torchrec.distributed.planner.types import ParameterConstraints, PlannerErro
 from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
 from dlrm.config import Config, ShardingConfig, ModelConfig
+from dlrm.plan import planner_refusal
 
 
 class AnyDeviceEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
@@ -61,19 +62,18 @@ def make_planner(cfg: Config, topology: Topology) -> EmbeddingShardingPlanner:
 def plan_sharding(
     cfg: Config, model: torch.nn.Module, topology: Topology, pg: Optional[dist.ProcessGroup]
 ) -> ShardingPlan:
-    """Plan on rank 0 and broadcast (pg given), or plan locally (pg None: no process group needed)."""
+    """Plan on rank 0 and broadcast (pg given), or plan locally (pg None: no process group needed).
+
+    Raises PlanError (a UserError) when TorchRec's planner finds no plan.
+    """
     planner = make_planner(cfg, topology)
     sharders = [AnyDeviceEmbeddingBagCollectionSharder()]
     try:
         if pg is None:
             return planner.plan(model, sharders)
         return planner.collective_plan(model, sharders, pg)
-    except PlannerError as e:
-        raise PlannerError(
-            f"no sharding plan fits topology '{cfg.topology.name}' "
-            f"({topology.world_size} ranks, hbm_GB={cfg.topology.hbm_GB}, ddr_GB={cfg.topology.ddr_GB}) "
-            f"with sharding.strategy={cfg.sharding.strategy}: {e}"
-        ) from e
+    except PlannerError as e:  # a user error: the config asks for more than the topology holds
+        raise planner_refusal(cfg, topology.world_size, e) from e
 
 
 def shard_model(

@@ -37,6 +37,8 @@ from dlrm.topology import (
 class NonFiniteLossError(UserError, RuntimeError):
     """Training produced a NaN or infinite loss; the message names the steps and the last checkpoint."""
 
+    same_on_all_ranks = True  # the loss is the global mean
+
 
 class Trainer:
     """One rank's share of a DLRM training job.
@@ -197,8 +199,10 @@ class Trainer:
                     latest = latest_checkpoint(self.checkpointer.root) if self.checkpointer else None
                     raise NonFiniteLossError(
                         f"loss is {mean_loss} in steps {self.step - len(window) + 1}..{self.step}; "
-                        f"last good checkpoint: {latest or 'none'}; lower the learning rates and resume "
-                        "from it (trainer.resume=auto), or set trainer.log_every_steps=1 to stop sooner"
+                        f"last good checkpoint: {latest or 'none'}. Either the training diverged (lower "
+                        "optim.embedding.lr / optim.dense.lr and resume from it with trainer.resume=auto) or "
+                        "the input holds NaN/inf values (check the data files; a Criteo loader refuses them "
+                        "when it verifies them); trainer.log_every_steps=1 stops sooner"
                     )
                 seconds = time.perf_counter() - window_start
                 train_seconds += seconds

@@ -322,5 +322,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[dict]]:
 if __name__ == "__main__":
     try:
         main()
-    except (CommsError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}")
+    except (CommsError, FileNotFoundError) as e:  # one line from rank 0, exit 2 (dlrm.errors)
+        from dlrm.train import exit_on_user_error
+
+        exit_on_user_error(e if isinstance(e, CommsError) else CommsError(str(e)), int(os.environ.get("RANK", "0")))

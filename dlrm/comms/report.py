@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -227,5 +228,6 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
 if __name__ == "__main__":
     try:
         main()
-    except (CommsError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}")
+    except (CommsError, FileNotFoundError) as e:  # one line, exit 2 (dlrm.errors)
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
