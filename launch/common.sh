@@ -22,14 +22,16 @@ require_int() {
   [ "$((10#$value))" -ge "$min" ] || die "$name=$value is below $min; set it to an integer >= $min"
 }
 
-# detect_accel: DLRM_ACCEL (cpu | cuda), else cuda if nvidia-smi lists a GPU, else cpu (as launch/setup.sh).
+# detect_accel: DLRM_ACCEL (cpu | cuda | rocm), else cuda if nvidia-smi lists a GPU, else cpu (as launch/setup.sh).
+# rocm becomes cuda here: torch's ROCm build answers to device 'cuda' and runs RCCL behind 'nccl'.
 detect_accel() {
   if [ -z "${DLRM_ACCEL:-}" ]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then DLRM_ACCEL=cuda; else DLRM_ACCEL=cpu; fi
   fi
   case "$DLRM_ACCEL" in
     cpu|cuda) ;;
-    *) die "DLRM_ACCEL=$DLRM_ACCEL is not cpu or cuda; unset it to detect, or set DLRM_ACCEL=cpu|cuda" ;;
+    rocm) DLRM_ACCEL=cuda ;;
+    *) die "DLRM_ACCEL=$DLRM_ACCEL is not cpu, cuda or rocm; unset it to detect, or set DLRM_ACCEL=cpu|cuda|rocm" ;;
   esac
 }
 

@@ -5,7 +5,7 @@
 #               rocm (AMD Instinct): torch and fbgemm-gpu ROCm builds from PyTorch's wheel index DLRM_ROCM_INDEX
 #               (default https://download.pytorch.org/whl/rocm7.1; use the ROCm version FBGEMM's release table
 #               lists for fbgemm-gpu 1.8.0). The ROCm torch answers to device 'cuda' and runs RCCL as 'nccl',
-#               so the cuda topologies and launchers apply (launch with DLRM_ACCEL=cuda).
+#               so the cuda topologies and launchers apply (the launchers take DLRM_ACCEL=rocm as cuda).
 #   PYTHON      interpreter for a new venv (default: python3.11)
 # On a CPU machine it installs the CPU build of torch: from the configured pip indexes when they offer
 # one (a local mirror, or PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), else from PyTorch's

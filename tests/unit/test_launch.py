@@ -181,7 +181,7 @@ def test_slurm_sbatch_runs_one_torchrun_per_node(tmp_path):
         ("run_node.sh", [], dict(NGPU="8x"), "NGPU=8x is not an integer"),
         ("run_node.sh", ["topology=cpu_2x2"], {}, "topology 'cpu_2x2' has 2 nodes x 2 ranks but this launcher runs one node of NGPU=2"),
         ("run_node.sh", ["topology=dgx_h100"], dict(NGPU="4"), "NGPU=4 but topology 'dgx_h100' has 8 ranks"),
-        ("run_node.sh", [], dict(DLRM_ACCEL="tpu"), "DLRM_ACCEL=tpu is not cpu or cuda"),
+        ("run_node.sh", [], dict(DLRM_ACCEL="tpu"), "DLRM_ACCEL=tpu is not cpu, cuda or rocm"),
         ("run_node.sh", [], dict(DRY_RUN="yes"), "DRY_RUN=yes"),
         ("run_cpu.sh", [], dict(NPROC="zero"), "NPROC=zero is not an integer"),
         ("slurm.sbatch", [], dict(SLURM_SUBMIT_DIR=str(ROOT)), "SLURM_JOB_ID is not set"),
