@@ -1,0 +1,175 @@
+"""Where a training step's time goes, measured with torch.profiler on sampled steps.
+
+TorchRec and torch label the work of a step with `record_function` ranges (`## forward ##`,
+`[lookup]_...`, `All2All_Pooled_ReqBackward`, `Optimizer.step#...`); the trainer labels the step
+itself (`STEP_RANGE`) and, without the pipeline, its own parts with the same names TorchRec uses.
+`step_breakdown` turns the profiler's events of one step into seconds per phase:
+
+    data             next batch, copy to device, waiting for it
+    input_dist       id (KeyedJaggedTensor) alltoall: splits, lengths, values, and waiting for them
+    emb_lookup       embedding lookup forward (fbgemm TBE)
+    emb_a2a_fwd      pooled-embedding alltoall forward, and waiting for it
+    dense_fwd        the rest of the forward pass: MLPs, interaction, loss
+    backward         backward pass, dense and embedding, the fused embedding update included
+    grad_a2a         alltoall of the pooled-embedding gradients (backward)
+    dense_allreduce  time the backward pass waits for DDP's gradient allreduce (exposed, not overlapped)
+    optimizer        dense optimizer step and zero_grad
+    other            the step's time outside all of these (Python, the pipeline's bookkeeping)
+
+Each instant of the step's thread counts once, for the innermost range with a phase, so the phases
+add up to the step. Collectives run on the backend's threads (Gloo) or on the GPU (NCCL); their
+durations, per kind, are returned apart (`comm_s`), for comparison with the cost model.
+On CUDA the CPU-side ranges include the waits on the GPU that the step performs, not kernel times.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from contextlib import contextmanager
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+
+PHASES = (
+    "data",
+    "input_dist",
+    "emb_lookup",
+    "emb_a2a_fwd",
+    "dense_fwd",
+    "backward",
+    "grad_a2a",
+    "dense_allreduce",
+    "optimizer",
+    "other",
+)
+STEP_RANGE = "## dlrm:train_step ##"
+
+# (phase, pattern on the range name); first match wins.
+_RULES: List[Tuple[str, re.Pattern]] = [
+    (phase, re.compile(pattern))
+    for phase, pattern in (
+        ("data", r"^## (next_batch|load_batch|(inplace_)?copy_batch_to_gpu|wait_for_batch)\b"),
+        ("input_dist", r"^## (start|wait)_sparse_data_dist\b|^## all2all_data:|^## dist_init:|^\[(input_dist|splits_dist)\]_|"
+         r"^## (KJTAllToAllTensors|KJTList|FusedKJTListSplits|SplitsAllToAll)Awaitable wait\(\) ##"),
+        ("emb_lookup", r"^\[lookup\]_"),
+        ("grad_a2a", r"^(autograd::engine::evaluate_function: )?All2All_\w+Backward$|^## All2All_\w+_bwd ##"),
+        ("emb_a2a_fwd", r"^\[output_dist(_wait)?\]_|^## All2All_\w+_fwd ##|^All2All_Pooled_(Req|Wait)$"),
+        ("dense_fwd", r"^## forward\b|^DistributedDataParallel\.forward$"),
+        ("backward", r"^## backward\b"),
+        ("optimizer", r"^## (optimizer|zero_grad)\b|^Optimizer\.(step|zero_grad)#"),
+    )
+]
+
+# Collectives on the backend's threads or the GPU: (kind, pattern).
+_COLLECTIVES = [
+    ("alltoall", re.compile(r"all_?to_?all|SendRecv", re.I)),
+    ("allreduce", re.compile(r"all_?reduce", re.I)),
+    ("reduce_scatter", re.compile(r"reduce_?scatter", re.I)),
+    ("allgather", re.compile(r"all_?gather", re.I)),
+]
+
+
+@contextmanager
+def kineto_quiet() -> Iterator[None]:
+    """Silence stderr (file descriptor 2) while the profiler starts or stops.
+
+    libkineto (torch.profiler's engine) writes a `USDT: ... profiler_start` / `profiler_stop` line to
+    stderr at each start and stop, whatever KINETO_LOG_LEVEL says; around those calls only.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def phase_of(name: str) -> Optional[str]:
+    """The phase a range of this name stands for, or None (it belongs to its enclosing range)."""
+    for phase, pattern in _RULES:
+        if pattern.search(name):
+            return phase
+    return None
+
+
+def _union(intervals: Iterable[Tuple[float, float]]) -> List[Tuple[float, float]]:
+    out: List[Tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _overlap(a: List[Tuple[float, float]], b: List[Tuple[float, float]]) -> float:
+    """Total length of the intersection of two sorted, disjoint interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def _collective_kind(event) -> Optional[str]:
+    name = event.name
+    if not (name.startswith(("gloo:", "nccl:")) or "nccl" in name.lower()):
+        return None
+    for kind, pattern in _COLLECTIVES:
+        if pattern.search(name):
+            return kind
+    return None
+
+
+def step_breakdown(events) -> List[Tuple[Dict[str, float], Dict[str, float]]]:
+    """Per profiled step (each `STEP_RANGE` event): (seconds per phase, seconds per collective kind).
+
+    events: `torch.profiler.profile(...).events()` (FunctionEvents with cpu_parent/cpu_children).
+    Phase seconds add up to the step's duration. Collective seconds: the union of the intervals,
+    within the step, in which a collective of that kind ran on any backend thread or device stream.
+    """
+    steps = [e for e in events if e.name == STEP_RANGE]
+    collectives: Dict[str, List[Tuple[float, float]]] = {}
+    for e in events:
+        kind = _collective_kind(e)
+        if kind is not None and (e.device_type.name != "CPU" or e.name.startswith("gloo:")):
+            collectives.setdefault(kind, []).append((e.time_range.start, e.time_range.end))
+    allreduce = _union(collectives.get("allreduce", []))
+    out = []
+    for step in steps:
+        lo, hi = step.time_range.start, step.time_range.end
+        phases = dict.fromkeys(PHASES, 0.0)
+        stack = [(step, "other")]
+        while stack:
+            event, inherited = stack.pop()
+            phase = phase_of(event.name) if event is not step else None
+            phase = phase or inherited
+            self_us = event.self_cpu_time_total
+            if phase == "backward" and allreduce and self_us > 0:
+                # the backward range's own time (no op of ours running) while an allreduce is in flight
+                gaps, at = [], event.time_range.start
+                for child in sorted(event.cpu_children, key=lambda c: c.time_range.start):
+                    if child.time_range.start > at:
+                        gaps.append((at, child.time_range.start))
+                    at = max(at, child.time_range.end)
+                if event.time_range.end > at:
+                    gaps.append((at, event.time_range.end))
+                waiting = min(self_us, _overlap(gaps, allreduce))
+                phases["dense_allreduce"] += waiting
+                self_us -= waiting
+            phases[phase] += self_us
+            stack.extend((child, phase) for child in event.cpu_children)
+        comm = {
+            kind: sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in _union(spans)) / 1e6
+            for kind, spans in collectives.items()
+        }
+        out.append(({k: v / 1e6 for k, v in phases.items()}, comm))
+    return out
