@@ -192,18 +192,22 @@ class Trainer:
         return loss
 
     def _profiled_step(self, batches: Iterator, acc: torch.Tensor) -> Optional[torch.Tensor]:
-        """One step under torch.profiler; adds [1, seconds per phase..., per collective kind...] to acc."""
+        """One step under torch.profiler; adds [1, its wall seconds, seconds per phase..., per collective
+        kind...] to acc."""
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
         prof = profile(activities=activities)
         with kineto_quiet():
             prof.start()
         try:
+            start = time.perf_counter()
             loss = self._one_step(batches)
+            wall = time.perf_counter() - start
         finally:
             with kineto_quiet():
                 prof.stop()
         (phases, comm), = step_breakdown(prof.events())
-        acc += torch.tensor([1.0] + [phases[k] for k in PHASES] + [comm.get(k, 0.0) for k in COMM_KINDS], dtype=acc.dtype)
+        figures = [1.0, wall] + [phases[k] for k in PHASES] + [comm.get(k, 0.0) for k in COMM_KINDS]
+        acc += torch.tensor(figures, dtype=acc.dtype)
         return loss
 
     def _config_lines(self) -> List[str]:
@@ -255,7 +259,7 @@ class Trainer:
         progress = Progress(total, tr.progress, world.is_main, first_step=self.step)
         batches = self._batches("train", self.step, total - self.step)
         window: List[torch.Tensor] = []
-        width = 1 + len(PHASES) + len(COMM_KINDS)
+        width = 2 + len(PHASES) + len(COMM_KINDS)
         sampled = torch.zeros(width, dtype=torch.float64)  # this window's profiled steps, summed
         run_breakdown = torch.zeros(width, dtype=torch.float64)  # windows after the first, summed
         train_seconds, window_start = 0.0, time.perf_counter()
@@ -341,13 +345,15 @@ class Trainer:
         return f"auc {'n/a (one class)' if auc is None else f'{auc:.4f}'} logloss {evaluation['logloss']:.4f}"
 
     def _breakdown_record(self, summed: torch.Tensor) -> dict:
-        """Mean seconds per step, per phase and per collective kind, from summed [count, phases, kinds]."""
+        """Mean seconds per profiled step: its wall time (the loop's clock), per phase (the profiler's
+        events; they add up to the profiler's step time) and per collective kind, from the sums
+        [count, wall, phases..., kinds...] over ranks and steps."""
         mean = (summed[1:] / summed[0]).tolist()
-        phases = dict(zip(PHASES, mean[: len(PHASES)]))
+        phases = dict(zip(PHASES, mean[1 : 1 + len(PHASES)]))
         return {
             "phase_s": phases,
-            "profiled_step_s": sum(phases.values()),
-            "comm_s": dict(zip(COMM_KINDS, mean[len(PHASES):])),
+            "profiled_step_s": mean[0],
+            "comm_s": dict(zip(COMM_KINDS, mean[1 + len(PHASES):])),
             "profiled_steps": int(summed[0].item()) // self.world.world_size,
         }
 

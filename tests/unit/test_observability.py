@@ -1,0 +1,142 @@
+"""What a run shows and records: a clean console, train.log, metrics.jsonl, TensorBoard scalars,
+and a per-phase step breakdown that adds up to the step's measured time."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlrm.phases import PHASES, phase_of
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS, EVERY = 12, 4
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    """One single-process training run of the default model: (CompletedProcess, run dir)."""
+    run_dir = tmp_path_factory.mktemp("run")
+    result = subprocess.run(
+        [sys.executable, "-m", "dlrm.train", f"trainer.max_steps={STEPS}", f"trainer.log_every_steps={EVERY}",
+         "data.eval_batches=2", "trainer.progress=lines", f"hydra.run.dir={run_dir}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, run_dir
+
+
+def test_console_has_no_library_noise(short_run):
+    result, run_dir = short_run
+    out, err = result.stdout, result.stderr
+    for noise in ("INFO", "[TBE=", "AMD FP16", "TopologyFactory", "dense_tensor_estimate", "is_fx_tracing",
+                  "USDT", "FutureWarning", "warning"):
+        assert noise not in out and noise not in err, noise
+    lines = out.splitlines()
+    assert len(lines) <= 20, out  # config (4), plan (2), 3 step lines, eval, 4 closing lines, done
+    assert any(line.startswith(f"step {STEPS}/{STEPS} loss ") and "eta 0:00" in line for line in lines), out
+    assert any(line.startswith("step breakdown, ms") for line in lines), out
+
+
+def test_train_log_holds_step_and_eval_lines(short_run):
+    _, run_dir = short_run
+    text = (run_dir / "train.log").read_text()
+    assert f"step {EVERY}/{STEPS} loss" in text and f"step {STEPS}/{STEPS} loss" in text
+    assert f"eval at step {STEPS}: auc" in text
+    assert "[TBE=" not in text  # fbgemm's INFO lines stay out of the file too
+
+
+def test_metrics_jsonl_records_time(short_run):
+    _, run_dir = short_run
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "loss" in r]
+    assert [r["step"] for r in train] == list(range(EVERY, STEPS + 1, EVERY))
+    elapsed = [r["elapsed_s"] for r in records]
+    assert elapsed == sorted(elapsed) and all(r["time"] > 1.7e9 for r in records)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["job_wall_time_s"] > summary["wall_time_s"] > 0
+
+
+def test_tensorboard_holds_the_scalars(short_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, run_dir = short_run
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    wanted = {"train/loss", "train/lr", "train/samples_per_s", "train/peak_rss_mb", "eval/auc", "eval/logloss"}
+    wanted |= {f"phase_s/{p}" for p in PHASES}
+    assert wanted <= tags, wanted - tags
+    assert [e.step for e in acc.Scalars("train/loss")] == list(range(EVERY, STEPS + 1, EVERY))
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert [e.value for e in acc.Scalars("train/loss")] == pytest.approx(losses, rel=1e-6)
+
+
+def test_phases_add_up_to_the_step_time(short_run):
+    _, run_dir = short_run
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    windows = [r for r in records if "phase_s" in r]
+    assert len(windows) == STEPS // EVERY
+    for r in windows:
+        phases = r["phase_s"]
+        assert set(phases) == set(PHASES) and all(v >= 0 for v in phases.values())
+        # the profiler's events, phase by phase, against the loop's own clock around the same step
+        assert sum(phases.values()) == pytest.approx(r["profiled_step_s"], rel=0.10)
+        named = sum(v for k, v in phases.items() if k != "other")
+        assert named > 0.5 * r["profiled_step_s"], phases  # the named ranges explain most of the step
+        assert phases["dense_fwd"] > 0 and phases["backward"] > 0 and phases["emb_lookup"] > 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["step_breakdown"]["profiled_steps"] == STEPS // EVERY - 1  # the warm-up window is left out
+    assert summary["comm_vs_model"]["embedding_exchange"]["ratio"] is None  # one rank: nothing modelled
+
+
+@pytest.mark.parametrize(
+    "name, phase",
+    [
+        ("## next_batch ##", "data"),
+        ("## copy_batch_to_gpu 12 ##", "data"),
+        ("## wait_sparse_data_dist 3 ##", "input_dist"),
+        ("## all2all_data:kjt lengths ##", "input_dist"),
+        ("[lookup]_[model.sparse_arch.embedding_bag_collection]_[table_wise]", "emb_lookup"),
+        ("[output_dist_wait]_[model.sparse_arch.embedding_bag_collection]_[table_wise]", "emb_a2a_fwd"),
+        ("autograd::engine::evaluate_function: All2All_Pooled_ReqBackward", "grad_a2a"),
+        ("## All2All_Pooled_bwd ##", "grad_a2a"),
+        ("## forward 7 ##", "dense_fwd"),
+        ("## backward 7 ##", "backward"),
+        ("Optimizer.step#CombinedOptimizer.step", "optimizer"),
+        ("aten::mm", None),
+        ("## Request wait() ##", None),
+    ],
+)
+def test_phase_of_names(name, phase):
+    assert phase_of(name) == phase
+
+
+def test_breakdown_of_a_profiled_toy_step():
+    """Nested ranges: each instant counts once, for the innermost range with a phase."""
+    import torch
+    from torch.profiler import profile, record_function
+
+    from dlrm.phases import STEP_RANGE, kineto_quiet, step_breakdown
+
+    x = torch.randn(256, 256, requires_grad=True)
+    prof = profile()
+    with kineto_quiet():
+        prof.start()
+    with record_function(STEP_RANGE):
+        with record_function("## forward ##"):
+            with record_function("[lookup]_[toy]"):
+                y = x @ x
+            loss = (y @ y).sum()
+        with record_function("## backward ##"):
+            loss.backward()
+    with kineto_quiet():
+        prof.stop()
+    (phases, comm), = step_breakdown(prof.events())
+    step = next(e for e in prof.events() if e.name == STEP_RANGE).time_range.elapsed_us() / 1e6
+    assert sum(phases.values()) == pytest.approx(step, rel=1e-6)
+    assert phases["emb_lookup"] > 0 and phases["dense_fwd"] > 0 and phases["backward"] > 0
+    assert comm == {} and not math.isnan(sum(phases.values()))
