@@ -204,6 +204,8 @@ class TrainerConfig:
     breakdown: profile the last step of each log window (torch.profiler) for the per-phase times.
     profile: [first, last] steps to trace with torch.profiler on rank 0 (<run dir>/profile, for
     TensorBoard or Perfetto); None: no trace.
+    comms_bench: a bench.json of `dlrm.comms.bench`: the measured-vs-model comparison fits the model's
+    alpha and B to it (None: the topology config's links).
     """
 
     max_steps: int = 100
@@ -221,6 +223,7 @@ class TrainerConfig:
     tensorboard: bool = True
     breakdown: bool = True
     profile: Optional[List[int]] = None
+    comms_bench: Optional[str] = None
 
 
 @dataclass

@@ -27,7 +27,7 @@ from dlrm.logs import JOB_START
 from dlrm.metrics import MetricsLog, Progress, auc_and_logloss, peak_rss_mb, write_json_atomic
 from dlrm.model import build_model, initialize
 from dlrm.optim import LRSchedule, build_optimizer, fuse_embedding_optimizer
-from dlrm.phases import PHASES, STEP_RANGE, kineto_quiet, step_breakdown
+from dlrm.phases import PHASES, STEP_RANGE, fitted_topology, kineto_quiet, step_breakdown
 from dlrm.sharding import describe_plan, plan_sharding, shard_model
 from dlrm.topology import (
     World,
@@ -60,6 +60,12 @@ class Trainer:
     def __init__(self, cfg: Config, world: World, run_dir: Optional[Path] = None) -> None:
         self.cfg = cfg
         self.world = world
+        self.comms_bench = None  # a comms bench result to fit the cost model to (trainer.comms_bench)
+        if cfg.trainer.comms_bench:
+            from dlrm.comms.report import load_bench
+
+            self.comms_bench = load_bench(cfg.trainer.comms_bench)
+            fitted_topology(cfg.topology, self.comms_bench, "alltoall", world.local_world_size)  # fails early
         self.run_dir = run_dir if world.is_main else None
         self.device = device_for(cfg.topology, world, tf32=cfg.trainer.tf32)
         self.pg = init_distributed(cfg.topology, world)
@@ -192,9 +198,10 @@ class Trainer:
         return loss
 
     def _profiled_step(self, batches: Iterator, acc: torch.Tensor) -> Optional[torch.Tensor]:
-        """One step under torch.profiler; adds [1, its wall seconds, seconds per phase..., per collective
-        kind...] to acc."""
+        """One step under torch.profiler; adds [1, its wall seconds, the profiler's extra seconds,
+        seconds per phase..., per collective kind...] to acc."""
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        begin = time.perf_counter()
         prof = profile(activities=activities)
         with kineto_quiet():
             prof.start()
@@ -206,7 +213,8 @@ class Trainer:
             with kineto_quiet():
                 prof.stop()
         (phases, comm), = step_breakdown(prof.events())
-        figures = [1.0, wall] + [phases[k] for k in PHASES] + [comm.get(k, 0.0) for k in COMM_KINDS]
+        overhead = time.perf_counter() - begin - wall
+        figures = [1.0, wall, overhead] + [phases[k] for k in PHASES] + [comm.get(k, 0.0) for k in COMM_KINDS]
         acc += torch.tensor(figures, dtype=acc.dtype)
         return loss
 
@@ -259,7 +267,7 @@ class Trainer:
         progress = Progress(total, tr.progress, world.is_main, first_step=self.step)
         batches = self._batches("train", self.step, total - self.step)
         window: List[torch.Tensor] = []
-        width = 2 + len(PHASES) + len(COMM_KINDS)
+        width = 3 + len(PHASES) + len(COMM_KINDS)
         sampled = torch.zeros(width, dtype=torch.float64)  # this window's profiled steps, summed
         run_breakdown = torch.zeros(width, dtype=torch.float64)  # windows after the first, summed
         train_seconds, window_start = 0.0, time.perf_counter()
@@ -347,13 +355,15 @@ class Trainer:
     def _breakdown_record(self, summed: torch.Tensor) -> dict:
         """Mean seconds per profiled step: its wall time (the loop's clock), per phase (the profiler's
         events; they add up to the profiler's step time) and per collective kind, from the sums
-        [count, wall, phases..., kinds...] over ranks and steps."""
+        [count, wall, overhead, phases..., kinds...] over ranks and steps. profile_overhead_s: what
+        profiling added to the step (start, stop, reading the events)."""
         mean = (summed[1:] / summed[0]).tolist()
-        phases = dict(zip(PHASES, mean[1 : 1 + len(PHASES)]))
+        phases = dict(zip(PHASES, mean[2 : 2 + len(PHASES)]))
         return {
             "phase_s": phases,
             "profiled_step_s": mean[0],
-            "comm_s": dict(zip(COMM_KINDS, mean[1 + len(PHASES):])),
+            "profile_overhead_s": mean[1],
+            "comm_s": dict(zip(COMM_KINDS, mean[2 + len(PHASES):])),
             "profiled_steps": int(summed[0].item()) // self.world.world_size,
         }
 
@@ -385,18 +395,33 @@ class Trainer:
     def _comm_vs_model(self, measured: Dict[str, float]) -> dict:
         """Measured seconds per step of the embedding exchange (alltoall, and reduce-scatter/allgather
         of row-wise shards) and of the dense allreduce, beside `dlrm.plan`'s cost model for the same
-        plan, batch and topology; ratio = measured / modelled (None where the model predicts 0)."""
+        plan, batch and topology; ratio = measured / modelled (None where the model predicts 0).
+
+        With trainer.comms_bench, the model's intra-node link takes the alpha and B fitted to the
+        bench's alltoall (for the exchange) and allreduce (for the allreduce) times.
+        """
+        from dataclasses import replace
+
         from dlrm.plan import comm_summary, plan_tables
 
         world = self.world
         tables = plan_tables(self.plan, self.cfg, world.world_size)
-        model = comm_summary(self.cfg, tables, world.world_size, world.local_world_size, self.dense_params)["time_s"]
+
+        def model(collective: str) -> Dict[str, float]:
+            cfg = self.cfg
+            if self.comms_bench is not None:
+                topology = fitted_topology(cfg.topology, self.comms_bench, collective, world.local_world_size)
+                cfg = replace(cfg, topology=topology)
+            return comm_summary(cfg, tables, world.world_size, world.local_world_size, self.dense_params)["time_s"]
+
         out = {}
         for name, seconds, modelled in (
-            ("embedding_exchange", measured["alltoall"] + measured["reduce_scatter"] + measured["allgather"], model["alltoall_s"]),
-            ("dense_allreduce", measured["allreduce"], model["allreduce_s"]),
+            ("embedding_exchange", measured["alltoall"] + measured["reduce_scatter"] + measured["allgather"],
+             model("alltoall")["alltoall_s"]),
+            ("dense_allreduce", measured["allreduce"], model("allreduce")["allreduce_s"]),
         ):
             out[name] = {"measured_s": seconds, "model_s": modelled, "ratio": seconds / modelled if modelled else None}
+        out["model"] = "fitted to " + self.cfg.trainer.comms_bench if self.comms_bench is not None else "topology config"
         return out
 
     def _end_lines(self, summary: dict) -> List[str]:
@@ -412,13 +437,16 @@ class Trainer:
         b = summary.get("step_breakdown")
         if b is not None:
             ms = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in b["phase_s"].items())
-            lines.append(f"step breakdown, ms (mean of {b['profiled_steps']} profiled steps, {b['profiled_step_s'] * 1e3:.1f} ms each): {ms}")
+            lines.append(
+                f"step breakdown, ms (mean of {b['profiled_steps']} profiled steps, {b['profiled_step_s'] * 1e3:.1f} ms "
+                f"each; profiling added {b['profile_overhead_s'] * 1e3:.0f} ms per profiled step): {ms}"
+            )
             cm = summary["comm_vs_model"]
             lines.append(
                 "comms per step, measured vs model: " + "; ".join(
                     f"{k} {v['measured_s'] * 1e3:.2f} vs {v['model_s'] * 1e3:.2f} ms"
                     + (f" (x{v['ratio']:.2f})" if v["ratio"] is not None else "")
-                    for k, v in cm.items()
+                    for k, v in cm.items() if k != "model"
                 )
             )
         if self.run_dir is not None:

@@ -140,3 +140,32 @@ def test_breakdown_of_a_profiled_toy_step():
     assert sum(phases.values()) == pytest.approx(step, rel=1e-6)
     assert phases["emb_lookup"] > 0 and phases["dense_fwd"] > 0 and phases["backward"] > 0
     assert comm == {} and not math.isnan(sum(phases.values()))
+
+
+def test_fitted_topology_recovers_the_bench_links(make_config):
+    """A bench whose times follow alpha + factor * n / B exactly gives back alpha and B."""
+    from dlrm.comms.model import Link, collective_time
+    from dlrm.phases import fitted_topology
+
+    topology = make_config("topology=cpu").topology
+    true = Link(topology.intra_node.fabric, 30e-6, 2e9)
+    rows = [
+        {"collective": c, "scope": "world", "group_size": 2, "bytes": n,
+         "median_us": collective_time(c, true, 2, n) * 1e6}
+        for c in ("alltoall", "allreduce") for n in (2**10, 2**16, 2**20, 2**24)
+    ]
+    for collective in ("alltoall", "allreduce"):
+        fitted = fitted_topology(topology, {"results": rows}, collective, 2)
+        assert fitted.intra_node.latency_us == pytest.approx(30.0, rel=1e-6)
+        assert fitted.intra_node.bandwidth_GBps == pytest.approx(2.0, rel=1e-6)
+        assert fitted.inter_node == topology.inter_node
+
+
+def test_fitted_topology_needs_the_collective_at_this_size(make_config):
+    from dlrm.comms.model import CommsError
+    from dlrm.phases import fitted_topology
+
+    rows = [{"collective": "allreduce", "scope": "world", "group_size": 4, "bytes": n, "median_us": 10.0 + n / 1e3}
+            for n in (1024, 4096)]
+    with pytest.raises(CommsError, match="no alltoall times at two sizes among 2 ranks"):
+        fitted_topology(make_config().topology, {"results": rows}, "alltoall", 2)
