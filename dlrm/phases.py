@@ -28,6 +28,7 @@ import os
 import re
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 PHASES = (
@@ -144,57 +145,101 @@ def _overlap(a: List[Tuple[float, float]], b: List[Tuple[float, float]]) -> floa
     return total
 
 
-def _collective_kind(event) -> Optional[str]:
-    name = event.name
-    if not (name.startswith(("gloo:", "nccl:")) or "nccl" in name.lower()):
+@dataclass(frozen=True)
+class Span:
+    """One profiler event: name, the thread it started on, start and end (s), and whether it ran on
+    a device (a GPU kernel) rather than a CPU thread."""
+
+    name: str
+    thread: int
+    start: float
+    end: float
+    device: bool = False
+
+
+def spans_of(prof) -> List[Span]:
+    """The events of a stopped `torch.profiler.profile`, read straight from its Kineto results
+    (building torch's FunctionEvent tree with `prof.events()` costs several times more)."""
+    return [
+        Span(e.name(), e.start_thread_id(), e.start_ns() / 1e9, e.end_ns() / 1e9, e.device_type().name != "CPU")
+        for e in prof.profiler.kineto_results.events()
+    ]
+
+
+def _collective_kind(span: Span) -> Optional[str]:
+    """alltoall, allreduce, ... for a collective that runs on the backend's thread or a GPU; else None."""
+    if not (span.name.startswith("gloo:") or (span.device and "nccl" in span.name.lower())):
         return None
     for kind, pattern in _COLLECTIVES:
-        if pattern.search(name):
+        if pattern.search(span.name):
             return kind
     return None
 
 
-def step_breakdown(events) -> List[Tuple[Dict[str, float], Dict[str, float]]]:
-    """Per profiled step (each `STEP_RANGE` event): (seconds per phase, seconds per collective kind).
+@dataclass
+class _Node:
+    span: Span
+    phase: str
+    children: List["_Node"] = field(default_factory=list)
 
-    events: `torch.profiler.profile(...).events()` (FunctionEvents with cpu_parent/cpu_children).
-    Phase seconds add up to the step's duration. Collective seconds: the union of the intervals,
-    within the step, in which a collective of that kind ran on any backend thread or device stream.
+
+def _tree(step: Span, spans: List[Span]) -> _Node:
+    """The ranges of `step`'s thread within it, nested by containment; each takes the phase of its
+    name, or else its parent's."""
+    root = _Node(step, "other")
+    inside = sorted(
+        (s for s in spans if s.thread == step.thread and not s.device and s is not step
+         and step.start <= s.start and s.end <= step.end),
+        key=lambda s: (s.start, -s.end),
+    )
+    stack = [root]
+    for s in inside:
+        while len(stack) > 1 and s.end > stack[-1].span.end:
+            stack.pop()
+        parent = stack[-1]
+        node = _Node(s, phase_of(s.name) or parent.phase)
+        parent.children.append(node)
+        stack.append(node)
+    return root
+
+
+def step_breakdown(spans: List[Span]) -> List[Tuple[Dict[str, float], Dict[str, float]]]:
+    """Per profiled step (each `STEP_RANGE` span): (seconds per phase, seconds per collective kind).
+
+    Each instant of the step's thread counts for the innermost range that has a phase, so the phase
+    seconds add up to the step's duration. The `backward` range's own time (no op of ours running)
+    while DDP's allreduce is in flight counts as `dense_allreduce`. Collective seconds: the union of
+    the intervals, within the step, in which a collective of that kind ran on any backend thread or GPU.
     """
-    steps = [e for e in events if e.name == STEP_RANGE]
     collectives: Dict[str, List[Tuple[float, float]]] = {}
-    for e in events:
-        kind = _collective_kind(e)
-        if kind is not None and (e.device_type.name != "CPU" or e.name.startswith("gloo:")):
-            collectives.setdefault(kind, []).append((e.time_range.start, e.time_range.end))
+    for s in spans:
+        kind = _collective_kind(s)
+        if kind is not None:
+            collectives.setdefault(kind, []).append((s.start, s.end))
     allreduce = _union(collectives.get("allreduce", []))
     out = []
-    for step in steps:
-        lo, hi = step.time_range.start, step.time_range.end
+    for step in (s for s in spans if s.name == STEP_RANGE):
         phases = dict.fromkeys(PHASES, 0.0)
-        stack = [(step, "other")]
-        while stack:
-            event, inherited = stack.pop()
-            phase = phase_of(event.name) if event is not step else None
-            phase = phase or inherited
-            self_us = event.self_cpu_time_total
-            if phase == "backward" and allreduce and self_us > 0:
-                # the backward range's own time (no op of ours running) while an allreduce is in flight
-                gaps, at = [], event.time_range.start
-                for child in sorted(event.cpu_children, key=lambda c: c.time_range.start):
-                    if child.time_range.start > at:
-                        gaps.append((at, child.time_range.start))
-                    at = max(at, child.time_range.end)
-                if event.time_range.end > at:
-                    gaps.append((at, event.time_range.end))
-                waiting = min(self_us, _overlap(gaps, allreduce))
+        todo = [_tree(step, spans)]
+        while todo:
+            node = todo.pop()
+            own = max(0.0, (node.span.end - node.span.start) - sum(c.span.end - c.span.start for c in node.children))
+            if node.phase == "backward" and allreduce and own > 0:
+                gaps, at = [], node.span.start
+                for child in node.children:
+                    if child.span.start > at:
+                        gaps.append((at, child.span.start))
+                    at = max(at, child.span.end)
+                if node.span.end > at:
+                    gaps.append((at, node.span.end))
+                waiting = min(own, _overlap(gaps, allreduce))
                 phases["dense_allreduce"] += waiting
-                self_us -= waiting
-            phases[phase] += self_us
-            stack.extend((child, phase) for child in event.cpu_children)
+                own -= waiting
+            phases[node.phase] += own
+            todo.extend(node.children)
         comm = {
-            kind: sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in _union(spans)) / 1e6
-            for kind, spans in collectives.items()
+            kind: sum(max(0.0, min(b, step.end) - max(a, step.start)) for a, b in _union(intervals))
+            for kind, intervals in collectives.items()
         }
-        out.append(({k: v / 1e6 for k, v in phases.items()}, comm))
+        out.append((phases, comm))
     return out

@@ -27,7 +27,7 @@ from dlrm.logs import JOB_START
 from dlrm.metrics import MetricsLog, Progress, auc_and_logloss, peak_rss_mb, write_json_atomic
 from dlrm.model import build_model, initialize
 from dlrm.optim import LRSchedule, build_optimizer, fuse_embedding_optimizer
-from dlrm.phases import PHASES, STEP_RANGE, fitted_topology, kineto_quiet, step_breakdown
+from dlrm.phases import PHASES, STEP_RANGE, fitted_topology, kineto_quiet, spans_of, step_breakdown
 from dlrm.sharding import describe_plan, plan_sharding, shard_model
 from dlrm.topology import (
     World,
@@ -212,7 +212,7 @@ class Trainer:
         finally:
             with kineto_quiet():
                 prof.stop()
-        (phases, comm), = step_breakdown(prof.events())
+        (phases, comm), = step_breakdown(spans_of(prof))
         overhead = time.perf_counter() - begin - wall
         figures = [1.0, wall, overhead] + [phases[k] for k in PHASES] + [comm.get(k, 0.0) for k in COMM_KINDS]
         acc += torch.tensor(figures, dtype=acc.dtype)

@@ -120,7 +120,7 @@ def test_breakdown_of_a_profiled_toy_step():
     import torch
     from torch.profiler import profile, record_function
 
-    from dlrm.phases import STEP_RANGE, kineto_quiet, step_breakdown
+    from dlrm.phases import STEP_RANGE, kineto_quiet, spans_of, step_breakdown
 
     x = torch.randn(256, 256, requires_grad=True)
     prof = profile()
@@ -135,8 +135,9 @@ def test_breakdown_of_a_profiled_toy_step():
             loss.backward()
     with kineto_quiet():
         prof.stop()
-    (phases, comm), = step_breakdown(prof.events())
-    step = next(e for e in prof.events() if e.name == STEP_RANGE).time_range.elapsed_us() / 1e6
+    spans = spans_of(prof)
+    (phases, comm), = step_breakdown(spans)
+    step = next(s.end - s.start for s in spans if s.name == STEP_RANGE)
     assert sum(phases.values()) == pytest.approx(step, rel=1e-6)
     assert phases["emb_lookup"] > 0 and phases["dense_fwd"] > 0 and phases["backward"] > 0
     assert comm == {} and not math.isnan(sum(phases.values()))
@@ -169,3 +170,27 @@ def test_fitted_topology_needs_the_collective_at_this_size(make_config):
             for n in (1024, 4096)]
     with pytest.raises(CommsError, match="no alltoall times at two sizes among 2 ranks"):
         fitted_topology(make_config().topology, {"results": rows}, "alltoall", 2)
+
+
+def test_breakdown_nesting_and_exposed_allreduce():
+    """Hand-made spans (seconds): innermost phase wins, ops inherit their range's phase, and the
+    backward range's idle time under a running allreduce counts as dense_allreduce."""
+    from dlrm.phases import STEP_RANGE, Span, step_breakdown
+
+    def span(name, a, b, thread=1):
+        return Span(name, thread, a, b)
+
+    spans = [
+        span(STEP_RANGE, 0, 10),
+        span("## forward ##", 0, 4), span("[lookup]_[t]", 1, 2), span("aten::mm", 2.5, 3.5),
+        span("## backward ##", 4, 9), span("aten::mm", 4, 5),
+        span("autograd::engine::evaluate_function: All2All_Pooled_ReqBackward", 5, 6),
+        span("## optimizer ##", 9, 9.5),
+        span("gloo:all_reduce", 6.5, 8.5, thread=2), span("gloo:all_to_all", 1.5, 2.5, thread=3),
+        span("gloo:all_to_all", 1.8, 3.0, thread=2), span("aten::mm", 20, 21),  # outside the step
+    ]
+    (phases, comm), = step_breakdown(spans)
+    expected = {"emb_lookup": 1, "dense_fwd": 3, "backward": 2, "grad_a2a": 1, "dense_allreduce": 2,
+                "optimizer": 0.5, "other": 0.5, "data": 0, "input_dist": 0, "emb_a2a_fwd": 0}
+    assert phases == pytest.approx(expected)
+    assert comm == pytest.approx({"allreduce": 2.0, "alltoall": 1.5})  # union of the two alltoall spans
