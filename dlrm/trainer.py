@@ -442,13 +442,14 @@ class Trainer:
                 f"each; profiling added {b['profile_overhead_s'] * 1e3:.0f} ms per profiled step): {ms}"
             )
             cm = summary["comm_vs_model"]
-            lines.append(
-                "comms per step, measured vs model: " + "; ".join(
-                    f"{k} {v['measured_s'] * 1e3:.2f} vs {v['model_s'] * 1e3:.2f} ms"
-                    + (f" (x{v['ratio']:.2f})" if v["ratio"] is not None else "")
-                    for k, v in cm.items() if k != "model"
+            if self.world.world_size > 1:
+                lines.append(
+                    "comms per step, measured vs model: " + "; ".join(
+                        f"{k} {v['measured_s'] * 1e3:.2f} vs {v['model_s'] * 1e3:.2f} ms"
+                        + (f" (x{v['ratio']:.2f})" if v["ratio"] is not None else "")
+                        for k, v in cm.items() if k != "model"
+                    )
                 )
-            )
         if self.run_dir is not None:
             lines.append(f"outputs: {self.run_dir} (summary.json, metrics.jsonl, train.log"
                          + (", tensorboard/" if self.cfg.trainer.tensorboard else "") + ")")
