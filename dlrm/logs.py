@@ -75,6 +75,7 @@ def setup_logging(rank: int, run_dir: Optional[Path], debug: bool = False) -> No
         ours.setLevel(logging.DEBUG if debug else logging.INFO)
         console = _ConsoleHandler(sys.stdout)
         console.setFormatter(_ConsoleFormatter("%(message)s"))
+        console.addFilter(lambda record: getattr(record, "console", True))  # extra={"console": False}: file only
         root.addHandler(console)
         if run_dir is not None:
             Path(run_dir).mkdir(parents=True, exist_ok=True)

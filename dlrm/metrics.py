@@ -17,6 +17,7 @@ from torchmetrics.functional.classification import binary_auroc
 from tqdm import tqdm
 
 log = logging.getLogger(__name__)
+FILE_ONLY = {"console": False}  # `extra` for a record that goes to train.log but not the console
 
 
 def auc_and_logloss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[Optional[float], float]:
@@ -118,7 +119,7 @@ class Progress:
         if self._bar is not None:
             self._bar.update(steps_done)
             self._bar.set_postfix_str(text)
-            log.debug(f"step {step}/{self.total} {text}")
+            log.info(f"step {step}/{self.total} {text}", extra=FILE_ONLY)  # the bar shows it on the console
         elif self.mode == "lines":
             log.info(f"step {step}/{self.total} {text} | {clock(elapsed)} elapsed, eta {clock(eta)}")
         else:

@@ -194,3 +194,37 @@ def test_breakdown_nesting_and_exposed_allreduce():
                 "optimizer": 0.5, "other": 0.5, "data": 0, "input_dist": 0, "emb_a2a_fwd": 0}
     assert phases == pytest.approx(expected)
     assert comm == pytest.approx({"allreduce": 2.0, "alltoall": 1.5})  # union of the two alltoall spans
+
+
+def test_setup_logging_per_rank(tmp_path, capsys):
+    """Rank 0: INFO of ours to console and train.log, the root logger's INFO (fbgemm's) nowhere,
+    file-only records only in the file; another rank: warnings only, prefixed with its rank."""
+    import logging
+
+    from dlrm.logs import setup_logging
+    from dlrm.metrics import FILE_ONLY
+
+    ours = logging.getLogger("dlrm.test")
+    try:
+        setup_logging(0, tmp_path)
+        ours.info("hello from rank 0")
+        ours.info("file only", extra=FILE_ONLY)
+        logging.info("[TBE=x] library detail")  # the root logger, as fbgemm logs
+        ours.warning("careful")
+        out = capsys.readouterr().out
+        assert "hello from rank 0" in out and "warning: careful" in out
+        assert "file only" not in out and "TBE" not in out
+        text = (tmp_path / "train.log").read_text()
+        assert "hello from rank 0" in text and "file only" in text and "TBE" not in text
+
+        setup_logging(1, None)
+        ours.info("rank 1 info")
+        ours.warning("rank 1 warning")
+        captured = capsys.readouterr()
+        assert "rank 1 info" not in captured.out + captured.err
+        assert "[rank 1] WARNING dlrm.test: rank 1 warning" in captured.err
+    finally:
+        for handler in list(logging.getLogger().handlers):
+            logging.getLogger().removeHandler(handler)
+            handler.close()
+        logging.captureWarnings(False)
