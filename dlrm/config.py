@@ -211,6 +211,12 @@ class TrainerConfig:
     tf32: let CUDA matmuls use TF32 (no effect on CPU).
     on_nonfinite: stop (raise, naming the last good checkpoint) or skip (drop the batch: no
     backward, no update; needs pipeline=false, since the pipeline's fused update runs unchecked).
+    tensorboard: write TensorBoard scalars to <run dir>/tensorboard.
+    breakdown: profile the last step of each log window (torch.profiler) for the per-phase times.
+    profile: [first, last] steps to trace with torch.profiler on rank 0 (<run dir>/profile, for
+    TensorBoard or Perfetto); None: no trace.
+    comms_bench: a bench.json of `dlrm.comms.bench`: the measured-vs-model comparison fits the model's
+    alpha and B to it (None: the topology config's links).
     """
 
     max_steps: int = 100
@@ -225,6 +231,10 @@ class TrainerConfig:
     dense_precision: str = "fp32"
     tf32: bool = False
     on_nonfinite: str = "stop"
+    tensorboard: bool = True
+    breakdown: bool = True
+    profile: Optional[List[int]] = None
+    comms_bench: Optional[str] = None
 
 
 @dataclass
@@ -403,6 +413,8 @@ def validate(cfg: Config) -> None:
             "skip checks each loss before its backward pass, which the pipeline cannot do: "
             "set trainer.pipeline=false, or use stop",
         )
+    if tr.profile is not None and (len(tr.profile) != 2 or not 1 <= tr.profile[0] <= tr.profile[1]):
+        _fail("trainer.profile", tr.profile, "give [first, last] steps to trace, 1 <= first <= last, e.g. [20,25]")
     if tr.eval_only and not tr.resume:
         _fail("trainer.eval_only", tr.eval_only, "name the checkpoint to evaluate: trainer.resume=PATH (or auto)")
 

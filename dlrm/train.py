@@ -13,11 +13,9 @@ exits with status 2, without a traceback: see `exit_on_user_error`. Launch throu
 from __future__ import annotations
 
 import gc
-import logging
 import os
 import sys
 import time
-import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Optional
@@ -28,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dlrm.config import CONF_DIR, Config, compose, register_configs, to_config, validate, validate_world
 from dlrm.errors import UserError
+from dlrm.logs import setup_logging
 
 register_configs()
 # torch (seconds to import) is imported where needed: a bad command line fails before it.
@@ -64,8 +63,7 @@ def hydra_main(dcfg: DictConfig) -> None:
 
     world = World.from_env()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    logging.getLogger("torchrec").setLevel(logging.WARNING)  # its INFO lines drown the progress
-    warnings.filterwarnings("ignore", category=FutureWarning, module="torchrec")
+    setup_logging(world.rank, run_dir if world.is_main else None)  # console, train.log; library noise off
     try:
         cfg = to_config(dcfg)
         if world.is_main:
@@ -78,7 +76,7 @@ def hydra_main(dcfg: DictConfig) -> None:
         speed = summary["train_samples_per_s"]
         print(
             f"done: {summary['steps']} steps, {f'{speed:.0f}' if speed else 'no'} train samples/s, "
-            f"eval auc {summary['eval_auc']}, logloss {summary['eval_logloss']}; outputs in {run_dir}"
+            f"eval auc {summary['eval_auc'] and round(summary['eval_auc'], 4)}, logloss {summary['eval_logloss'] and round(summary['eval_logloss'], 4)}; outputs in {run_dir}"
         )
 
 

@@ -218,7 +218,8 @@ def format_table(rows: List[dict]) -> str:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m dlrm.comms.bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dlrm.comms.bench", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--collectives", default=",".join(COLLECTIVES), help=f"comma list of {','.join(COLLECTIVES)}")
     ap.add_argument("--min-bytes", default="1K", help="smallest message size, e.g. 1K")
     ap.add_argument("--max-bytes", default="64M", help="largest message size, e.g. 64M (doubling from min)")
