@@ -13,6 +13,7 @@ exits with status 2, without a traceback: see `exit_on_user_error`. Launch throu
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import sys
 import time
