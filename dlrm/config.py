@@ -7,12 +7,14 @@ config; `validate` then checks what types cannot express (sizes, names, consiste
 
 from __future__ import annotations
 
-from dlrm.errors import UserError
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+from dlrm.errors import UserError
 
 SHARDING_TYPES = (
     "table_wise",
@@ -35,6 +37,8 @@ DATA_SOURCES = ("synthetic", "criteo")
 
 class ConfigError(UserError, ValueError):
     """An invalid configuration; the message names the key, the value and the fix."""
+
+    same_on_all_ranks = True  # every rank composes and validates the same config
 
 
 @dataclass
@@ -193,7 +197,7 @@ class TrainerConfig:
     """Loop control. Training stops at max_steps, or at max_samples if that comes first.
 
     dense_allreduce: flat (DDP's allreduce over all ranks) or hierarchical (reduce-scatter inside
-    each node, allreduce across nodes, allgather inside the node: see dlrm.comm_hooks).
+    each node, allreduce across nodes, allgather inside the node: see dlrm.core.dense_sync).
     resume: None (start fresh), "auto" (the newest complete checkpoint in checkpoint.dir, if any),
     or the path of one checkpoint (a step_* directory).
     eval_only: load `resume` and evaluate, without training.
@@ -202,6 +206,12 @@ class TrainerConfig:
     tf32: let CUDA matmuls use TF32 (no effect on CPU).
     on_nonfinite: stop (raise, naming the last good checkpoint) or skip (drop the batch: no
     backward, no update; needs pipeline=false, since the pipeline's fused update runs unchecked).
+    tensorboard: write TensorBoard scalars to <run dir>/tensorboard.
+    breakdown: profile the last step of each log window (torch.profiler) for the per-phase times.
+    profile: [first, last] steps to trace with torch.profiler on rank 0 (<run dir>/profile, for
+    TensorBoard or Perfetto); None: no trace.
+    comms_bench: a bench.json of `dlrm.comms.bench`: the measured-vs-model comparison fits the model's
+    alpha and B to it (None: the topology config's links).
     """
 
     max_steps: int = 100
@@ -216,11 +226,15 @@ class TrainerConfig:
     dense_precision: str = "fp32"
     tf32: bool = False
     on_nonfinite: str = "stop"
+    tensorboard: bool = True
+    breakdown: bool = True
+    profile: Optional[List[int]] = None
+    comms_bench: Optional[str] = None
 
 
 @dataclass
 class CheckpointConfig:
-    """Distributed checkpoints (dlrm.checkpoint).
+    """Distributed checkpoints (dlrm.core.checkpoint).
 
     dir: where checkpoints go (None: <run dir>/checkpoints). every_steps: 0 = no periodic saves.
     at_end: save when training ends. keep: complete checkpoints kept (older ones are deleted).
@@ -261,8 +275,8 @@ def _fail(key: str, value, fix: str) -> None:
 
 
 def _require_positive(key: str, value) -> None:
-    if value is None or value <= 0:
-        _fail(key, value, "it must be a positive number")
+    if value is None or not value > 0 or math.isinf(value):  # `not >` also catches nan
+        _fail(key, value, "it must be a positive, finite number")
 
 
 def _require_choice(key: str, value, choices) -> None:
@@ -295,6 +309,8 @@ def validate(cfg: Config) -> None:
         names.add(t.name)
         _require_positive(f"{key}.rows", t.rows)
         _require_positive(f"{key}.dim", t.dim)
+        if t.dim % 4:
+            _fail(f"{key}.dim", t.dim, f"fbgemm's embedding kernels need a multiple of 4; use {t.dim + 4 - t.dim % 4}")
         _require_positive(f"{key}.pooling", t.pooling)
         if not t.features:
             _fail(f"{key}.features", list(t.features), "list the sparse features this table serves")
@@ -335,8 +351,8 @@ def validate(cfg: Config) -> None:
         link = getattr(tp, level)
         _require_choice(f"topology.{level}.fabric", link.fabric, FABRICS)
         _require_positive(f"topology.{level}.bandwidth_GBps", link.bandwidth_GBps)
-        if link.latency_us < 0:
-            _fail(f"topology.{level}.latency_us", link.latency_us, "latency cannot be negative")
+        if not link.latency_us >= 0 or math.isinf(link.latency_us):
+            _fail(f"topology.{level}.latency_us", link.latency_us, "use a finite latency >= 0")
     if tp.device == "cuda":
         _require_positive("topology.hbm_GB", tp.hbm_GB)
     _require_positive("topology.ddr_GB", tp.ddr_GB)
@@ -351,8 +367,22 @@ def validate(cfg: Config) -> None:
     o = cfg.optim
     _require_choice("optim.embedding.name", o.embedding.name, EMBEDDING_OPTIMIZERS)
     _require_choice("optim.dense.name", o.dense.name, DENSE_OPTIMIZERS)
-    _require_positive("optim.embedding.lr", o.embedding.lr)
-    _require_positive("optim.dense.lr", o.dense.lr)
+    for part in ("embedding", "dense"):
+        _require_positive(f"optim.{part}.lr", getattr(o, part).lr)
+        _require_positive(f"optim.{part}.eps", getattr(o, part).eps)
+    if o.embedding.name == "adam" and tp.device == "cpu":
+        # A table's sharding type, as dlrm.core.sharding.table_sharding resolves it (auto: the planner's choice).
+        kinds = {t.name: s.per_table.get(t.name) or t.sharding or s.strategy for t in m.tables}
+        from_planner = [name for name, kind in kinds.items() if kind != "data_parallel"]
+        if from_planner:
+            _fail(
+                "optim.embedding.name",
+                "adam",
+                f"fbgemm's CPU kernels for sharded tables run sgd, adagrad and rowwise_adagrad only, and "
+                f"table(s) {', '.join(from_planner[:3])}{' ...' if len(from_planner) > 3 else ''} may be sharded; "
+                "on CPU use optim=rowwise_adagrad (or optim.embedding.name=adagrad|sgd), or replicate every "
+                "table with sharding=data_parallel, where adam runs",
+            )
     sch = o.schedule
     for key in ("warmup_steps", "decay_start_step", "decay_steps"):
         if getattr(sch, key) < 0:
@@ -378,6 +408,8 @@ def validate(cfg: Config) -> None:
             "skip checks each loss before its backward pass, which the pipeline cannot do: "
             "set trainer.pipeline=false, or use stop",
         )
+    if tr.profile is not None and (len(tr.profile) != 2 or not 1 <= tr.profile[0] <= tr.profile[1]):
+        _fail("trainer.profile", tr.profile, "give [first, last] steps to trace, 1 <= first <= last, e.g. [20,25]")
     if tr.eval_only and not tr.resume:
         _fail("trainer.eval_only", tr.eval_only, "name the checkpoint to evaluate: trainer.resume=PATH (or auto)")
 

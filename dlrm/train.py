@@ -1,7 +1,13 @@
 """Entry point: `python -m dlrm.train [overrides]` or `torchrun --nproc_per_node=N -m dlrm.train [overrides]`.
 
-Hydra composes the config from conf/; `run` validates it, then builds and runs the trainer.
-Under torchrun all ranks agree on one run directory, and only rank 0 writes into it.
+The overrides are checked against the schema and conf/ first (an unknown key or option gets a
+"did you mean"), then Hydra composes the config; `run` validates it, checks that the model can fit,
+then builds and runs the trainer. Under torchrun all ranks agree on one run directory, and only
+rank 0 writes into it.
+
+A user error (`dlrm.errors.UserError`, also when DCP wraps one) prints `error: <message>` once and
+exits with status 2, without a traceback: see `exit_on_user_error`. Launch through
+`python -m dlrm.torchrun` (the launchers do) to keep torchrun's failure summary off the console too.
 """
 
 from __future__ import annotations
@@ -11,30 +17,36 @@ import logging
 import os
 import sys
 import time
-import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Optional
 
 import hydra
-import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from dlrm.compose import CONF_DIR
+from dlrm.compose import CONF_DIR, compose
 from dlrm.config import Config, register_configs, to_config, validate, validate_world
+from dlrm.core.logs import setup_logging
 from dlrm.errors import UserError
-from dlrm.core.topology import World
 
 register_configs()
+# torch (seconds to import) is imported where needed: a bad command line fails before it.
 
 
 def run(cfg: Config, run_dir: Optional[Path] = None) -> dict:
     """Validate, train and evaluate on this rank; return the run summary (see README)."""
     validate(cfg)
+    import torch.distributed as dist
+
+    from dlrm.core.topology import World
+
     world = World.from_env()
     validate_world(cfg, world.world_size, world.local_world_size)
-    from dlrm.core.trainer import Trainer  # imports TorchRec (seconds): only once the config is valid
+    from dlrm.core.memory import check_memory  # imports TorchRec (seconds): only once the config is valid
+    from dlrm.core.trainer import Trainer
+
+    check_memory(cfg, world.world_size)  # a model that cannot fit: refused before any process group
 
     summary = Trainer(cfg, world, run_dir).train()
     # Collect the trainer now: its pipeline and model form reference cycles that hold in-flight
@@ -49,27 +61,88 @@ def run(cfg: Config, run_dir: Optional[Path] = None) -> dict:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_main(dcfg: DictConfig) -> None:
+    from dlrm.core.topology import World
+
     world = World.from_env()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    logging.getLogger("torchrec").setLevel(logging.WARNING)  # its INFO lines drown the progress
-    warnings.filterwarnings("ignore", category=FutureWarning, module="torchrec")
+    setup_logging(world.rank, run_dir if world.is_main else None)  # console, train.log; library noise off
     try:
         cfg = to_config(dcfg)
         if world.is_main:
             (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(dcfg, resolve=True))
         summary = run(cfg, run_dir)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    except Exception as e:
+        exit_on_user_error(e, world.rank)
+        raise
     if world.is_main:
         speed = summary["train_samples_per_s"]
         print(
             f"done: {summary['steps']} steps, {f'{speed:.0f}' if speed else 'no'} train samples/s, "
-            f"eval auc {summary['eval_auc']}, logloss {summary['eval_logloss']}; outputs in {run_dir}"
+            f"eval auc {summary['eval_auc'] and round(summary['eval_auc'], 4)}, logloss {summary['eval_logloss'] and round(summary['eval_logloss'], 4)}; outputs in {run_dir}"
         )
 
 
-def _shared_run_dir(world: World) -> str:
+def user_error_in(e: BaseException) -> Optional[UserError]:
+    """The UserError `e` is or wraps (as a cause, or inside DCP's CheckpointException), else None."""
+    todo, seen = [e], set()
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, UserError):
+            return e
+        if hasattr(e, "failures") and "torch.distributed.checkpoint" in sys.modules:
+            from torch.distributed.checkpoint import CheckpointException
+
+            if isinstance(e, CheckpointException):  # one (exception, traceback) per failed rank
+                todo += [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]
+        todo += [e.__cause__, e.__context__]
+    return None
+
+
+# How long a rank other than 0 waits for rank 0 to report an error that every rank meets. torchrun
+# stops every rank as soon as one exits, so rank 0 must get to print first; a rank still alive after
+# this wait says it itself (rank 0 did not stop the job: it did not meet the error).
+REPORT_GRACE_S = 30.0
+
+
+def user_error_message(e: UserError, rank: int) -> Optional[str]:
+    """The one line to print for `e` on this rank, or None when rank 0 prints it (see dlrm.errors)."""
+    if rank == 0:
+        return f"error: {e}"
+    if e.same_on_all_ranks:
+        return None
+    return f"error: [rank {rank}] {e}"
+
+
+def exit_on_user_error(e: BaseException, rank: int) -> None:
+    """If `e` is (or wraps) a UserError: print its one line (see `user_error_message`) and exit 2.
+
+    A rank other than 0 waits REPORT_GRACE_S for rank 0 to report an error every rank meets
+    (torchrun then stops it). Returns (so the caller re-raises) for anything else: bugs and
+    environment failures keep their traceback. With a process group up, the exit skips interpreter
+    teardown (os._exit): other ranks may be inside a collective, and tearing Gloo down then can
+    hang or abort instead of exiting 2.
+    """
+    user = user_error_in(e)
+    if user is None:
+        return
+    line = user_error_message(user, rank)
+    if line is None:  # rank 0 reports it: give it the time to, before torchrun stops the job
+        time.sleep(REPORT_GRACE_S)
+        line = f"error: [rank {rank}] {user}"
+    print(line, file=sys.stderr)
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(user.exit_code)
+    sys.exit(user.exit_code)
+
+
+def _shared_run_dir() -> str:
     """One run directory for all ranks of a torchrun job, agreed through torchrun's own store.
 
     The first rank to ask proposes outputs/<timestamp>; every rank reads back the same value.
@@ -79,6 +152,8 @@ def _shared_run_dir(world: World) -> str:
             "error: several ranks but no torchrun store to agree on a run directory; "
             "pass hydra.run.dir=DIR (the same on every rank)"
         )
+    import torch.distributed as dist
+
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60)
     )
@@ -88,11 +163,22 @@ def _shared_run_dir(world: World) -> str:
 
 
 def main() -> None:
-    """Add the launcher-dependent Hydra overrides, then hand over to Hydra."""
-    world = World.from_env()
+    """Check the command line, add the launcher-dependent Hydra overrides, then hand over to Hydra."""
     args = sys.argv[1:]
+    rank = int(os.environ.get("RANK", "0"))
+    if not any(a.startswith("-") for a in args):  # Hydra's own flags (--cfg, -m, --help): Hydra's business
+        try:  # fail fast, before torch is imported and Hydra makes a run directory
+            cfg = compose(args)
+            validate(cfg)
+            world_size = int(os.environ.get("WORLD_SIZE", "1"))
+            validate_world(cfg, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+        except UserError as e:
+            exit_on_user_error(e, rank)
+    from dlrm.core.topology import World
+
+    world = World.from_env()
     if world.world_size > 1 and not any(a.startswith("hydra.run.dir=") for a in args):
-        sys.argv.append(f"hydra.run.dir={_shared_run_dir(world)}")
+        sys.argv.append(f"hydra.run.dir={_shared_run_dir()}")
     if not world.is_main:  # only rank 0 writes Hydra's files and log
         sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
     hydra_main()

@@ -1,9 +1,12 @@
 # Shared by the launchers (sourced, not run): checks, torchrun lookup, fabric env, command echo.
 # Every launcher cds to the repository root first, so relative paths (outputs/, .venv/) are the repo's.
-#   TORCHRUN    torchrun to use (default: $DLRM_VENV/bin/torchrun, .venv by default, else torchrun on PATH)
+#   TORCHRUN    torchrun to use (default: python -m dlrm.torchrun of $DLRM_VENV, .venv by default, else
+#               torchrun on PATH); see find_torchrun
 #   FABRIC_ENV  NCCL/Gloo settings to source: a name in launch/env/ (nccl_ib, nccl_socket, nccl_base,
 #               gloo_cpu), a path to your own file, or none. Each launcher picks a default and prints it.
 #   DRY_RUN=1   print the command and exit 0 without running it.
+# It sets arrays the launchers read (TORCHRUN_CMD, LOCAL_RDZV_ARGS, RESTART_ARGS):
+# shellcheck disable=SC2034
 
 # die MESSAGE...: the launcher refuses to start (exit 2), naming the variable and the fix.
 die() {
@@ -19,30 +22,45 @@ require_int() {
   [ "$((10#$value))" -ge "$min" ] || die "$name=$value is below $min; set it to an integer >= $min"
 }
 
-# detect_accel: DLRM_ACCEL (cpu | cuda), else cuda if nvidia-smi lists a GPU, else cpu (as launch/setup.sh).
+# detect_accel: DLRM_ACCEL (cpu | cuda | rocm), else cuda if nvidia-smi lists a GPU, else cpu (as launch/setup.sh).
+# rocm becomes cuda here: torch's ROCm build answers to device 'cuda' and runs RCCL behind 'nccl'.
 detect_accel() {
   if [ -z "${DLRM_ACCEL:-}" ]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then DLRM_ACCEL=cuda; else DLRM_ACCEL=cpu; fi
   fi
   case "$DLRM_ACCEL" in
     cpu|cuda) ;;
-    *) die "DLRM_ACCEL=$DLRM_ACCEL is not cpu or cuda; unset it to detect, or set DLRM_ACCEL=cpu|cuda" ;;
+    rocm) DLRM_ACCEL=cuda ;;
+    *) die "DLRM_ACCEL=$DLRM_ACCEL is not cpu, cuda or rocm; unset it to detect, or set DLRM_ACCEL=cpu|cuda|rocm" ;;
   esac
 }
 
-# find_torchrun: sets TORCHRUN (the user's choice, else the venv's, else the one on PATH).
+# find_torchrun: sets TORCHRUN_CMD, the launcher command (an array):
+#   TORCHRUN set: that torchrun, as given (its failure summary included);
+#   else the venv's python -m dlrm.torchrun (torchrun's own launcher, which ends a user error with its
+#   one `error:` line and exit 2 instead of torchrun's failure summary; other failures get the summary);
+#   else python3 -m dlrm.torchrun when python3 on PATH has torch (a container without a venv);
+#   else torchrun on PATH.
 find_torchrun() {
-  if [ -z "${TORCHRUN:-}" ]; then
-    local venv_torchrun="${DLRM_VENV:-.venv}/bin/torchrun"
-    if [ -x "$venv_torchrun" ]; then
-      TORCHRUN=$venv_torchrun
-    elif command -v torchrun >/dev/null 2>&1; then
-      TORCHRUN=torchrun
-    else
-      die "no torchrun found (not in ${DLRM_VENV:-.venv}/bin, not on PATH); run 'bash launch/setup.sh' or set TORCHRUN=/path/to/torchrun"
-    fi
+  local venv=${DLRM_VENV:-.venv}
+  if [ -n "${TORCHRUN:-}" ]; then
+    TORCHRUN_CMD=("$TORCHRUN")
+  elif [ -x "$venv/bin/python" ]; then
+    TORCHRUN_CMD=("$venv/bin/python" -m dlrm.torchrun)
+  elif command -v python3 >/dev/null 2>&1 &&
+    python3 -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null; then
+    TORCHRUN_CMD=(python3 -m dlrm.torchrun)
+  elif command -v torchrun >/dev/null 2>&1; then
+    TORCHRUN_CMD=(torchrun)
+  else
+    die "no torchrun found (no $venv/bin/python, no torchrun on PATH); run 'bash launch/setup.sh' or set TORCHRUN=/path/to/torchrun"
   fi
 }
+
+# LOCAL_RDZV_ARGS: a one-node rendezvous on loopback, as --standalone but at 127.0.0.1 on a free port
+# (port 0: the OS picks it). The workers then reach the store by 127.0.0.1. torchrun's store (a TCPStore)
+# still listens on every interface whatever address it is given; see launch/README.md ("Network exposure").
+LOCAL_RDZV_ARGS=(--nnodes=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:0 --rdzv-id=local)  # the store is this job's own: any id will do
 
 # list_names DIR SUFFIX: the names of DIR's files ending in SUFFIX, without it, space-separated.
 list_names() {
@@ -109,7 +127,7 @@ check_topology() {
   [ -n "$rpn" ] || rpn=$(sed -n 's/^ranks_per_node:[[:space:]]*\([0-9][0-9]*\).*/\1/p' "$file")
   if [ "$nnodes_var" = - ]; then  # a single-node launcher
     if [[ "$nodes" =~ ^[0-9]+$ ]] && [ "$nodes" != 1 ]; then
-      die "topology '$name' has $nodes nodes but this launcher runs one; use launch/run_multinode.sh (NNODES=$nodes) or pass topology.nodes=1"
+      die "topology '$name' has $nodes nodes${rpn:+ x $rpn ranks} but this launcher runs one node of $nproc_var=${!nproc_var} ranks; use launch/run_multinode.sh (NNODES=$nodes) or pass topology.nodes=1"
     fi
   elif [[ "$nodes" =~ ^[0-9]+$ ]] && [ "$nodes" != "${!nnodes_var}" ]; then
     die "$nnodes_var=${!nnodes_var} but topology '$name' has $nodes node(s); set $nnodes_var=$nodes or pass topology.nodes=${!nnodes_var}"

@@ -71,5 +71,5 @@ check_topology NNODES NPROC_PER_NODE "${args[@]}"
 if [ "$DLRM_ACCEL" = cuda ]; then load_fabric_env nccl_ib; else load_fabric_env gloo_cpu; fi
 find_torchrun
 restart_args
-run_cmd "$TORCHRUN" --nnodes="$NNODES" --nproc_per_node="$NPROC_PER_NODE" --node_rank="$NODE_RANK" \
+run_cmd "${TORCHRUN_CMD[@]}" --nnodes="$NNODES" --nproc_per_node="$NPROC_PER_NODE" --node_rank="$NODE_RANK" \
   --rdzv_backend=c10d --rdzv_endpoint="$RDZV_ENDPOINT" --rdzv_id="$RDZV_ID" "${RESTART_ARGS[@]}" -m dlrm.train "${args[@]}"

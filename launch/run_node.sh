@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Train on one node: torchrun --standalone with NGPU ranks (one per GPU, or Gloo ranks on a CPU machine).
+# Train on one node: torchrun with NGPU ranks (one per GPU, or Gloo ranks on a CPU machine), rendezvous on
+# 127.0.0.1 at a free port (as --standalone, but on loopback).
 #   NGPU=8 launch/run_node.sh [hydra overrides...]     e.g. experiment=dcn_small topology=dgx_h100
 #   NGPU        ranks on this node (default 8 on a GPU machine, 2 on a CPU one)
 #   TOPOLOGY    topology config used when the overrides hold no topology=... (default on GPUs: dgx_h100,
 #               with topology.ranks_per_node=$NGPU when NGPU != 8; on CPUs: the config's default, cpu)
 #   FABRIC_ENV  env file from launch/env/ (default nccl_base on GPUs, gloo_cpu on CPUs; none = nothing)
-#   TORCHRUN    torchrun to use (default .venv/bin/torchrun if present, else torchrun on PATH)
+#   TORCHRUN    torchrun to use (default: python -m dlrm.torchrun of the venv, else torchrun on PATH)
 #   DLRM_ACCEL  cpu | cuda (default: cuda if nvidia-smi lists a GPU)
 #   DRY_RUN=1   print the torchrun command and exit
 # Runs from the repository root: relative paths in overrides are the repository's.
@@ -31,4 +32,4 @@ check_topology - NGPU "${args[@]}"
 if [ "$DLRM_ACCEL" = cuda ]; then load_fabric_env nccl_base; else load_fabric_env gloo_cpu; fi
 find_torchrun
 restart_args
-run_cmd "$TORCHRUN" --standalone --nproc_per_node="$NGPU" "${RESTART_ARGS[@]}" -m dlrm.train "${args[@]}"
+run_cmd "${TORCHRUN_CMD[@]}" "${LOCAL_RDZV_ARGS[@]}" --nproc_per_node="$NGPU" "${RESTART_ARGS[@]}" -m dlrm.train "${args[@]}"

@@ -5,10 +5,11 @@
 #               rocm (AMD Instinct): torch and fbgemm-gpu ROCm builds from PyTorch's wheel index DLRM_ROCM_INDEX
 #               (default https://download.pytorch.org/whl/rocm7.1; use the ROCm version FBGEMM's release table
 #               lists for fbgemm-gpu 1.8.0). The ROCm torch answers to device 'cuda' and runs RCCL as 'nccl',
-#               so the cuda topologies and launchers apply (launch with DLRM_ACCEL=cuda).
+#               so the cuda topologies and launchers apply (the launchers take DLRM_ACCEL=rocm as cuda).
 #   PYTHON      interpreter for a new venv (default: python3.11)
-# On a CPU machine it refuses to download a CUDA build of torch: point pip at CPU wheels
-# (PIP_EXTRA_INDEX_URL or PIP_FIND_LINKS) if plain `pip install torch==2.13.0` would not give one.
+# On a CPU machine it installs the CPU build of torch: from the configured pip indexes when they offer
+# one (a local mirror, or PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), else from PyTorch's
+# CPU wheel index by itself (PyPI's Linux torch wheel is the CUDA build); it says which (launch/torch_wheel.py).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${DLRM_VENV:-.venv}
@@ -21,7 +22,7 @@ case "$DLRM_ACCEL" in
   cpu|cuda|rocm) ;;
   *) echo "error: DLRM_ACCEL=$DLRM_ACCEL is not cpu, cuda or rocm; unset it to detect, or set DLRM_ACCEL=cpu|cuda|rocm" >&2; exit 2 ;;
 esac
-stamp="$VENV/.dlrm-setup-$DLRM_ACCEL-$(cat pyproject.toml launch/setup.sh | sha1sum | cut -c1-12)"
+stamp="$VENV/.dlrm-setup-$DLRM_ACCEL-$(cat pyproject.toml launch/setup.sh launch/torch_wheel.py | sha1sum | cut -c1-12)"
 [ -f "$stamp" ] && exit 0
 
 echo "setup: $DLRM_ACCEL environment in $VENV (one-time, about a minute)" >&2
@@ -29,16 +30,16 @@ echo "setup: $DLRM_ACCEL environment in $VENV (one-time, about a minute)" >&2
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 
 if [ "$DLRM_ACCEL" = cpu ] && ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__ != '$TORCH+cpu')" 2>/dev/null; then
-  # Resolve torch without installing it, and refuse anything but the CPU build.
-  wheel=$("${pip[@]}" install --dry-run --ignore-installed --no-deps --report - "torch==$TORCH" 2>/dev/null |
-    "$VENV/bin/python" -c "import json, sys; print(json.load(sys.stdin)['install'][0]['download_info']['url'])")
-  case "$wheel" in
-    *%2Bcpu*|*+cpu*) ;;
-    *) echo "setup: pip would install a CUDA build of torch ($wheel) on this CPU machine; refusing." >&2
-       echo "setup: make pip see the CPU wheel of torch $TORCH (PyTorch's CPU wheel index via PIP_EXTRA_INDEX_URL)." >&2
-       exit 1 ;;
-  esac
-  "${pip[@]}" install "torch==$TORCH"
+  # Resolve torch from the configured indexes without installing it; take the CPU build from there if
+  # they offer it, else from PyTorch's CPU wheel index. The chosen pip arguments come one per line.
+  report=$("${pip[@]}" install --dry-run --ignore-installed --no-deps --report - "torch==$TORCH" 2>/dev/null || true)
+  mapfile -t torch_args < <(printf '%s' "$report" | "$VENV/bin/python" launch/torch_wheel.py "$TORCH")
+  if ! "${pip[@]}" install "${torch_args[@]}"; then
+    echo "setup: could not install the CPU build of torch $TORCH (pip install ${torch_args[*]})." >&2
+    echo "setup: make pip reach PyTorch's CPU wheel index (https://download.pytorch.org/whl/cpu) or a mirror of it" >&2
+    echo "setup: (PIP_EXTRA_INDEX_URL or PIP_FIND_LINKS), then run launch/setup.sh again." >&2
+    exit 1
+  fi
 fi
 extras="$DLRM_ACCEL,test"
 if [ "$DLRM_ACCEL" = rocm ]; then  # torch and fbgemm-gpu from the ROCm index first (same names, +rocm builds)

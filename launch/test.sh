@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up if needed, then run the test suite: bash launch/test.sh [pytest args...]
+#   DLRM_VENV  the venv to set up and test with (default .venv), as for launch/setup.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash launch/setup.sh
-exec .venv/bin/python -m pytest -q "$@"
+exec "${DLRM_VENV:-.venv}/bin/python" -m pytest -q "$@"

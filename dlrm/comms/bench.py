@@ -225,7 +225,8 @@ def format_table(rows: List[dict]) -> str:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m dlrm.comms.bench", description=(__doc__ or "").split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dlrm.comms.bench", description=(__doc__ or "").split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--collectives", default=",".join(COLLECTIVES), help=f"comma list of {','.join(COLLECTIVES)}")
     ap.add_argument("--min-bytes", default="1K", help="smallest message size, e.g. 1K")
     ap.add_argument("--max-bytes", default="64M", help="largest message size, e.g. 64M (doubling from min)")
@@ -355,5 +356,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[dict]]:
 if __name__ == "__main__":
     try:
         main()
-    except (CommsError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}")
+    except (CommsError, FileNotFoundError) as e:  # one line from rank 0, exit 2 (dlrm.errors)
+        from dlrm.train import exit_on_user_error
+
+        exit_on_user_error(e if isinstance(e, CommsError) else CommsError(str(e)), int(os.environ.get("RANK", "0")))

@@ -36,10 +36,11 @@ inter part counts one message per remote node (messages to one node's ranks are 
 
 from __future__ import annotations
 
-from dlrm.errors import UserError
 import math
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
+
+from dlrm.errors import UserError
 
 COLLECTIVES = ("allreduce", "alltoall", "reduce_scatter", "allgather")
 FABRICS = ("ring", "fully_connected", "switch")
@@ -47,6 +48,8 @@ FABRICS = ("ring", "fully_connected", "switch")
 
 class CommsError(UserError, ValueError):
     """Bad input to the comms benchmark or model; the message names the value and the fix."""
+
+    same_on_all_ranks = True  # arguments and files every rank reads alike
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,8 @@ def two_level_time(collective: str, intra: Link, inter: Link, nodes: int, ranks_
 class Fit:
     """alpha (s) and B (bytes/s) fitted to measured times of one collective; rel_rms: relative misfit.
 
-    B is inf when the sizes were too small for the bandwidth term to show (sweep larger sizes).
+    B is inf when the sizes were too small for the bandwidth term to show above rounding and noise
+    (sweep larger sizes).
     """
 
     alpha_s: float
@@ -157,11 +161,40 @@ def fit_alpha_beta(collective: str, fabric: str, p: int, sizes: Sequence[float],
     if (t <= 0).any():
         raise CommsError(f"times must be positive seconds, got {list(t)}")
     a = np.stack([np.full_like(n, steps), factor * n], axis=1) / t[:, None]
-    (alpha, beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    alpha, beta = max(float(alpha), 0.0), max(float(beta), 0.0)  # a negative term is noise: clamp to 0
+    ones = np.ones_like(t)
+    coef, *_ = np.linalg.lstsq(a, ones, rcond=None)
+    alpha, beta = coef
+    if beta <= 0 or not _resolved(a, ones - a @ coef, float(beta)):
+        # No bandwidth term: refit alpha alone (weighted least squares of t_i = steps * alpha).
+        beta = 0.0
+        alpha = float(a[:, 0] @ ones / (a[:, 0] @ a[:, 0]))
+    alpha, beta = max(float(alpha), 0.0), float(beta)
     pred = steps * alpha + factor * n * beta
     rel_rms = float(np.sqrt(np.mean(((pred - t) / t) ** 2)))
     return Fit(alpha, 1.0 / beta if beta > 0 else math.inf, rel_rms)
+
+
+def _resolved(a, resid, beta: float) -> bool:
+    """Whether the fitted slope beta of the scaled system a @ (alpha, beta) ~ 1 stands out from zero.
+
+    a: (m, 2) scaled design matrix; resid: (m,) residuals of the fit.
+
+    Its share of the i-th measured time is a[i, 1] * beta (rows are divided by t_i). It is zero, as far
+    as the data can tell, when its largest share is below
+    - the rounding of the solve: m * eps * cond(a) (backward-stable least squares, m rows), e.g. equal
+      times give beta ~ 1e-23 instead of 0, depending on the CPU's LAPACK; or
+    - twice its standard error, from the residuals, when there are more rows than unknowns (m > 2).
+    """
+    import numpy as np
+
+    m = len(resid)
+    share = float(np.max(a[:, 1]) * beta)
+    if share <= m * np.finfo(float).eps * np.linalg.cond(a):
+        return False
+    if m > 2:
+        var = float(resid @ resid) / (m - 2) * np.linalg.pinv(a.T @ a)[1, 1]
+        return beta > 2 * np.sqrt(max(var, 0.0))
+    return True
 
 
 def step_comm_time(

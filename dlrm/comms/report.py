@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -125,6 +126,12 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+def _label(key: str) -> str:
+    """'alltoall/fully_connected' -> 'alltoall, fully connected fabric' (a legend entry)."""
+    collective, fabric = key.split("/")
+    return f"{collective}, {fabric.replace('_', ' ')} fabric"
+
+
 def model_plot(sizes, by_size, node_counts, by_nodes, ranks: int, scale_bytes: int) -> bytes:
     import matplotlib
 
@@ -133,13 +140,13 @@ def model_plot(sizes, by_size, node_counts, by_nodes, ranks: int, scale_bytes: i
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     for key, ts in by_size.items():
-        a.plot(sizes, [t * 1e6 for t in ts], marker="o", ms=3, label=key)
+        a.plot(sizes, [t * 1e6 for t in ts], marker="o", ms=3, label=_label(key))
     a.set(xscale="log", yscale="log", xlabel="message size per rank (bytes)", ylabel="time (us)",
-          title=f"{ranks} ranks, one node")
+          title=f"cost model: {ranks} ranks in one node")
     for key, ts in by_nodes.items():
-        b.plot(node_counts, [t * 1e6 for t in ts], marker="o", ms=3, label=f"{key} intra")
-    b.set(xscale="log", yscale="log", xlabel=f"nodes of {ranks}", ylabel="time (us)",
-          title=f"scale-out at {fmt_bytes(scale_bytes)} per rank")
+        b.plot(node_counts, [t * 1e6 for t in ts], marker="o", ms=3, label=_label(key) + " inside nodes")
+    b.set(xscale="log", yscale="log", xlabel=f"nodes ({ranks} ranks each)", ylabel="time (us)",
+          title=f"cost model: scale-out, {fmt_bytes(scale_bytes)} per rank")
     for ax in (a, b):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
@@ -172,7 +179,8 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     """Print and write the report; returns its markdown."""
     from dlrm.comms import load_topology
 
-    ap = argparse.ArgumentParser(prog="python -m dlrm.comms.report", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dlrm.comms.report", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--topology", default="zion", help="name in conf/topology/ or YAML path: link alpha and B")
     ap.add_argument("--ranks", type=int, default=8, help="ranks per node")
     ap.add_argument("--min-bytes", default="1K")
@@ -207,25 +215,29 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
           table([[n] + [fmt_us(by_nodes[k][i]) for k in keys] for i, n in enumerate(node_counts)], ["nodes"] + keys)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    names = ["report.md", "report.png"] + (["bench_vs_model.png"] if args.bench else [])
+    replaced = [name for name in names if (out / name).exists()]
     write_atomic(out / "report.png", model_plot(sizes, by_size, node_counts, by_nodes, args.ranks, scale_bytes))
     if args.bench:
         data = load_bench(args.bench)
         fits, rows, curves = bench_vs_model(data)
         md += ["", f"## Benchmark {args.bench} ({data.get('backend')}, {data.get('world_size')} ranks) vs model", "",
                table(fits, ["collective", "scope", "p", "fabric", "alpha (us)", "B (GB/s)", "rel. rms misfit"]), "",
-               "B = inf: the sizes were too small for the bandwidth term to show; sweep larger sizes.", "",
+               *(["B = inf: the sizes were too small for the bandwidth term to show; sweep larger sizes.", ""]
+                 if any(f[5] == "inf" for f in fits) else []),
                table(rows, ["collective", "scope", "size", "measured (us)", "predicted (us)", "measured/predicted"])]
         write_atomic(out / "bench_vs_model.png", bench_plot(curves))
     text = "\n".join(md) + "\n"
     write_atomic(out / "report.md", text.encode())
     print(text)
-    written = ["report.md", "report.png"] + (["bench_vs_model.png"] if args.bench else [])
-    print("wrote " + ", ".join(str(out / name) for name in written))
+    print("wrote " + ", ".join(str(out / name) for name in names)
+          + (f" (replacing the earlier {', '.join(replaced)})" if replaced else ""))
     return text
 
 
 if __name__ == "__main__":
     try:
         main()
-    except (CommsError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}")
+    except (CommsError, FileNotFoundError) as e:  # one line, exit 2 (dlrm.errors)
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -5,6 +5,8 @@ the rank's need, its capacity and the fix (`PlanError`). Used by the trainer and
 
 from __future__ import annotations
 
+import math
+
 from dlrm.config import Config
 from dlrm.errors import UserError
 
@@ -14,6 +16,8 @@ FLOAT_BYTES = 4  # fp32 weights and optimizer state
 
 class PlanError(UserError, ValueError):
     """The model cannot be planned on this topology; the message names the rank, the GB and the fix."""
+
+    same_on_all_ranks = True  # every rank checks the same config (the planner runs on rank 0)
 
 
 def optimizer_state_bytes(name: str, rows: int, cols: int) -> int:
@@ -93,8 +97,37 @@ def precheck_memory(cfg: Config, world: int, dense_params: int) -> None:
     sharded = sum(b for name, b in table_bytes.items() if pinned[name] != "data_parallel")
     per_rank = sharded / world + replicated
     if per_rank > table_cap:
+        at_least = math.ceil(sharded / (table_cap - replicated))  # replicated < cap <= table_cap here
         raise PlanError(
             f"the model needs at least {per_rank / GB:.2f} GB on every rank even if its tables were spread "
             f"perfectly over {world} ranks ({sharded / GB:.1f} GB of sharded tables + optimizer state), "
-            f"but a rank has {table_cap / GB:.2f} GB ({mem_keys}); {fix_hint(cfg)}"
+            f"but a rank has {table_cap / GB:.2f} GB ({mem_keys}), so it needs at least {at_least} such ranks; "
+            f"{fix_hint(cfg)}"
         )
+
+
+def dense_param_count(model) -> int:
+    """Parameters of `model` outside its embedding tables (the MLPs, the interaction)."""
+    return sum(p.numel() for n, p in model.named_parameters() if "embedding_bags" not in n)
+
+
+def check_memory(cfg: Config, world: int) -> None:
+    """`precheck_memory` for the trainer: builds the model on the meta device (no memory, no process
+    group), so a model that cannot fit is refused before anything expensive starts."""
+    from dlrm.core.model import build_model
+
+    precheck_memory(cfg, world, dense_param_count(build_model(cfg.model)))
+
+
+def planner_refusal(cfg: Config, world: int, error: Exception) -> PlanError:
+    """The PlanError for TorchRec's PlannerError: capacity, the largest tables, the fix, TorchRec's reason."""
+    opt = cfg.optim.embedding.name
+    need = {t.name: t.rows * t.dim * FLOAT_BYTES + optimizer_state_bytes(opt, t.rows, t.dim) for t in cfg.model.tables}
+    largest = sorted(need, key=lambda name: need[name], reverse=True)[:3]
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return PlanError(
+        f"TorchRec's planner found no plan that fits {world} ranks with {capacity_GB(cfg):.2f} GB each "
+        f"({capacity_key(cfg)}) for {len(need)} tables of {sum(need.values()) / GB:.2f} GB "
+        f"(weights + {opt} state; largest: {', '.join(f'{n} {need[n] / GB:.2f} GB' for n in largest)}); "
+        f"{fix_hint(cfg)}. TorchRec: {reason}"
+    )

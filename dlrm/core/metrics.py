@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import resource
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -13,11 +15,18 @@ import torch.nn.functional as F
 from torchmetrics.functional.classification import binary_auroc
 from tqdm import tqdm
 
+log = logging.getLogger(__name__)
+FILE_ONLY = {"console": False}  # `extra` for a record that goes to train.log but not the console
 
-def auc_and_logloss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
-    """ROC AUC and mean binary log loss of logits [N] against 0/1 labels [N]."""
+
+def auc_and_logloss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[Optional[float], float]:
+    """ROC AUC and mean binary log loss of logits [N] against 0/1 labels [N].
+
+    The AUC is None when the labels hold one class only (it is undefined then).
+    """
     labels = labels.float()
-    auc = binary_auroc(torch.sigmoid(logits.float()), labels.long()).item()
+    one_class = bool((labels == labels[0]).all()) if labels.numel() else True
+    auc = None if one_class else binary_auroc(torch.sigmoid(logits.float()), labels.long()).item()
     logloss = F.binary_cross_entropy_with_logits(logits.float(), labels).item()
     return auc, logloss
 
@@ -28,47 +37,85 @@ def peak_rss_mb() -> float:
 
 
 class MetricsLog:
-    """Appends one JSON object per line to `metrics.jsonl` (rank 0 only; others pass path=None)."""
+    """The run's time series, on rank 0 (other ranks pass path=None and tensorboard_dir=None).
 
-    def __init__(self, path: Optional[Path]) -> None:
+    `metrics.jsonl`: one JSON object per `write`, with `time` (Unix seconds) and `elapsed_s` (since
+    this log was opened) added. TensorBoard (`tensorboard_dir`): every number of a record as a
+    scalar at its step, under `<group>/<key>` (group: "train", "eval", "phase_s", "comm_s", ...).
+    """
+
+    def __init__(self, path: Optional[Path], tensorboard_dir: Optional[Path] = None) -> None:
         self._file = open(path, "a", buffering=1) if path is not None else None
+        self._tb = None
+        if tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when used
 
-    def write(self, **record) -> None:
+            self._tb = SummaryWriter(str(tensorboard_dir))
+        self._start = time.monotonic()
+
+    def write(self, group: str = "train", **record) -> None:
+        """Record `record` (it must hold `step`) under `group` (TensorBoard's tag prefix)."""
         if self._file is not None:
-            self._file.write(json.dumps(record, sort_keys=True) + "\n")
+            stamped = dict(record, time=round(time.time(), 3), elapsed_s=round(time.monotonic() - self._start, 3))
+            self._file.write(json.dumps(stamped, sort_keys=True) + "\n")
+        if self._tb is not None:
+            for key, value in record.items():
+                if isinstance(value, dict):
+                    for sub, v in value.items():
+                        if isinstance(v, (int, float)) and v is not None:
+                            self._tb.add_scalar(f"{key}/{sub}", v, record["step"])
+                elif key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    tag = key[len(group) + 1:] if key.startswith(f"{group}_") else key
+                    self._tb.add_scalar(f"{group}/{tag}", value, record["step"])
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def clock(seconds: float) -> str:
+    """Seconds as h:mm:ss or m:ss, e.g. 75 -> '1:15'."""
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
 class Progress:
     """A progress bar on an interactive terminal, plain log lines otherwise; silent off rank 0.
 
-    mode: auto (bar if stderr is a terminal), bar, lines, none.
+    mode: auto (bar if stderr is a terminal), bar, lines, none. Lines go to the `dlrm` logger
+    (console and train.log), with elapsed time and an ETA from the mean step time so far.
     """
 
-    def __init__(self, total: int, mode: str, enabled: bool) -> None:
+    def __init__(self, total: int, mode: str, enabled: bool, first_step: int = 0) -> None:
         if mode == "auto":
             mode = "bar" if sys.stderr.isatty() else "lines"
         self.mode = mode if enabled else "none"
         self.total = total
-        self._bar = tqdm(total=total, unit="step", dynamic_ncols=True) if self.mode == "bar" else None
+        self.first_step = first_step
+        self.start = time.monotonic()
+        self._bar = tqdm(total=total, initial=first_step, unit="step", dynamic_ncols=True) if self.mode == "bar" else None
 
-    def update(self, step: int, steps_done: int, **figures) -> None:
-        """Report `figures` (loss, lr, samples_per_s, ...) at `step` after `steps_done` new steps."""
-        text = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items())
+    def update(self, step: int, steps_done: int, loss: float, lr: float, samples_per_s: float) -> None:
+        """Report the figures of the window that ended at `step` after `steps_done` new steps."""
+        elapsed = time.monotonic() - self.start
+        eta = elapsed / max(1, step - self.first_step) * (self.total - step)
+        text = f"loss {loss:.4f} lr {lr:.4g} {samples_per_s:,.0f} samples/s"
         if self._bar is not None:
             self._bar.update(steps_done)
             self._bar.set_postfix_str(text)
+            log.info(f"step {step}/{self.total} {text}", extra=FILE_ONLY)  # the bar shows it on the console
         elif self.mode == "lines":
-            print(f"step {step}/{self.total} {text}", flush=True)
+            log.info(f"step {step}/{self.total} {text} | {clock(elapsed)} elapsed, eta {clock(eta)}")
+        else:
+            log.debug(f"step {step}/{self.total} {text}")
 
     def message(self, text: str) -> None:
-        if self._bar is not None:
-            self._bar.write(text)
-        elif self.mode != "none":
-            print(text, flush=True)
+        """A line for the console and train.log (logged on rank 0 whatever the mode)."""
+        log.info(text)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -18,6 +18,7 @@ from torchrec.distributed.planner.types import ParameterConstraints, PlannerErro
 from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
 from dlrm.config import Config, ModelConfig, ShardingConfig
+from dlrm.core.memory import planner_refusal
 
 
 class AnyDeviceEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
@@ -70,19 +71,18 @@ def plan_sharding(
     pg: Optional[dist.ProcessGroup],
     proposer: Optional[Proposer] = None,
 ) -> ShardingPlan:
-    """Plan on rank 0 and broadcast (pg given), or plan locally (pg None: no process group needed)."""
+    """Plan on rank 0 and broadcast (pg given), or plan locally (pg None: no process group needed).
+
+    Raises PlanError (a UserError) when TorchRec's planner finds no plan.
+    """
     planner = make_planner(cfg, topology, proposer)
     sharders = [AnyDeviceEmbeddingBagCollectionSharder()]
     try:
         if pg is None:
             return planner.plan(model, sharders)
         return planner.collective_plan(model, sharders, pg)
-    except PlannerError as e:
-        raise PlannerError(
-            f"no sharding plan fits topology '{cfg.topology.name}' "
-            f"({topology.world_size} ranks, hbm_GB={cfg.topology.hbm_GB}, ddr_GB={cfg.topology.ddr_GB}) "
-            f"with sharding.strategy={cfg.sharding.strategy}: {e}"
-        ) from e
+    except PlannerError as e:  # a user error: the config asks for more than the topology holds
+        raise planner_refusal(cfg, topology.world_size, e) from e
 
 
 def shard_model(

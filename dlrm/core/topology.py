@@ -13,7 +13,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torchrec.distributed.planner.types import Topology
+from torchrec.distributed.planner.types import (
+    HardwareConfig,
+    KernelConfig,
+    Topology,
+    TopologyFactory,
+    TrainerConfig,
+)
 
 from dlrm.config import TopologyConfig
 
@@ -125,12 +131,16 @@ def planner_topology(cfg: TopologyConfig, world_size: int, local_world_size: int
     TorchRec measures bandwidth in bytes per millisecond and capacity in bytes.
     """
     to_bytes_per_ms = GB / 1000.0
-    return Topology(
-        world_size=world_size,
-        local_world_size=local_world_size,
-        compute_device=cfg.device,
-        hbm_cap=int(cfg.hbm_GB * GB) if cfg.device == "cuda" else None,
-        ddr_cap=int(cfg.ddr_GB * GB),
-        intra_host_bw=cfg.intra_node.bandwidth_GBps * to_bytes_per_ms,
-        inter_host_bw=cfg.inter_node.bandwidth_GBps * to_bytes_per_ms,
+    return TopologyFactory.create_topology(  # the supported constructor (a direct Topology warns)
+        trainer_config=TrainerConfig(
+            world_size=world_size,
+            local_world_size=local_world_size,
+            hbm_cap_bytes=int(cfg.hbm_GB * GB) if cfg.device == "cuda" else None,
+            ddr_cap_bytes=int(cfg.ddr_GB * GB),
+        ),
+        hardware_config=HardwareConfig(
+            intra_host_bw=cfg.intra_node.bandwidth_GBps * to_bytes_per_ms,
+            inter_host_bw=cfg.inter_node.bandwidth_GBps * to_bytes_per_ms,
+        ),
+        kernel_config=KernelConfig(compute_device=cfg.device, use_hardware_based_bandwidth=True),
     )

@@ -29,6 +29,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         prog="python -m dlrm.plan",
         description="Sharding plan, per-rank memory and per-iteration communication, without the hardware. "
         "Other arguments are Hydra overrides, as for dlrm.train (e.g. model=mlperf_dcnv2 topology=dgx_h100).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     parser.add_argument("--ranks-per-node", type=int, default=None, help="for topologies with ranks_per_node=null")

@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 from dlrm.comms.traffic import comm_summary
 from dlrm.config import Config, ConfigError, validate, validate_world
-from dlrm.core.memory import PlanError, capacity_GB, capacity_key, fix_hint, precheck_memory
+from dlrm.core.memory import capacity_GB, dense_param_count, planner_refusal, precheck_memory
 from dlrm.plan.memory import check_fits, memory_summary
 
 PROPOSERS = ("default", "greedy", "uniform")
@@ -56,10 +56,7 @@ def run_planner(cfg: Config, model, world: int, ranks_per_node: int, proposer: s
     try:
         return plan_sharding(cfg, model, topology, pg=None, proposer=one() if one else None)
     except PlannerError as e:
-        raise PlanError(
-            f"TorchRec's planner found no plan that fits {world} ranks with {capacity_GB(cfg):.2f} GB each "
-            f"({capacity_key(cfg)}); {fix_hint(cfg)}.\nTorchRec's report: {e}"
-        ) from e
+        raise planner_refusal(cfg, world, e) from e
 
 
 def make_plan(cfg: Config, ranks_per_node: int | None = None, proposer: str = "default") -> dict:
@@ -76,7 +73,7 @@ def make_plan(cfg: Config, ranks_per_node: int | None = None, proposer: str = "d
 
     model = build_model(cfg.model)  # meta device: no table memory
     fuse_embedding_optimizer(model, cfg.optim.embedding)  # as the trainer: the planner sees its state size
-    dense_params = sum(p.numel() for n, p in model.named_parameters() if "embedding_bags" not in n)
+    dense_params = dense_param_count(model)
     timings["build_s"] = time.perf_counter() - t0
     precheck_memory(cfg, world, dense_params)
     t0 = time.perf_counter()

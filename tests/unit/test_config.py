@@ -13,10 +13,24 @@ REPO = Path(__file__).resolve().parents[2]
 GROUPS = ["model", "data", "topology", "sharding", "optim", "trainer", "experiment"]
 
 
+# Options that validate only together with others (see test_adam_runs_on_cpu_only_for_replicated_tables).
+NEEDS = {("optim", "adam"): ["sharding=data_parallel"]}
+
+
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in group_options(g)])
 def test_every_group_option_composes_and_validates(make_config, group, option):
-    cfg = make_config(f"{group}={option}")
+    cfg = make_config(f"{group}={option}", *NEEDS.get((group, option), []))
     validate(cfg)
+
+
+def test_adam_runs_on_cpu_only_for_replicated_tables(make_config):
+    """fbgemm's CPU kernels (sharded tables) have no Adam; data-parallel tables and CUDA do."""
+    with pytest.raises(ConfigError, match="optim.embedding.name.*sharding=data_parallel"):
+        validate(make_config("optim=adam"))
+    with pytest.raises(ConfigError, match="t_C1"):
+        validate(make_config("optim=adam", "sharding=data_parallel", "+sharding.per_table.t_C1=table_wise"))
+    validate(make_config("optim=adam", "sharding=data_parallel"))
+    validate(make_config("optim=adam", "topology=dgx_h100"))
 
 
 def test_defaults_are_the_small_cpu_job(make_config):

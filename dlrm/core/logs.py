@@ -1,0 +1,94 @@
+"""Logging for one process of a job: set up once, at the entry point, with `setup_logging`.
+
+Rank 0 logs INFO and above to the console (stdout, plain messages) and everything it shows, with
+time stamps, to the run's `train.log` (DEBUG too with debug=True). Other ranks log warnings and errors
+only, to stderr, prefixed with their rank. Our modules log through `logging.getLogger(__name__)`
+(the `dlrm.*` loggers); Python warnings go through logging too, so they carry the rank prefix.
+
+Library noise is handled at its source, never by muting our own loggers or warnings:
+- fbgemm logs its kernel arguments with `logging.info` on the root logger: the root logger stays at
+  WARNING, and only the `dlrm` loggers log INFO;
+- TorchRec's planner warns about dense-tensor sizes of meta (dry-run) models, which is how we always
+  plan: its storage-reservation logger is set to ERROR;
+- torch.fx warns once per rank that `is_fx_tracing` changed meaning (TorchRec calls it): that logger
+  is set to ERROR;
+- FutureWarnings raised inside torch, TorchRec and fbgemm are notices to their API users about
+  upcoming changes, not about this run: ignored when raised there (ours still show).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Optional
+
+from tqdm import tqdm
+
+LOG_FILE = "train.log"
+JOB_START = time.monotonic()  # imported by the entry point before the heavy imports: the job's clock
+
+# Loggers of libraries whose warnings do not concern the run (see the module docstring).
+QUIET_LOGGERS = {
+    "torchrec.distributed.planner.storage_reservations": logging.ERROR,
+    "torch.fx._symbolic_trace": logging.ERROR,
+}
+
+
+class _ConsoleHandler(logging.StreamHandler):
+    """Writes through tqdm, so a progress bar on the terminal is not broken up by log lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # logging must never raise into the program
+            self.handleError(record)
+
+
+class _ConsoleFormatter(logging.Formatter):
+    """Plain messages; warnings and errors name their level and logger."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if record.levelno >= logging.WARNING:
+            text = f"{record.levelname.lower()}: {text}" if record.name.startswith("dlrm") else (
+                f"{record.levelname.lower()} ({record.name}): {text}"
+            )
+        return text
+
+
+def setup_logging(rank: int, run_dir: Optional[Path], debug: bool = False) -> None:
+    """Configure this process's logging (idempotent: handlers set by earlier calls are replaced).
+
+    rank: the process's global rank; run_dir: where rank 0 writes train.log (None: no file);
+    debug: also log DEBUG records of our modules (to the console and train.log).
+    """
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        handler.close()
+    root.setLevel(logging.WARNING)
+    ours = logging.getLogger("dlrm")
+    if rank == 0:
+        ours.setLevel(logging.DEBUG if debug else logging.INFO)
+        console = _ConsoleHandler(sys.stdout)
+        console.setFormatter(_ConsoleFormatter("%(message)s"))
+        console.addFilter(lambda record: getattr(record, "console", True))  # extra={"console": False}: file only
+        root.addHandler(console)
+        if run_dir is not None:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            file = logging.FileHandler(Path(run_dir) / LOG_FILE)
+            file.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            root.addHandler(file)
+    else:
+        ours.setLevel(logging.WARNING)
+        console = logging.StreamHandler(sys.stderr)
+        console.setFormatter(logging.Formatter(f"[rank {rank}] %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(console)
+    for name, level in QUIET_LOGGERS.items():
+        logging.getLogger(name).setLevel(level)
+    for module in ("torch", "torchrec", "fbgemm_gpu"):
+        warnings.filterwarnings("ignore", category=FutureWarning, module=rf"{module}(\.|$)")
+    logging.captureWarnings(True)

@@ -1,0 +1,245 @@
+"""Where a training step's time goes, measured with torch.profiler on sampled steps.
+
+TorchRec and torch label the work of a step with `record_function` ranges (`## forward ##`,
+`[lookup]_...`, `All2All_Pooled_ReqBackward`, `Optimizer.step#...`); the trainer labels the step
+itself (`STEP_RANGE`) and, without the pipeline, its own parts with the same names TorchRec uses.
+`step_breakdown` turns the profiler's events of one step into seconds per phase:
+
+    data             next batch, copy to device, waiting for it
+    input_dist       id (KeyedJaggedTensor) alltoall: splits, lengths, values, and waiting for them
+    emb_lookup       embedding lookup forward (fbgemm TBE)
+    emb_a2a_fwd      pooled-embedding alltoall forward, and waiting for it
+    dense_fwd        the rest of the forward pass: MLPs, interaction, loss
+    backward         backward pass, dense and embedding, the fused embedding update included
+    grad_a2a         alltoall of the pooled-embedding gradients (backward)
+    dense_allreduce  time the backward pass waits for DDP's gradient allreduce (exposed, not overlapped)
+    optimizer        dense optimizer step and zero_grad
+    other            the step's time outside all of these (Python, the pipeline's bookkeeping)
+
+Each instant of the step's thread counts once, for the innermost range with a phase, so the phases
+add up to the step. Collectives run on the backend's threads (Gloo) or on the GPU (NCCL); their
+durations, per kind, are returned apart (`comm_s`), for comparison with the cost model.
+On CUDA the CPU-side ranges include the waits on the GPU that the step performs, not kernel times.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+
+PHASES = (
+    "data",
+    "input_dist",
+    "emb_lookup",
+    "emb_a2a_fwd",
+    "dense_fwd",
+    "backward",
+    "grad_a2a",
+    "dense_allreduce",
+    "optimizer",
+    "other",
+)
+STEP_RANGE = "## dlrm:train_step ##"
+
+# (phase, pattern on the range name); first match wins.
+_RULES: List[Tuple[str, re.Pattern]] = [
+    (phase, re.compile(pattern))
+    for phase, pattern in (
+        ("data", r"^## (next_batch|load_batch|(inplace_)?copy_batch_to_gpu|wait_for_batch)\b"),
+        ("input_dist", r"^## (start|wait)_sparse_data_dist\b|^## all2all_data:|^## dist_init:|^\[(input_dist|splits_dist)\]_|"
+         r"^## (KJTAllToAllTensors|KJTList|FusedKJTListSplits|SplitsAllToAll)Awaitable wait\(\) ##"),
+        ("emb_lookup", r"^\[lookup\]_"),
+        ("grad_a2a", r"^(autograd::engine::evaluate_function: )?All2All_\w+Backward$|^## All2All_\w+_bwd ##"),
+        ("emb_a2a_fwd", r"^\[output_dist(_wait)?\]_|^## All2All_\w+_fwd ##|^All2All_Pooled_(Req|Wait)$"),
+        ("dense_fwd", r"^## forward\b|^DistributedDataParallel\.forward$"),
+        ("backward", r"^## backward\b"),
+        ("optimizer", r"^## (optimizer|zero_grad)\b|^Optimizer\.(step|zero_grad)#"),
+    )
+]
+
+# Collectives on the backend's threads or the GPU: (kind, pattern).
+_COLLECTIVES = [
+    ("alltoall", re.compile(r"all_?to_?all|SendRecv", re.I)),
+    ("allreduce", re.compile(r"all_?reduce", re.I)),
+    ("reduce_scatter", re.compile(r"reduce_?scatter", re.I)),
+    ("allgather", re.compile(r"all_?gather", re.I)),
+]
+
+
+@contextmanager
+def kineto_quiet() -> Iterator[None]:
+    """Silence stderr (file descriptor 2) while the profiler starts or stops.
+
+    libkineto (torch.profiler's engine) writes a `USDT: ... profiler_start` / `profiler_stop` line to
+    stderr at each start and stop, whatever KINETO_LOG_LEVEL says; around those calls only.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def fitted_topology(topology, bench: dict, collective: str, ranks_per_node: int):
+    """`topology` (a TopologyConfig) with its intra-node link's latency and bandwidth replaced by the
+    alpha and B fitted to `collective`'s rows of a comms bench result (`dlrm.comms.report.load_bench`)
+    among `ranks_per_node` ranks; CommsError if the bench has no such rows."""
+    from dataclasses import replace
+
+    from dlrm.comms.bench import base_collective
+    from dlrm.comms.costmodel import CommsError, fit_alpha_beta
+
+    rows = [
+        r for r in bench["results"]
+        if base_collective(r["collective"]) == collective and r["scope"] in ("intra", "world")
+        and r["group_size"] == ranks_per_node
+    ]
+    if len({r["bytes"] for r in rows}) < 2:
+        raise CommsError(
+            f"the comms bench file has no {collective} times at two sizes among {ranks_per_node} ranks; rerun "
+            f"`torchrun --nproc_per_node={ranks_per_node} -m dlrm.comms.bench` with {collective} in its collectives"
+        )
+    fit = fit_alpha_beta(collective, topology.intra_node.fabric, ranks_per_node,
+                         [r["bytes"] for r in rows], [r["median_us"] * 1e-6 for r in rows])
+    link = replace(topology.intra_node, latency_us=fit.alpha_s * 1e6, bandwidth_GBps=fit.bandwidth_Bps / 1e9)
+    return replace(topology, intra_node=link)
+
+
+def phase_of(name: str) -> Optional[str]:
+    """The phase a range of this name stands for, or None (it belongs to its enclosing range)."""
+    for phase, pattern in _RULES:
+        if pattern.search(name):
+            return phase
+    return None
+
+
+def _union(intervals: Iterable[Tuple[float, float]]) -> List[Tuple[float, float]]:
+    out: List[Tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _overlap(a: List[Tuple[float, float]], b: List[Tuple[float, float]]) -> float:
+    """Total length of the intersection of two sorted, disjoint interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+@dataclass(frozen=True)
+class Span:
+    """One profiler event: name, the thread it started on, start and end (s), and whether it ran on
+    a device (a GPU kernel) rather than a CPU thread."""
+
+    name: str
+    thread: int
+    start: float
+    end: float
+    device: bool = False
+
+
+def spans_of(prof) -> List[Span]:
+    """The events of a stopped `torch.profiler.profile`, read straight from its Kineto results
+    (building torch's FunctionEvent tree with `prof.events()` costs several times more)."""
+    return [
+        Span(e.name(), e.start_thread_id(), e.start_ns() / 1e9, e.end_ns() / 1e9, e.device_type().name != "CPU")
+        for e in prof.profiler.kineto_results.events()
+    ]
+
+
+def _collective_kind(span: Span) -> Optional[str]:
+    """alltoall, allreduce, ... for a collective that runs on the backend's thread or a GPU; else None."""
+    if not (span.name.startswith("gloo:") or (span.device and "nccl" in span.name.lower())):
+        return None
+    for kind, pattern in _COLLECTIVES:
+        if pattern.search(span.name):
+            return kind
+    return None
+
+
+@dataclass
+class _Node:
+    span: Span
+    phase: str
+    children: List["_Node"] = field(default_factory=list)
+
+
+def _tree(step: Span, spans: List[Span]) -> _Node:
+    """The ranges of `step`'s thread within it, nested by containment; each takes the phase of its
+    name, or else its parent's."""
+    root = _Node(step, "other")
+    inside = sorted(
+        (s for s in spans if s.thread == step.thread and not s.device and s is not step
+         and step.start <= s.start and s.end <= step.end),
+        key=lambda s: (s.start, -s.end),
+    )
+    stack = [root]
+    for s in inside:
+        while len(stack) > 1 and s.end > stack[-1].span.end:
+            stack.pop()
+        parent = stack[-1]
+        node = _Node(s, phase_of(s.name) or parent.phase)
+        parent.children.append(node)
+        stack.append(node)
+    return root
+
+
+def step_breakdown(spans: List[Span]) -> List[Tuple[Dict[str, float], Dict[str, float]]]:
+    """Per profiled step (each `STEP_RANGE` span): (seconds per phase, seconds per collective kind).
+
+    Each instant of the step's thread counts for the innermost range that has a phase, so the phase
+    seconds add up to the step's duration. The `backward` range's own time (no op of ours running)
+    while DDP's allreduce is in flight counts as `dense_allreduce`. Collective seconds: the union of
+    the intervals, within the step, in which a collective of that kind ran on any backend thread or GPU.
+    """
+    collectives: Dict[str, List[Tuple[float, float]]] = {}
+    for s in spans:
+        kind = _collective_kind(s)
+        if kind is not None:
+            collectives.setdefault(kind, []).append((s.start, s.end))
+    allreduce = _union(collectives.get("allreduce", []))
+    out = []
+    for step in (s for s in spans if s.name == STEP_RANGE):
+        phases = dict.fromkeys(PHASES, 0.0)
+        todo = [_tree(step, spans)]
+        while todo:
+            node = todo.pop()
+            own = max(0.0, (node.span.end - node.span.start) - sum(c.span.end - c.span.start for c in node.children))
+            if node.phase == "backward" and allreduce and own > 0:
+                gaps, at = [], node.span.start
+                for child in node.children:
+                    if child.span.start > at:
+                        gaps.append((at, child.span.start))
+                    at = max(at, child.span.end)
+                if node.span.end > at:
+                    gaps.append((at, node.span.end))
+                waiting = min(own, _overlap(gaps, allreduce))
+                phases["dense_allreduce"] += waiting
+                own -= waiting
+            phases[node.phase] += own
+            todo.extend(node.children)
+        comm = {
+            kind: sum(max(0.0, min(b, step.end) - max(a, step.start)) for a, b in _union(intervals))
+            for kind, intervals in collectives.items()
+        }
+        out.append((phases, comm))
+    return out

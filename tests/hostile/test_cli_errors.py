@@ -1,0 +1,251 @@
+"""Hostile command lines for dlrm.train and the launchers: every user error ends in exactly one
+`error:` line that names the key or value and the fix, exit status 2, and no traceback.
+
+Most cases run `dlrm.train.main` in-process (sys.argv patched, no torchrun variables: one process);
+a few run the real commands (python -m dlrm.train, launch/run_cpu.sh under torchrun) to check what a
+user sees on the console, including torchrun's part.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import pytest
+
+from dlrm import train
+from dlrm.config import ConfigError
+from dlrm.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE")
+
+
+def assert_one_error(code, out: str, err: str, *words: str) -> str:
+    """Exit 2, exactly one `error:` line holding every word, no traceback; returns the line."""
+    text = out + err
+    lines = [line for line in text.splitlines() if line.startswith("error:")]
+    assert code == 2, text
+    assert len(lines) == 1, text
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert "Traceback" not in text and "ChildFailedError" not in text, text
+    return lines[0]
+
+
+def main_in_process(monkeypatch, capsys, *args, env=None):
+    monkeypatch.setattr(sys, "argv", ["dlrm.train", *args])
+    for name in TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in (env or {}).items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exc:
+        train.main()
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+# (overrides, words the one error line must hold: the key or value, and the fix)
+CASES = {
+    "misspelt key": (["trainer.max_step=50"], ["unknown config key 'trainer.max_step'",
+                                                "did you mean 'trainer.max_steps'?"]),
+    "misspelt section": (["trainr.max_steps=5"], ["'trainr.max_steps'", "did you mean 'trainer.max_steps'?"]),
+    "misspelt nested key": (["topology.intra_node.bandwith_GBps=3"],
+                            ["did you mean 'topology.intra_node.bandwidth_GBps'?"]),
+    "misspelt key added with +": (["+trainer.max_stepz=1"], ["did you mean 'trainer.max_steps'?"]),
+    "unknown key, nothing close": (["trainer.colour=red"], ["'trainer.colour'", "the keys under 'trainer' are",
+                                                            "max_steps"]),
+    "unknown group option": (["model=dlrm_smal"], ["unknown option 'dlrm_smal' for config group 'model'",
+                                                   "did you mean 'dlrm_small'?"]),
+    "unknown optimizer option": (["optim=lamb"], ["'lamb'", "config group 'optim'", "rowwise_adagrad"]),
+    "wrong type": (["trainer.max_steps=many"], ["'trainer.max_steps'", "'many'", "Integer"]),
+    "override without =": (["trainer.max_steps"], ["'trainer.max_steps'", "key=value"]),
+    "new dict entry without +": (["sharding.per_table.t_C1=row_wise"],
+                                 ["'sharding.per_table.t_C1'", "'+sharding.per_table.t_C1=VALUE'"]),
+    "nan embedding lr": (["optim.embedding.lr=nan"], ["'optim.embedding.lr' = nan", "positive, finite"]),
+    "inf dense lr": (["optim.dense.lr=inf"], ["'optim.dense.lr' = inf", "positive, finite"]),
+    "negative lr": (["optim.embedding.lr=-0.1"], ["'optim.embedding.lr' = -0.1", "positive"]),
+    "nan eps": (["optim.dense.eps=nan"], ["'optim.dense.eps' = nan"]),
+    "infinite memory": (["topology.ddr_GB=inf"], ["'topology.ddr_GB' = inf", "finite"]),
+    "dim fbgemm cannot use": (["model=tiny", "model.tables.0.dim=6"],
+                              ["'model.tables[0].dim' = 6", "multiple of 4", "use 8"]),
+    "adam on cpu": (["optim=adam"], ["'optim.embedding.name' = 'adam'", "optim=rowwise_adagrad",
+                                     "sharding=data_parallel"]),
+    "unknown sharding": (["sharding.strategy=diagonal"], ["'sharding.strategy' = 'diagonal'", "row_wise"]),
+    "zero batch": (["data.global_batch_size=0"], ["'data.global_batch_size' = 0"]),
+    "nan latency": (["topology.inter_node.latency_us=nan"], ["'topology.inter_node.latency_us' = nan", ">= 0"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_command_line_is_one_error_line(monkeypatch, capsys, case):
+    args, words = CASES[case]
+    code, out, err = main_in_process(monkeypatch, capsys, *args, "hydra.run.dir=/nonexistent/never-made")
+    assert_one_error(code, out, err, *words)
+    assert not Path("/nonexistent/never-made").exists()  # refused before Hydra made a run directory
+
+
+def test_topology_against_the_launcher_is_checked_before_torchrun_store(monkeypatch, capsys):
+    """2 ranks of a 2 x 2 topology: refused by every rank before any store or process group, printed by rank 0."""
+    env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
+    code, out, err = main_in_process(monkeypatch, capsys, "topology=cpu_2x2", env=env)
+    assert_one_error(code, out, err, "topology.nodes", "WORLD_SIZE=2", "--nnodes=2")
+    # Rank 1 meets the same error: it waits for rank 0 to report it and torchrun to stop the job;
+    # if that does not happen (here: no torchrun), it reports it itself, with its rank.
+    waits = []
+    monkeypatch.setattr(train.time, "sleep", waits.append)
+    code, out, err = main_in_process(monkeypatch, capsys, "topology=cpu_2x2", env=dict(env, RANK="1", LOCAL_RANK="1"))
+    assert waits == [train.REPORT_GRACE_S]
+    assert_one_error(code, out, err, "error: [rank 1] config key 'topology.nodes'")
+
+
+def test_model_that_cannot_fit_is_refused_before_any_process_group(monkeypatch, capsys, tmp_path):
+    """MLPerf DCNv2 (98 GB of tables) on one 8 GB CPU rank: a PlanError naming GB, ranks and the fix."""
+    code, out, err = main_in_process(monkeypatch, capsys, "model=mlperf_dcnv2", f"hydra.run.dir={tmp_path}")
+    assert_one_error(code, out, err, "8.00 GB (topology.ddr_GB)", "at least 14 such ranks", "topology.nodes=")
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+
+
+def test_planner_refusal_is_a_plan_error_naming_tables_and_fix():
+    """TorchRec's PlannerError (a plan that passes the memory lower bound, yet finds no plan)
+    becomes a PlanError: capacity, the largest tables, the fix and TorchRec's reason, one line."""
+    from torchrec.distributed.planner.types import PlannerError
+
+    from dlrm.compose import compose
+    from dlrm.core.memory import PlanError, planner_refusal
+
+    cfg = compose(["model=mlperf_dcnv2", "topology=dgx_h100", "topology.hbm_GB=1"])
+    e = planner_refusal(cfg, 8, PlannerError("Unable to find a plan for this model because of insufficient storage.\n"
+                                             "Planner evaluated 136 proposals."))
+    assert isinstance(e, PlanError) and isinstance(e, UserError) and e.same_on_all_ranks
+    text = str(e)
+    assert "\n" not in text
+    for word in ("8 ranks with 1.00 GB each (topology.hbm_GB)", "26 tables", "largest: t_C", "topology.nodes=2",
+                 "insufficient storage"):
+        assert word in text, text
+
+
+def test_user_error_wrapped_by_dcp_is_unwrapped(capsys):
+    """DCP wraps each rank's exception in a CheckpointException; the entry point finds ours inside."""
+    from torch.distributed.checkpoint import CheckpointException
+
+    inner = ConfigError("config key 'x' = 1 is invalid: use 2")
+    wrapped = CheckpointException("load failed", {1: (inner, traceback.StackSummary())})
+    try:
+        raise RuntimeError("outer") from wrapped
+    except RuntimeError as e:
+        with pytest.raises(SystemExit) as exc:
+            train.exit_on_user_error(e, 0)
+    out, err = capsys.readouterr()
+    assert_one_error(exc.value.code, out, err, "config key 'x' = 1", "use 2")
+
+
+def test_other_failures_keep_their_traceback(capsys):
+    """A bug is not a user error: exit_on_user_error returns, so the caller re-raises it."""
+    assert train.exit_on_user_error(RuntimeError("bug"), 0) is None
+    assert capsys.readouterr() == ("", "")
+
+
+def test_rank_local_errors_are_printed_with_the_rank():
+    class LocalError(UserError):
+        pass
+
+    assert train.user_error_message(LocalError("file f is bad"), 1) == "error: [rank 1] file f is bad"
+    assert train.user_error_message(ConfigError("bad key"), 1) is None  # rank 0 says it
+    assert train.user_error_message(ConfigError("bad key"), 0) == "error: bad key"
+
+
+def test_quiet_torchrun_hides_only_user_errors():
+    """dlrm.torchrun ends quietly only when the first failure exited 2 and the rest exited 2 or were stopped."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from dlrm.torchrun import only_user_errors
+
+    def failure(rank, code, t):
+        f = ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=code, error_file="/nonexistent")
+        f.timestamp = t
+        return f
+
+    assert only_user_errors({0: failure(0, 2, 1), 1: failure(1, -signal.SIGTERM, 2)})
+    assert only_user_errors({0: failure(0, 2, 1), 1: failure(1, 2, 1)})
+    assert not only_user_errors({0: failure(0, 1, 1), 1: failure(1, 2, 2)})  # a crash came first
+    assert not only_user_errors({0: failure(0, 2, 1), 1: failure(1, -signal.SIGSEGV, 2)})  # and a segfault
+    assert not only_user_errors({0: failure(0, -signal.SIGKILL, 1)})  # e.g. the OOM killer
+    assert not only_user_errors({})
+
+
+# --- launchers (bash only: no Python starts) --------------------------------------------------------
+
+
+def launcher(script, *args, **env):
+    full = {k: v for k, v in os.environ.items() if k not in ("NPROC", "NGPU", "TOPOLOGY", "TORCHRUN")}
+    full.update(DRY_RUN="1", TORCHRUN="torchrun", DLRM_ACCEL="cpu", **env)
+    r = subprocess.run(["bash", str(ROOT / "launch" / script), *args], env=full, capture_output=True, text=True,
+                       timeout=60)
+    return r
+
+
+@pytest.mark.parametrize("script,args,env,words", [
+    ("run_cpu.sh", ["topology=cpu_2x2"], {"NPROC": "2"},
+     ["topology 'cpu_2x2' has 2 nodes x 2 ranks", "NPROC=2", "run_multinode.sh", "topology.nodes=1"]),
+    ("run_cpu.sh", ["topology=cpu_2x2", "topology.nodes=1"], {"NPROC": "3"},
+     ["NPROC=3", "2 ranks per node", "set NPROC=2", "topology.ranks_per_node=3"]),
+    ("run_cpu.sh", ["topology=dgx_h10"], {}, ["topology=dgx_h10", "dgx_h100"]),
+    ("run_cpu.sh", [], {"NPROC": "0"}, ["NPROC=0 is below 1"]),
+    ("run_node.sh", ["topology=dgx_h100"], {"NGPU": "4"}, ["NGPU=4", "8 ranks per node", "set NGPU=8"]),
+])
+def test_launcher_refuses_before_torchrun(script, args, env, words):
+    r = launcher(script, *args, **env)
+    assert_one_error(r.returncode, r.stdout, r.stderr, *words)
+    assert "+ " not in r.stderr  # no command was run
+
+
+# --- the real commands (a few: each pays Python's and torch's start) --------------------------------
+
+
+def test_python_m_dlrm_train_typo():
+    r = subprocess.run([sys.executable, "-m", "dlrm.train", "trainer.max_step=50"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    line = assert_one_error(r.returncode, r.stdout, r.stderr)
+    assert line == "error: unknown config key 'trainer.max_step'; did you mean 'trainer.max_steps'?"
+
+
+def test_run_cpu_user_error_is_one_line_under_torchrun():
+    """Two ranks under the launcher: rank 0 prints the error, rank 1 nothing, torchrun nothing."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NPROC", "TORCHRUN", "DRY_RUN")}
+    r = subprocess.run(["bash", "launch/run_cpu.sh", "optim.dense.lr=nan"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert_one_error(r.returncode, r.stdout, r.stderr, "'optim.dense.lr' = nan")
+    assert "failed (exitcode" not in r.stderr and "SIGTERM" not in r.stderr
+
+
+def test_quiet_torchrun_still_reports_a_crash():
+    """Not a user error (a child exits 1): torchrun's failure summary and status stay."""
+    r = subprocess.run([sys.executable, "-m", "dlrm.torchrun", "--nnodes=1", "--rdzv-backend=c10d",
+                        "--rdzv-endpoint=127.0.0.1:0", "--nproc_per_node=1", "-m", "no_such_module_dlrm"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "ChildFailedError" in r.stderr and "no_such_module_dlrm" in r.stderr
+
+
+@pytest.mark.slow
+def test_run_cpu_model_too_large_under_torchrun():
+    env = {k: v for k, v in os.environ.items() if k not in ("NPROC", "TORCHRUN", "DRY_RUN")}
+    r = subprocess.run(["bash", "launch/run_cpu.sh", "model=mlperf_dcnv2"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert_one_error(r.returncode, r.stdout, r.stderr, "topology.ddr_GB", "at least 14 such ranks")
+
+
+@pytest.mark.slow
+def test_non_finite_loss_names_both_causes(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "dlrm.train", "model=tiny", "optim=sgd", "optim.dense.lr=1e30",
+                        "optim.embedding.lr=1e30", "trainer.max_steps=6", "trainer.log_every_steps=1",
+                        "trainer.pipeline=false", f"hydra.run.dir={tmp_path}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert_one_error(r.returncode, r.stdout, r.stderr, "loss is", "optim.dense.lr", "NaN/inf values")

@@ -1,0 +1,230 @@
+"""What a run shows and records: a clean console, train.log, metrics.jsonl, TensorBoard scalars,
+and a per-phase step breakdown that adds up to the step's measured time."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlrm.core.phases import PHASES, phase_of
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS, EVERY = 12, 4
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    """One single-process training run of the default model: (CompletedProcess, run dir)."""
+    run_dir = tmp_path_factory.mktemp("run")
+    result = subprocess.run(
+        [sys.executable, "-m", "dlrm.train", f"trainer.max_steps={STEPS}", f"trainer.log_every_steps={EVERY}",
+         "data.eval_batches=2", "trainer.progress=lines", f"hydra.run.dir={run_dir}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, run_dir
+
+
+def test_console_has_no_library_noise(short_run):
+    result, run_dir = short_run
+    out, err = result.stdout, result.stderr
+    for noise in ("INFO", "[TBE=", "AMD FP16", "TopologyFactory", "dense_tensor_estimate", "is_fx_tracing",
+                  "USDT", "FutureWarning", "warning"):
+        assert noise not in out and noise not in err, noise
+    lines = out.splitlines()
+    assert len(lines) <= 20, out  # config (4), plan (2), 3 step lines, eval, 4 closing lines, done
+    assert any(line.startswith(f"step {STEPS}/{STEPS} loss ") and "eta 0:00" in line for line in lines), out
+    assert any(line.startswith("step breakdown, ms") for line in lines), out
+
+
+def test_train_log_holds_step_and_eval_lines(short_run):
+    _, run_dir = short_run
+    text = (run_dir / "train.log").read_text()
+    assert f"step {EVERY}/{STEPS} loss" in text and f"step {STEPS}/{STEPS} loss" in text
+    assert f"eval at step {STEPS}: auc" in text
+    assert "[TBE=" not in text  # fbgemm's INFO lines stay out of the file too
+
+
+def test_metrics_jsonl_records_time(short_run):
+    _, run_dir = short_run
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "loss" in r]
+    assert [r["step"] for r in train] == list(range(EVERY, STEPS + 1, EVERY))
+    elapsed = [r["elapsed_s"] for r in records]
+    assert elapsed == sorted(elapsed) and all(r["time"] > 1.7e9 for r in records)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["job_wall_time_s"] > summary["wall_time_s"] > 0
+
+
+def test_tensorboard_holds_the_scalars(short_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _, run_dir = short_run
+    acc = EventAccumulator(str(run_dir / "tensorboard"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    wanted = {"train/loss", "train/lr", "train/samples_per_s", "train/peak_rss_mb", "eval/auc", "eval/logloss"}
+    wanted |= {f"phase_s/{p}" for p in PHASES}
+    assert wanted <= tags, wanted - tags
+    assert [e.step for e in acc.Scalars("train/loss")] == list(range(EVERY, STEPS + 1, EVERY))
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert [e.value for e in acc.Scalars("train/loss")] == pytest.approx(losses, rel=1e-6)
+
+
+def test_phases_add_up_to_the_step_time(short_run):
+    _, run_dir = short_run
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    windows = [r for r in records if "phase_s" in r]
+    assert len(windows) == STEPS // EVERY
+    for r in windows:
+        phases = r["phase_s"]
+        assert set(phases) == set(PHASES) and all(v >= 0 for v in phases.values())
+        # the profiler's events, phase by phase, against the loop's own clock around the same step
+        assert sum(phases.values()) == pytest.approx(r["profiled_step_s"], rel=0.10)
+        named = sum(v for k, v in phases.items() if k != "other")
+        assert named > 0.5 * r["profiled_step_s"], phases  # the named ranges explain most of the step
+        assert phases["dense_fwd"] > 0 and phases["backward"] > 0 and phases["emb_lookup"] > 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["step_breakdown"]["profiled_steps"] == STEPS // EVERY - 1  # the warm-up window is left out
+    assert summary["comm_vs_model"]["embedding_exchange"]["ratio"] is None  # one rank: nothing modelled
+
+
+@pytest.mark.parametrize(
+    "name, phase",
+    [
+        ("## next_batch ##", "data"),
+        ("## copy_batch_to_gpu 12 ##", "data"),
+        ("## wait_sparse_data_dist 3 ##", "input_dist"),
+        ("## all2all_data:kjt lengths ##", "input_dist"),
+        ("[lookup]_[model.sparse_arch.embedding_bag_collection]_[table_wise]", "emb_lookup"),
+        ("[output_dist_wait]_[model.sparse_arch.embedding_bag_collection]_[table_wise]", "emb_a2a_fwd"),
+        ("autograd::engine::evaluate_function: All2All_Pooled_ReqBackward", "grad_a2a"),
+        ("## All2All_Pooled_bwd ##", "grad_a2a"),
+        ("## forward 7 ##", "dense_fwd"),
+        ("## backward 7 ##", "backward"),
+        ("Optimizer.step#CombinedOptimizer.step", "optimizer"),
+        ("aten::mm", None),
+        ("## Request wait() ##", None),
+    ],
+)
+def test_phase_of_names(name, phase):
+    assert phase_of(name) == phase
+
+
+def test_breakdown_of_a_profiled_toy_step():
+    """Nested ranges: each instant counts once, for the innermost range with a phase."""
+    import torch
+    from torch.profiler import profile, record_function
+
+    from dlrm.core.phases import STEP_RANGE, kineto_quiet, spans_of, step_breakdown
+
+    x = torch.randn(256, 256, requires_grad=True)
+    prof = profile()
+    with kineto_quiet():
+        prof.start()
+    with record_function(STEP_RANGE):
+        with record_function("## forward ##"):
+            with record_function("[lookup]_[toy]"):
+                y = x @ x
+            loss = (y @ y).sum()
+        with record_function("## backward ##"):
+            loss.backward()
+    with kineto_quiet():
+        prof.stop()
+    spans = spans_of(prof)
+    (phases, comm), = step_breakdown(spans)
+    step = next(s.end - s.start for s in spans if s.name == STEP_RANGE)
+    assert sum(phases.values()) == pytest.approx(step, rel=1e-6)
+    assert phases["emb_lookup"] > 0 and phases["dense_fwd"] > 0 and phases["backward"] > 0
+    assert comm == {} and not math.isnan(sum(phases.values()))
+
+
+def test_fitted_topology_recovers_the_bench_links(make_config):
+    """A bench whose times follow alpha + factor * n / B exactly gives back alpha and B."""
+    from dlrm.comms.costmodel import Link, collective_time
+    from dlrm.core.phases import fitted_topology
+
+    topology = make_config("topology=cpu").topology
+    true = Link(topology.intra_node.fabric, 30e-6, 2e9)
+    rows = [
+        {"collective": c, "scope": "world", "group_size": 2, "bytes": n,
+         "median_us": collective_time(c, true, 2, n) * 1e6}
+        for c in ("alltoall", "allreduce") for n in (2**10, 2**16, 2**20, 2**24)
+    ]
+    for collective in ("alltoall", "allreduce"):
+        fitted = fitted_topology(topology, {"results": rows}, collective, 2)
+        assert fitted.intra_node.latency_us == pytest.approx(30.0, rel=1e-6)
+        assert fitted.intra_node.bandwidth_GBps == pytest.approx(2.0, rel=1e-6)
+        assert fitted.inter_node == topology.inter_node
+
+
+def test_fitted_topology_needs_the_collective_at_this_size(make_config):
+    from dlrm.comms.costmodel import CommsError
+    from dlrm.core.phases import fitted_topology
+
+    rows = [{"collective": "allreduce", "scope": "world", "group_size": 4, "bytes": n, "median_us": 10.0 + n / 1e3}
+            for n in (1024, 4096)]
+    with pytest.raises(CommsError, match="no alltoall times at two sizes among 2 ranks"):
+        fitted_topology(make_config().topology, {"results": rows}, "alltoall", 2)
+
+
+def test_breakdown_nesting_and_exposed_allreduce():
+    """Hand-made spans (seconds): innermost phase wins, ops inherit their range's phase, and the
+    backward range's idle time under a running allreduce counts as dense_allreduce."""
+    from dlrm.core.phases import STEP_RANGE, Span, step_breakdown
+
+    def span(name, a, b, thread=1):
+        return Span(name, thread, a, b)
+
+    spans = [
+        span(STEP_RANGE, 0, 10),
+        span("## forward ##", 0, 4), span("[lookup]_[t]", 1, 2), span("aten::mm", 2.5, 3.5),
+        span("## backward ##", 4, 9), span("aten::mm", 4, 5),
+        span("autograd::engine::evaluate_function: All2All_Pooled_ReqBackward", 5, 6),
+        span("## optimizer ##", 9, 9.5),
+        span("gloo:all_reduce", 6.5, 8.5, thread=2), span("gloo:all_to_all", 1.5, 2.5, thread=3),
+        span("gloo:all_to_all", 1.8, 3.0, thread=2), span("aten::mm", 20, 21),  # outside the step
+    ]
+    (phases, comm), = step_breakdown(spans)
+    expected = {"emb_lookup": 1, "dense_fwd": 3, "backward": 2, "grad_a2a": 1, "dense_allreduce": 2,
+                "optimizer": 0.5, "other": 0.5, "data": 0, "input_dist": 0, "emb_a2a_fwd": 0}
+    assert phases == pytest.approx(expected)
+    assert comm == pytest.approx({"allreduce": 2.0, "alltoall": 1.5})  # union of the two alltoall spans
+
+
+def test_setup_logging_per_rank(tmp_path, capsys):
+    """Rank 0: INFO of ours to console and train.log, the root logger's INFO (fbgemm's) nowhere,
+    file-only records only in the file; another rank: warnings only, prefixed with its rank."""
+    import logging
+
+    from dlrm.core.logs import setup_logging
+    from dlrm.core.metrics import FILE_ONLY
+
+    ours = logging.getLogger("dlrm.test")
+    try:
+        setup_logging(0, tmp_path)
+        ours.info("hello from rank 0")
+        ours.info("file only", extra=FILE_ONLY)
+        logging.info("[TBE=x] library detail")  # the root logger, as fbgemm logs
+        ours.warning("careful")
+        out = capsys.readouterr().out
+        assert "hello from rank 0" in out and "warning: careful" in out
+        assert "file only" not in out and "TBE" not in out
+        text = (tmp_path / "train.log").read_text()
+        assert "hello from rank 0" in text and "file only" in text and "TBE" not in text
+
+        setup_logging(1, None)
+        ours.info("rank 1 info")
+        ours.warning("rank 1 warning")
+        captured = capsys.readouterr()
+        assert "rank 1 info" not in captured.out + captured.err
+        assert "[rank 1] WARNING dlrm.test: rank 1 warning" in captured.err
+    finally:
+        for handler in list(logging.getLogger().handlers):
+            logging.getLogger().removeHandler(handler)
+            handler.close()
+        logging.captureWarnings(False)
