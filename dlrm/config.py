@@ -1,44 +1,136 @@
 """Typed configuration: dataclass schemas registered in Hydra's ConfigStore, and validation.
 
-The schemas make Hydra reject a misspelt key or a wrongly typed value when it composes the
-config; `validate` then checks what types cannot express (sizes, names, consistency) and raises
-`ConfigError` naming the key, the bad value and the fix, before any process group exists.
+The schemas are the one source of defaults (the default options in conf/ restate none of them).
+Choices are enums, so Hydra refuses a misspelt key, a wrongly typed value or a value outside its
+choices while composing (`dlrm.compose`). Each section's `check` then tests what types cannot
+express (sizes, names, consistency) next to its fields, and `Config.check` what spans sections;
+a ConfigError names the key, the bad value and the fix, before any process group exists.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from enum import StrEnum
+from typing import Dict, List, NoReturn, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from dlrm.errors import UserError
 
-SHARDING_TYPES = (
-    "table_wise",
-    "row_wise",
-    "column_wise",
-    "table_row_wise",
-    "table_column_wise",
-    "grid_shard",
-    "data_parallel",
-)
-SHARDING_STRATEGIES = ("auto",) + SHARDING_TYPES
-INTERACTIONS = ("dot", "dcn")
-EMBEDDING_OPTIMIZERS = ("rowwise_adagrad", "adagrad", "sgd", "adam")
-DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
-BACKENDS = ("auto", "gloo", "nccl")
-DEVICES = ("cpu", "cuda")
-FABRICS = ("ring", "fully_connected", "switch")
-DATA_SOURCES = ("synthetic", "criteo")
+
+class ShardingType(StrEnum):
+    """How TorchRec places one table (see README: every type runs on CPU and on GPU here)."""
+
+    table_wise = "table_wise"
+    row_wise = "row_wise"
+    column_wise = "column_wise"
+    table_row_wise = "table_row_wise"
+    table_column_wise = "table_column_wise"
+    grid_shard = "grid_shard"
+    data_parallel = "data_parallel"
+
+
+class ShardingStrategy(StrEnum):
+    """`auto` (TorchRec's planner chooses per table) or one ShardingType for every table."""
+
+    auto = "auto"
+    table_wise = "table_wise"
+    row_wise = "row_wise"
+    column_wise = "column_wise"
+    table_row_wise = "table_row_wise"
+    table_column_wise = "table_column_wise"
+    grid_shard = "grid_shard"
+    data_parallel = "data_parallel"
+
+
+class Interaction(StrEnum):
+    dot = "dot"
+    dcn = "dcn"
+
+
+class EmbeddingOptimizer(StrEnum):
+    rowwise_adagrad = "rowwise_adagrad"
+    adagrad = "adagrad"
+    sgd = "sgd"
+    adam = "adam"
+
+
+class DenseOptimizer(StrEnum):
+    sgd = "sgd"
+    adagrad = "adagrad"
+    adam = "adam"
+
+
+class Device(StrEnum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Backend(StrEnum):
+    """`auto`: NCCL on cuda, Gloo on cpu."""
+
+    auto = "auto"
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+class Fabric(StrEnum):
+    """How the ranks of one level are wired (the cost model's formulas: dlrm.comms.costmodel)."""
+
+    ring = "ring"
+    fully_connected = "fully_connected"
+    switch = "switch"
+
+
+class DataSource(StrEnum):
+    synthetic = "synthetic"
+    criteo = "criteo"
+
+
+class ProgressMode(StrEnum):
+    """auto: a bar on a terminal, lines otherwise."""
+
+    auto = "auto"
+    bar = "bar"
+    lines = "lines"
+    none = "none"
+
+
+class DenseAllreduce(StrEnum):
+    flat = "flat"
+    hierarchical = "hierarchical"
+
+
+class DensePrecision(StrEnum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+class OnNonfinite(StrEnum):
+    stop = "stop"
+    skip = "skip"
 
 
 class ConfigError(UserError, ValueError):
     """An invalid configuration; the message names the key, the value and the fix."""
 
     same_on_all_ranks = True  # every rank composes and validates the same config
+
+
+def _fail(key: str, value, fix: str) -> NoReturn:
+    raise ConfigError(f"config key '{key}' = {value!r} is invalid: {fix}")
+
+
+def _require_positive(key: str, value) -> None:
+    if value is None or not value > 0 or math.isinf(value):  # `not >` also catches nan
+        _fail(key, value, "it must be a positive, finite number")
+
+
+def _require_count(key: str, value: int, zero: str) -> None:
+    if value < 0:
+        _fail(key, value, f"use 0 ({zero}) or a positive count")
 
 
 @dataclass
@@ -54,29 +146,83 @@ class TableConfig:
     dim: int = MISSING
     features: List[str] = MISSING
     pooling: int = 1
-    sharding: Optional[str] = None
+    sharding: Optional[ShardingType] = None
+
+    def check(self, key: str) -> None:
+        if not self.name:
+            _fail(f"{key}.name", self.name, "give each table a unique, non-empty name")
+        _require_positive(f"{key}.rows", self.rows)
+        _require_positive(f"{key}.dim", self.dim)
+        if self.dim % 4:
+            _fail(f"{key}.dim", self.dim, f"fbgemm's embedding kernels need a multiple of 4; use {self.dim + 4 - self.dim % 4}")
+        _require_positive(f"{key}.pooling", self.pooling)
+        if not self.features:
+            _fail(f"{key}.features", list(self.features), "list the sparse features this table serves")
 
 
 @dataclass
 class ModelConfig:
     """DLRM: bottom MLP over dense features, embedding tables, interaction, top MLP -> 1 logit."""
 
-    interaction: str = "dot"
+    interaction: Interaction = Interaction.dot
     dense_in_features: int = 13
     bottom_mlp: List[int] = field(default_factory=lambda: [64, 16])
-    top_mlp: List[int] = field(default_factory=lambda: [64, 1])
+    top_mlp: List[int] = field(default_factory=lambda: [64, 32, 1])
     dcn_num_layers: int = 3
     dcn_low_rank_dim: int = 64
     tables: List[TableConfig] = field(default_factory=list)
 
+    def check(self, key: str = "model") -> None:
+        _require_positive(f"{key}.dense_in_features", self.dense_in_features)
+        for mlp in ("bottom_mlp", "top_mlp"):
+            sizes = getattr(self, mlp)
+            if not sizes:
+                _fail(f"{key}.{mlp}", list(sizes), "list at least one layer size")
+            for i, size in enumerate(sizes):
+                _require_positive(f"{key}.{mlp}[{i}]", size)
+        if self.top_mlp[-1] != 1:
+            _fail(f"{key}.top_mlp", list(self.top_mlp), "the last layer must have size 1 (one logit)")
+        if self.interaction == Interaction.dcn:
+            _require_positive(f"{key}.dcn_num_layers", self.dcn_num_layers)
+            _require_positive(f"{key}.dcn_low_rank_dim", self.dcn_low_rank_dim)
+        if not self.tables:
+            _fail(f"{key}.tables", [], "list at least one embedding table")
+        names: set = set()
+        features: set = set()
+        for i, t in enumerate(self.tables):
+            t.check(f"{key}.tables[{i}]")
+            if t.name in names:
+                _fail(f"{key}.tables[{i}].name", t.name, "give each table a unique, non-empty name")
+            names.add(t.name)
+            for f in t.features:
+                if f in features:
+                    _fail(f"{key}.tables[{i}].features", f, "a feature may be looked up in one table only")
+                features.add(f)
+        dims = {t.dim for t in self.tables}
+        if len(dims) > 1:
+            _fail(f"{key}.tables[*].dim", sorted(dims), "DLRM interactions need one embedding dim for all tables")
+        if self.bottom_mlp[-1] != self.tables[0].dim:
+            _fail(
+                f"{key}.bottom_mlp",
+                list(self.bottom_mlp),
+                f"its last size must equal the embedding dim {self.tables[0].dim}, since the interaction combines them",
+            )
+
 
 @dataclass
 class SyntheticConfig:
-    """Criteo-shaped synthetic data: Zipf-distributed ids, labels from a hidden logistic model."""
+    """Criteo-shaped synthetic data: Zipf-distributed ids, labels from a hidden logistic model.
+
+    zipf_alpha: power-law exponent of id popularity. signal: scale of the hidden model's logit
+    (larger: more learnable). eval_offset: the eval split's first sample index.
+    """
 
     zipf_alpha: float = 1.05
     signal: float = 2.0
     eval_offset: int = 1_000_000_000
+
+    def check(self, key: str) -> None:
+        _require_positive(f"{key}.zipf_alpha", self.zipf_alpha)
 
 
 @dataclass
@@ -102,13 +248,22 @@ class CriteoConfig:
 
 @dataclass
 class DataConfig:
-    """Where batches come from. The global batch at step k is the same for any world size."""
+    """Where batches come from. The global batch at step k is the same for any world size.
 
-    source: str = "synthetic"
+    eval_batches: global batches of the eval split scored at each evaluation (0: none).
+    """
+
+    source: DataSource = DataSource.synthetic
     global_batch_size: int = 512
-    eval_batches: int = 8
+    eval_batches: int = 16
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     criteo: CriteoConfig = field(default_factory=CriteoConfig)
+
+    def check(self, key: str = "data") -> None:
+        _require_positive(f"{key}.global_batch_size", self.global_batch_size)
+        _require_count(f"{key}.eval_batches", self.eval_batches, "no evaluation")
+        if self.source == DataSource.synthetic:
+            self.synthetic.check(f"{key}.synthetic")
 
 
 @dataclass
@@ -117,12 +272,18 @@ class LinkConfig:
 
     bandwidth_GBps: unidirectional bandwidth per rank in GB/s (1e9 bytes/s), all links together.
     latency_us: per-message latency (the alpha of an alpha-beta model) in microseconds.
-    fabric: ring | fully_connected | switch; how ranks at this level are wired.
+    fabric: how ranks at this level are wired. The defaults are placeholders of the right order for
+    Gloo over loopback TCP: measure with `python -m dlrm.comms.bench`, fit with `dlrm.comms.report`.
     """
 
-    fabric: str = "switch"
-    bandwidth_GBps: float = 10.0
-    latency_us: float = 10.0
+    fabric: Fabric = Fabric.switch
+    bandwidth_GBps: float = 2.0
+    latency_us: float = 50.0
+
+    def check(self, key: str) -> None:
+        _require_positive(f"{key}.bandwidth_GBps", self.bandwidth_GBps)
+        if not self.latency_us >= 0 or math.isinf(self.latency_us):
+            _fail(f"{key}.latency_us", self.latency_us, "use a finite latency >= 0")
 
 
 @dataclass
@@ -131,17 +292,30 @@ class TopologyConfig:
 
     ranks_per_node: None takes the launcher's LOCAL_WORLD_SIZE; a number is checked against it.
     hbm_GB / ddr_GB: device and host memory per rank available to the model, in GB.
+    The defaults describe one CPU machine (topology=cpu).
     """
 
     name: str = "cpu"
     nodes: int = 1
     ranks_per_node: Optional[int] = None
-    device: str = "cpu"
-    backend: str = "auto"
+    device: Device = Device.cpu
+    backend: Backend = Backend.auto
     intra_node: LinkConfig = field(default_factory=LinkConfig)
     inter_node: LinkConfig = field(default_factory=LinkConfig)
     hbm_GB: float = 0.0
     ddr_GB: float = 8.0
+
+    def check(self, key: str = "topology") -> None:
+        _require_positive(f"{key}.nodes", self.nodes)
+        if self.ranks_per_node is not None:
+            _require_positive(f"{key}.ranks_per_node", self.ranks_per_node)
+        if self.device == Device.cpu and self.backend == Backend.nccl:
+            _fail(f"{key}.backend", self.backend, "NCCL needs topology.device=cuda; use gloo or auto on CPU")
+        self.intra_node.check(f"{key}.intra_node")
+        self.inter_node.check(f"{key}.inter_node")
+        if self.device == Device.cuda:
+            _require_positive(f"{key}.hbm_GB", self.hbm_GB)
+        _require_positive(f"{key}.ddr_GB", self.ddr_GB)
 
 
 @dataclass
@@ -152,22 +326,34 @@ class ShardingConfig:
     `auto` lets TorchRec's planner choose among every type the device can run.
     """
 
-    strategy: str = "auto"
-    per_table: Dict[str, str] = field(default_factory=dict)
+    strategy: ShardingStrategy = ShardingStrategy.auto
+    per_table: Dict[str, ShardingType] = field(default_factory=dict)
+
+    def check(self, tables: List[str], key: str = "sharding") -> None:
+        for name, kind in self.per_table.items():
+            if name not in tables:
+                _fail(f"{key}.per_table.{name}", kind, f"no table of that name; tables: {', '.join(sorted(tables))}")
+
+    def pinned(self, table: TableConfig) -> Optional[ShardingType]:
+        """The table's sharding type by the precedence above, or None: the planner chooses."""
+        kind = self.per_table.get(table.name) or table.sharding or self.strategy
+        return None if kind == ShardingStrategy.auto else ShardingType(kind)
 
 
 @dataclass
 class EmbeddingOptimConfig:
     """Optimizer fused into the embedding backward pass (fbgemm)."""
 
-    name: str = "rowwise_adagrad"
+    name: EmbeddingOptimizer = EmbeddingOptimizer.rowwise_adagrad
     lr: float = 0.05
     eps: float = 1e-8
 
 
 @dataclass
 class DenseOptimConfig:
-    name: str = "adagrad"
+    """Optimizer of the dense part (MLPs, interaction) and of data-parallel tables' gradients."""
+
+    name: DenseOptimizer = DenseOptimizer.adagrad
     lr: float = 0.05
     eps: float = 1e-8
 
@@ -179,10 +365,17 @@ class ScheduleConfig:
     Steps with warmup_steps=0 and decay_steps=0 keep the learning rate constant.
     """
 
-    warmup_steps: int = 0
+    warmup_steps: int = 10
     decay_start_step: int = 0
     decay_steps: int = 0
     decay_power: float = 2.0
+
+    def check(self, key: str) -> None:
+        for name in ("warmup_steps", "decay_start_step", "decay_steps"):
+            if getattr(self, name) < 0:
+                _fail(f"{key}.{name}", getattr(self, name), "use 0 or a positive step count")
+        if self.decay_steps and self.decay_start_step < self.warmup_steps:
+            _fail(f"{key}.decay_start_step", self.decay_start_step, "decay must start after warmup ends")
 
 
 @dataclass
@@ -191,11 +384,19 @@ class OptimConfig:
     dense: DenseOptimConfig = field(default_factory=DenseOptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
+    def check(self, key: str = "optim") -> None:
+        for part in ("embedding", "dense"):
+            _require_positive(f"{key}.{part}.lr", getattr(self, part).lr)
+            _require_positive(f"{key}.{part}.eps", getattr(self, part).eps)
+        self.schedule.check(f"{key}.schedule")
+
 
 @dataclass
 class TrainerConfig:
     """Loop control. Training stops at max_steps, or at max_samples if that comes first.
 
+    eval_every_steps: 0 evaluates only at the end. progress: a bar, log lines or nothing.
+    pipeline: TorchRec's TrainPipelineSparseDist (overlaps the input alltoall with compute).
     dense_allreduce: flat (DDP's allreduce over all ranks) or hierarchical (reduce-scatter inside
     each node, allreduce across nodes, allgather inside the node: see dlrm.core.dense_sync).
     resume: None (start fresh), "auto" (the newest complete checkpoint in checkpoint.dir, if any),
@@ -214,22 +415,40 @@ class TrainerConfig:
     alpha and B to it (None: the topology config's links).
     """
 
-    max_steps: int = 100
+    max_steps: int = 200
     max_samples: Optional[int] = None
     eval_every_steps: int = 0
-    log_every_steps: int = 10
+    log_every_steps: int = 20
     pipeline: bool = True
-    progress: str = "auto"
-    dense_allreduce: str = "flat"
+    progress: ProgressMode = ProgressMode.auto
+    dense_allreduce: DenseAllreduce = DenseAllreduce.flat
     resume: Optional[str] = None
     eval_only: bool = False
-    dense_precision: str = "fp32"
+    dense_precision: DensePrecision = DensePrecision.fp32
     tf32: bool = False
-    on_nonfinite: str = "stop"
+    on_nonfinite: OnNonfinite = OnNonfinite.stop
     tensorboard: bool = True
     breakdown: bool = True
     profile: Optional[List[int]] = None
     comms_bench: Optional[str] = None
+
+    def check(self, key: str = "trainer") -> None:
+        _require_positive(f"{key}.max_steps", self.max_steps)
+        if self.max_samples is not None:
+            _require_positive(f"{key}.max_samples", self.max_samples)
+        _require_count(f"{key}.eval_every_steps", self.eval_every_steps, "only at the end")
+        _require_positive(f"{key}.log_every_steps", self.log_every_steps)
+        if self.on_nonfinite == OnNonfinite.skip and self.pipeline:
+            _fail(
+                f"{key}.on_nonfinite",
+                self.on_nonfinite,
+                "skip checks each loss before its backward pass, which the pipeline cannot do: "
+                "set trainer.pipeline=false, or use stop",
+            )
+        if self.profile is not None and (len(self.profile) != 2 or not 1 <= self.profile[0] <= self.profile[1]):
+            _fail(f"{key}.profile", self.profile, "give [first, last] steps to trace, 1 <= first <= last, e.g. [20,25]")
+        if self.eval_only and not self.resume:
+            _fail(f"{key}.eval_only", self.eval_only, "name the checkpoint to evaluate: trainer.resume=PATH (or auto)")
 
 
 @dataclass
@@ -245,9 +464,16 @@ class CheckpointConfig:
     at_end: bool = True
     keep: int = 2
 
+    def check(self, key: str = "checkpoint") -> None:
+        _require_count(f"{key}.every_steps", self.every_steps, "no periodic saves")
+        _require_positive(f"{key}.keep", self.keep)
+
 
 @dataclass
 class Config:
+    """The whole job. Its defaults are the default job (`python -m dlrm.train` without overrides)
+    but for model.tables, which model=dlrm_small fills; conf/ holds only what other options change."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
@@ -256,6 +482,33 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     seed: int = 0
+
+    def check(self) -> None:
+        """Each section's own checks, then those across sections; ConfigError on the first problem."""
+        self.model.check()
+        self.data.check()
+        self.topology.check()
+        self.sharding.check([t.name for t in self.model.tables])
+        self.optim.check()
+        self.trainer.check()
+        self.checkpoint.check()
+        if self.optim.embedding.name == EmbeddingOptimizer.adam and self.topology.device == Device.cpu:
+            sharded = [t.name for t in self.model.tables if self.sharding.pinned(t) != ShardingType.data_parallel]
+            if sharded:
+                _fail(
+                    "optim.embedding.name",
+                    "adam",
+                    f"fbgemm's CPU kernels for sharded tables run sgd, adagrad and rowwise_adagrad only, and "
+                    f"table(s) {', '.join(sharded[:3])}{' ...' if len(sharded) > 3 else ''} may be sharded; "
+                    "on CPU use optim=rowwise_adagrad (or optim.embedding.name=adagrad|sgd), or replicate every "
+                    "table with sharding=data_parallel, where adam runs",
+                )
+
+
+def validate(cfg: Config) -> None:
+    """Check what the schema's types cannot (sizes, names, consistency); OmegaConf has already
+    refused unknown keys, wrong types and values outside each enum when composing."""
+    cfg.check()
 
 
 def register_configs() -> None:
@@ -268,155 +521,6 @@ def to_config(cfg: DictConfig | Config) -> Config:
     if isinstance(cfg, Config):
         return cfg
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg))
-
-
-def _fail(key: str, value, fix: str) -> None:
-    raise ConfigError(f"config key '{key}' = {value!r} is invalid: {fix}")
-
-
-def _require_positive(key: str, value) -> None:
-    if value is None or not value > 0 or math.isinf(value):  # `not >` also catches nan
-        _fail(key, value, "it must be a positive, finite number")
-
-
-def _require_choice(key: str, value, choices) -> None:
-    if value not in choices:
-        _fail(key, value, f"choose one of {', '.join(choices)}")
-
-
-def validate(cfg: Config) -> None:
-    """Check what the schema's types cannot; raise ConfigError on the first problem found."""
-    m = cfg.model
-    _require_choice("model.interaction", m.interaction, INTERACTIONS)
-    _require_positive("model.dense_in_features", m.dense_in_features)
-    for key, sizes in (("model.bottom_mlp", m.bottom_mlp), ("model.top_mlp", m.top_mlp)):
-        if not sizes:
-            _fail(key, list(sizes), "list at least one layer size")
-        for i, size in enumerate(sizes):
-            _require_positive(f"{key}[{i}]", size)
-    if m.top_mlp[-1] != 1:
-        _fail("model.top_mlp", list(m.top_mlp), "the last layer must have size 1 (one logit)")
-    if m.interaction == "dcn":
-        _require_positive("model.dcn_num_layers", m.dcn_num_layers)
-        _require_positive("model.dcn_low_rank_dim", m.dcn_low_rank_dim)
-    if not m.tables:
-        _fail("model.tables", [], "list at least one embedding table")
-    names, features = set(), set()
-    for i, t in enumerate(m.tables):
-        key = f"model.tables[{i}]"
-        if not t.name or t.name in names:
-            _fail(f"{key}.name", t.name, "give each table a unique, non-empty name")
-        names.add(t.name)
-        _require_positive(f"{key}.rows", t.rows)
-        _require_positive(f"{key}.dim", t.dim)
-        if t.dim % 4:
-            _fail(f"{key}.dim", t.dim, f"fbgemm's embedding kernels need a multiple of 4; use {t.dim + 4 - t.dim % 4}")
-        _require_positive(f"{key}.pooling", t.pooling)
-        if not t.features:
-            _fail(f"{key}.features", list(t.features), "list the sparse features this table serves")
-        for f in t.features:
-            if f in features:
-                _fail(f"{key}.features", f, "a feature may be looked up in one table only")
-            features.add(f)
-        if t.sharding is not None:
-            _require_choice(f"{key}.sharding", t.sharding, SHARDING_TYPES)
-    dims = {t.dim for t in m.tables}
-    if len(dims) > 1:
-        _fail("model.tables[*].dim", sorted(dims), "DLRM interactions need one embedding dim for all tables")
-    dim = dims.pop()
-    if m.bottom_mlp[-1] != dim:
-        _fail(
-            "model.bottom_mlp",
-            list(m.bottom_mlp),
-            f"its last size must equal the embedding dim {dim}, since the interaction combines them",
-        )
-
-    d = cfg.data
-    _require_choice("data.source", d.source, DATA_SOURCES)
-    _require_positive("data.global_batch_size", d.global_batch_size)
-    if d.eval_batches < 0:
-        _fail("data.eval_batches", d.eval_batches, "use 0 (no evaluation) or a positive count")
-    if d.source == "synthetic":
-        _require_positive("data.synthetic.zipf_alpha", d.synthetic.zipf_alpha)
-
-    tp = cfg.topology
-    _require_positive("topology.nodes", tp.nodes)
-    if tp.ranks_per_node is not None:
-        _require_positive("topology.ranks_per_node", tp.ranks_per_node)
-    _require_choice("topology.device", tp.device, DEVICES)
-    _require_choice("topology.backend", tp.backend, BACKENDS)
-    if tp.device == "cpu" and tp.backend == "nccl":
-        _fail("topology.backend", tp.backend, "NCCL needs topology.device=cuda; use gloo or auto on CPU")
-    for level in ("intra_node", "inter_node"):
-        link = getattr(tp, level)
-        _require_choice(f"topology.{level}.fabric", link.fabric, FABRICS)
-        _require_positive(f"topology.{level}.bandwidth_GBps", link.bandwidth_GBps)
-        if not link.latency_us >= 0 or math.isinf(link.latency_us):
-            _fail(f"topology.{level}.latency_us", link.latency_us, "use a finite latency >= 0")
-    if tp.device == "cuda":
-        _require_positive("topology.hbm_GB", tp.hbm_GB)
-    _require_positive("topology.ddr_GB", tp.ddr_GB)
-
-    s = cfg.sharding
-    _require_choice("sharding.strategy", s.strategy, SHARDING_STRATEGIES)
-    for name, kind in s.per_table.items():
-        if name not in names:
-            _fail(f"sharding.per_table.{name}", kind, f"no table of that name; tables: {', '.join(sorted(names))}")
-        _require_choice(f"sharding.per_table.{name}", kind, SHARDING_TYPES)
-
-    o = cfg.optim
-    _require_choice("optim.embedding.name", o.embedding.name, EMBEDDING_OPTIMIZERS)
-    _require_choice("optim.dense.name", o.dense.name, DENSE_OPTIMIZERS)
-    for part in ("embedding", "dense"):
-        _require_positive(f"optim.{part}.lr", getattr(o, part).lr)
-        _require_positive(f"optim.{part}.eps", getattr(o, part).eps)
-    if o.embedding.name == "adam" and tp.device == "cpu":
-        # A table's sharding type, as dlrm.core.sharding.table_sharding resolves it (auto: the planner's choice).
-        kinds = {t.name: s.per_table.get(t.name) or t.sharding or s.strategy for t in m.tables}
-        from_planner = [name for name, kind in kinds.items() if kind != "data_parallel"]
-        if from_planner:
-            _fail(
-                "optim.embedding.name",
-                "adam",
-                f"fbgemm's CPU kernels for sharded tables run sgd, adagrad and rowwise_adagrad only, and "
-                f"table(s) {', '.join(from_planner[:3])}{' ...' if len(from_planner) > 3 else ''} may be sharded; "
-                "on CPU use optim=rowwise_adagrad (or optim.embedding.name=adagrad|sgd), or replicate every "
-                "table with sharding=data_parallel, where adam runs",
-            )
-    sch = o.schedule
-    for key in ("warmup_steps", "decay_start_step", "decay_steps"):
-        if getattr(sch, key) < 0:
-            _fail(f"optim.schedule.{key}", getattr(sch, key), "use 0 or a positive step count")
-    if sch.decay_steps and sch.decay_start_step < sch.warmup_steps:
-        _fail("optim.schedule.decay_start_step", sch.decay_start_step, "decay must start after warmup ends")
-
-    tr = cfg.trainer
-    _require_positive("trainer.max_steps", tr.max_steps)
-    if tr.max_samples is not None:
-        _require_positive("trainer.max_samples", tr.max_samples)
-    if tr.eval_every_steps < 0:
-        _fail("trainer.eval_every_steps", tr.eval_every_steps, "use 0 (only at the end) or a positive count")
-    _require_positive("trainer.log_every_steps", tr.log_every_steps)
-    _require_choice("trainer.progress", tr.progress, ("auto", "bar", "lines", "none"))
-    _require_choice("trainer.dense_allreduce", tr.dense_allreduce, ("flat", "hierarchical"))
-    _require_choice("trainer.dense_precision", tr.dense_precision, ("fp32", "bf16"))
-    _require_choice("trainer.on_nonfinite", tr.on_nonfinite, ("stop", "skip"))
-    if tr.on_nonfinite == "skip" and tr.pipeline:
-        _fail(
-            "trainer.on_nonfinite",
-            tr.on_nonfinite,
-            "skip checks each loss before its backward pass, which the pipeline cannot do: "
-            "set trainer.pipeline=false, or use stop",
-        )
-    if tr.profile is not None and (len(tr.profile) != 2 or not 1 <= tr.profile[0] <= tr.profile[1]):
-        _fail("trainer.profile", tr.profile, "give [first, last] steps to trace, 1 <= first <= last, e.g. [20,25]")
-    if tr.eval_only and not tr.resume:
-        _fail("trainer.eval_only", tr.eval_only, "name the checkpoint to evaluate: trainer.resume=PATH (or auto)")
-
-    ck = cfg.checkpoint
-    if ck.every_steps < 0:
-        _fail("checkpoint.every_steps", ck.every_steps, "use 0 (no periodic saves) or a positive step count")
-    _require_positive("checkpoint.keep", ck.keep)
 
 
 def validate_world(cfg: Config, world_size: int, local_world_size: int) -> None:

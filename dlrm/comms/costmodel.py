@@ -40,10 +40,11 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
+from dlrm.config import Fabric
 from dlrm.errors import UserError
 
 COLLECTIVES = ("allreduce", "alltoall", "reduce_scatter", "allgather")
-FABRICS = ("ring", "fully_connected", "switch")
+FABRICS = tuple(Fabric)  # the topology config's choices
 
 
 class CommsError(UserError, ValueError):

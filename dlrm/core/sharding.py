@@ -35,8 +35,7 @@ class AnyDeviceEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
 
 def table_sharding(cfg: ShardingConfig, model: ModelConfig) -> Dict[str, Optional[str]]:
     """Each table's pinned sharding type (None: the planner chooses). See ShardingConfig."""
-    default = None if cfg.strategy == "auto" else cfg.strategy
-    return {t.name: cfg.per_table.get(t.name) or t.sharding or default for t in model.tables}
+    return {t.name: cfg.pinned(t) for t in model.tables}
 
 
 def constraints(cfg: Config) -> Dict[str, ParameterConstraints]:

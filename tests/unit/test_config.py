@@ -2,12 +2,14 @@
 
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from omegaconf import DictConfig, OmegaConf
 
-from dlrm.compose import group_options
-from dlrm.config import ConfigError, validate, validate_world
+from dlrm.compose import CONF_DIR, group_options
+from dlrm.config import Config, ConfigError, validate, validate_world
 
 REPO = Path(__file__).resolve().parents[2]
 GROUPS = ["model", "data", "topology", "sharding", "optim", "trainer", "experiment"]
@@ -62,18 +64,51 @@ BAD = {
     "zero batch": (lambda c: setattr(c.data, "global_batch_size", 0), "data.global_batch_size"),
     "dot dims differ": (lambda c: setattr(c.model, "bottom_mlp", [64, 32]), "must equal the embedding dim 16"),
     "top not one logit": (lambda c: setattr(c.model, "top_mlp", [64, 2]), "model.top_mlp"),
-    "unknown sharding": (lambda c: setattr(c.sharding, "strategy", "diagonal"), "sharding.strategy"),
-    "unknown table sharding": (lambda c: setattr(c.model.tables[0], "sharding", "rows"), "model.tables[0].sharding"),
     "per_table unknown table": (lambda c: c.sharding.per_table.update(nope="row_wise"), "sharding.per_table.nope"),
-    "unknown dense optimizer": (lambda c: setattr(c.optim.dense, "name", "lamb"), "optim.dense.name"),
-    "unknown embedding optimizer": (lambda c: setattr(c.optim.embedding, "name", "lion"), "optim.embedding.name"),
-    "unknown backend": (lambda c: setattr(c.topology, "backend", "mpi"), "topology.backend"),
     "nccl on cpu": (lambda c: setattr(c.topology, "backend", "nccl"), "NCCL needs topology.device=cuda"),
     "zero bandwidth": (lambda c: setattr(c.topology.inter_node, "bandwidth_GBps", 0.0), "inter_node.bandwidth_GBps"),
     "duplicate feature": (lambda c: setattr(c.model.tables[1], "features", ["C1"]), "one table only"),
     "skip under the pipeline": (lambda c: setattr(c.trainer, "on_nonfinite", "skip"), "set trainer.pipeline=false"),
     "eval_only without resume": (lambda c: setattr(c.trainer, "eval_only", True), "trainer.resume=PATH"),
 }
+
+
+# Choices are enums that OmegaConf enforces while composing: a value outside one is refused there.
+NOT_A_CHOICE = {
+    "sharding.strategy=diagonal": "sharding.strategy",
+    "model.tables.0.sharding=rows": r"model.tables\[0\].sharding",
+    "+sharding.per_table.t_C1=rows": "sharding.per_table.t_C1",
+    "optim.dense.name=lamb": "optim.dense.name",
+    "optim.embedding.name=lion": "optim.embedding.name",
+    "topology.backend=mpi": "topology.backend",
+    "topology.intra_node.fabric=mesh": "topology.intra_node.fabric",
+    "model.interaction=cross": "model.interaction",
+    "data.source=parquet": "data.source",
+    "trainer.progress=fancy": "trainer.progress",
+    "trainer.dense_precision=fp8": "trainer.dense_precision",
+}
+
+
+@pytest.mark.parametrize("override", sorted(NOT_A_CHOICE))
+def test_a_value_outside_its_choices_is_refused_when_composing(make_config, override):
+    with pytest.raises(ConfigError, match=rf"'{NOT_A_CHOICE[override]}' is invalid: .*expected one of \["):
+        make_config(override)
+
+
+def test_one_source_of_defaults(make_config):
+    """The dataclasses of dlrm/config.py hold the defaults: the default job composed from conf/ equals
+    them (model.tables aside), and the options the defaults list picks restate none of them."""
+    composed, default = make_config(), Config()
+    for section in ("data", "topology", "sharding", "optim", "trainer", "checkpoint"):
+        assert asdict(getattr(composed, section)) == asdict(getattr(default, section)), section
+    assert {**asdict(composed.model), "tables": []} == asdict(default.model)
+    assert composed.seed == default.seed
+    for entry in OmegaConf.load(CONF_DIR / "config.yaml").defaults:
+        if isinstance(entry, DictConfig) and len(entry) == 1:
+            ((group, option),) = entry.items()
+            if option is not None and (CONF_DIR / group).is_dir():  # not Hydra's own groups
+                keys = set(OmegaConf.load(CONF_DIR / group / f"{option}.yaml") or {})
+                assert keys <= ({"tables"} if group == "model" else set()), f"conf/{group}/{option}.yaml restates {keys}"
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -108,7 +143,7 @@ def _train(*args, launcher=(sys.executable, "-m")):
 def test_cli_bad_config_exits_nonzero_before_training():
     result = _train("sharding.strategy=diagonal")
     assert result.returncode == 2
-    assert "sharding.strategy" in result.stderr and "choose one of" in result.stderr
+    assert "sharding.strategy" in result.stderr and "expected one of" in result.stderr
     assert "step " not in result.stdout
 
 
