@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
-from dlrm.config import Fabric
+from dlrm.choices import Fabric
 from dlrm.errors import UserError
 
 COLLECTIVES = ("allreduce", "alltoall", "reduce_scatter", "allgather")
