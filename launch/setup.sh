@@ -47,7 +47,7 @@ if [ "$DLRM_ACCEL" = rocm ]; then  # torch and fbgemm-gpu from the ROCm index fi
   "${pip[@]}" install --index-url "$index" "torch==$TORCH" "fbgemm-gpu==1.8.0" ||
     { echo "setup: no torch $TORCH / fbgemm-gpu 1.8.0 ROCm build at $index; set DLRM_ROCM_INDEX to PyTorch's ROCm wheel index for them" >&2; exit 1; }
   "$VENV/bin/python" -c "import sys, torch; sys.exit(None if torch.version.hip else 'setup: torch ' + torch.__version__ + ' from $index is not a ROCm build; fix DLRM_ROCM_INDEX')"
-  extras=test
+  extras="test"
 fi
 "${pip[@]}" install -e ".[$extras]"
 "${pip[@]}" install --no-deps "torchrec==$TORCHREC"
