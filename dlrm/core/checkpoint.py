@@ -19,7 +19,7 @@ import pickle
 import shutil
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
 from dlrm.config import ModelConfig
+from dlrm.core.cadence import Every
 from dlrm.io import write_json_atomic
 
 MANIFEST = "manifest.json"
@@ -126,13 +127,25 @@ class Checkpointer:
         keep: complete checkpoints to keep; older ones are deleted after a successful save.
         pg: the process group of all ranks.
         is_main: whether this is rank 0 (it renames, writes the manifest and prunes).
+        every: when `maybe_save` saves (default: never; `save` always does).
     """
 
-    def __init__(self, root: Path, keep: int, pg: dist.ProcessGroup, is_main: bool) -> None:
+    def __init__(
+        self, root: Path, keep: int, pg: dist.ProcessGroup, is_main: bool, every: Optional[Every] = None
+    ) -> None:
         self.root = root
         self.keep = keep
         self.pg = pg
         self.is_main = is_main
+        self.every = every or Every(0, at_end=False)
+
+    def maybe_save(
+        self, step: int, last: bool, state: Callable[[], dict], manifest: Callable[[], dict]
+    ) -> Optional[Path]:
+        """Save checkpoint `step` of `state()` if `every` is due (all ranks call it); its directory, or None."""
+        if not self.every.due(step, last):
+            return None
+        return self.save(step, state(), manifest())
 
     def save(self, step: int, state: dict, manifest: dict) -> Path:
         """Write `state` (nested dicts of tensors) as checkpoint `step`, visible only when complete."""

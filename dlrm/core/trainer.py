@@ -2,33 +2,33 @@
 
 from __future__ import annotations
 
-from dlrm.errors import UserError
 import hashlib
 import itertools
 import json
 import logging
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from collections import Counter
-from typing import Dict, Iterator, List, Optional
+from typing import Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
-from torch.profiler import ProfilerActivity, profile, record_function, tensorboard_trace_handler
+from torch.profiler import record_function
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
+from dlrm.config import Config
+from dlrm.core import console
+from dlrm.core.cadence import Every, ThroughputWindow
 from dlrm.core.checkpoint import Checkpointer, CheckpointError, latest_checkpoint, model_signature, step_tensor
 from dlrm.core.dense_sync import use_hierarchical_allreduce
-from dlrm.config import Config
-from dlrm.data.loader import make_source
-from dlrm.io import write_json_atomic
 from dlrm.core.logs import JOB_START
+from dlrm.core.memory import dense_param_count
 from dlrm.core.metrics import MetricsLog, Progress, auc_and_logloss, peak_rss_mb
 from dlrm.core.model import build_model, initialize
-from dlrm.core.optim import LRSchedule, build_optimizer, fuse_embedding_optimizer
-from dlrm.core.phases import PHASES, STEP_RANGE, fitted_topology, kineto_quiet, spans_of, step_breakdown
+from dlrm.core.optim import LRSchedule, build_optimizer, fuse_embedding_optimizer, lr_factor
+from dlrm.core.phases import STEP_RANGE, fitted_topology
+from dlrm.core.profiling import StepProfiler, comm_vs_model
 from dlrm.core.sharding import describe_plan, plan_sharding, shard_model, table_plans
 from dlrm.core.topology import (
     World,
@@ -38,15 +38,39 @@ from dlrm.core.topology import (
     init_distributed,
     planner_topology,
 )
+from dlrm.data.loader import make_source
+from dlrm.errors import UserError
+from dlrm.io import write_json_atomic
 
 log = logging.getLogger(__name__)
-COMM_KINDS = ("alltoall", "reduce_scatter", "allgather", "allreduce")
 
 
 class NonFiniteLossError(UserError, RuntimeError):
     """Training produced a NaN or infinite loss; the message names the steps and the last checkpoint."""
 
     same_on_all_ranks = True  # the loss is the global mean
+
+
+@dataclass
+class _Run:
+    """What one call of `Trainer.train` carries from step to step."""
+
+    log: MetricsLog
+    progress: Progress
+    first_step: int
+    window: ThroughputWindow = field(default_factory=ThroughputWindow)
+    started: float = field(default_factory=time.perf_counter)
+    evaluation: dict = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, trainer: Trainer) -> _Run:
+        run_dir, tr = trainer.run_dir, trainer.cfg.trainer
+        metrics = MetricsLog(
+            run_dir / "metrics.jsonl" if run_dir else None,
+            run_dir / "tensorboard" if run_dir and tr.tensorboard else None,
+        )
+        progress = Progress(trainer.total_steps, tr.progress, trainer.world.is_main, first_step=trainer.step)
+        return cls(metrics, progress, trainer.step)
 
 
 class Trainer:
@@ -75,7 +99,7 @@ class Trainer:
         self.pg = init_distributed(cfg.topology, world)
 
         model = build_model(cfg.model)
-        self.dense_params = sum(p.numel() for n, p in model.named_parameters() if "embedding_bags" not in n)
+        self.dense_params = dense_param_count(model)
         fuse_embedding_optimizer(model, cfg.optim.embedding)
         topology = planner_topology(cfg.topology, world.world_size, world.local_world_size)
         self.plan = plan_sharding(cfg, model, topology, self.pg)
@@ -93,11 +117,18 @@ class Trainer:
             else None
         )
         self.step = 0
-        self.losses: List[float] = []  # global mean loss of every logged window, for tests
+        self.losses: List[float] = []  # the global mean loss of every logged window; summary's final_loss
         self.skipped_steps: List[int] = []  # steps dropped for a non-finite loss (on_nonfinite=skip)
-        root = cfg.checkpoint.dir or (run_dir / "checkpoints" if run_dir is not None else None)
+        # The loop's components and their cadences.
+        tr, ck = cfg.trainer, cfg.checkpoint
+        self.log_every, self.eval_every = Every(tr.log_every_steps), Every(tr.eval_every_steps)
+        trace_dir = self.run_dir / "profile" if self.run_dir is not None else None  # rank 0 traces
+        self.profiler = StepProfiler(tr, self.log_every, self.device, self.pg, world.world_size, trace_dir)
+        root = ck.dir or (run_dir / "checkpoints" if run_dir is not None else None)
         self.checkpointer = (
-            Checkpointer(Path(root), cfg.checkpoint.keep, self.pg, world.is_main) if root is not None else None
+            Checkpointer(Path(root), ck.keep, self.pg, world.is_main, every=Every(ck.every_steps, ck.at_end))
+            if root is not None
+            else None
         )
         if cfg.trainer.resume:
             self.resume(cfg.trainer.resume)
@@ -189,7 +220,9 @@ class Trainer:
         return loss.detach()
 
     def _one_step(self, batches: Iterator) -> Optional[torch.Tensor]:
-        """One training step, labelled STEP_RANGE for the profiler; the loss (None: skipped)."""
+        """One training step at this step's learning rate, labelled STEP_RANGE for the profiler; its
+        loss (None: skipped)."""
+        self.schedule.apply(self.step)
         with record_function(STEP_RANGE):
             if self.pipeline is not None:
                 loss = self.pipeline.progress(batches)[0]
@@ -201,265 +234,109 @@ class Trainer:
                 torch.cuda.synchronize(self.device)  # the step's GPU work ends inside its range
         return loss
 
-    def _profiled_step(self, batches: Iterator, acc: torch.Tensor) -> Optional[torch.Tensor]:
-        """One step under torch.profiler; adds [1, its wall seconds, the profiler's extra seconds,
-        seconds per phase..., per collective kind...] to acc."""
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        begin = time.perf_counter()
-        prof = profile(activities=activities)
-        with kineto_quiet():
-            prof.start()
-        try:
-            start = time.perf_counter()
-            loss = self._one_step(batches)
-            wall = time.perf_counter() - start
-        finally:
-            with kineto_quiet():
-                prof.stop()
-        (phases, comm), = step_breakdown(spans_of(prof))
-        overhead = time.perf_counter() - begin - wall
-        figures = [1.0, wall, overhead] + [phases[k] for k in PHASES] + [comm.get(k, 0.0) for k in COMM_KINDS]
-        acc += torch.tensor(figures, dtype=acc.dtype)
-        return loss
-
-    def _config_lines(self) -> List[str]:
-        """The run's configuration in a few console lines."""
-        cfg, world = self.cfg, self.world
-        m, tables = cfg.model, cfg.model.tables
-        rows = sum(t.rows for t in tables)
-        dims = sorted({t.dim for t in tables})
-        emb = sum(t.rows * t.dim for t in tables)
-        o = cfg.optim
-        batch = cfg.data.global_batch_size
-        return [
-            f"model: {len(tables)} tables, {rows:,} rows, dim {'/'.join(map(str, dims))} ({emb / 1e6:,.1f}M embedding "
-            f"params); bottom {'-'.join(map(str, [m.dense_in_features] + list(m.bottom_mlp)))}, top "
-            f"{'-'.join(map(str, m.top_mlp))}, interaction {m.interaction} ({self.dense_params / 1e6:,.2f}M dense params)",
-            f"data: {cfg.data.source}, global batch {batch:,} ({batch // world.world_size:,} per rank), "
-            f"{self.total_steps} steps, eval {cfg.data.eval_batches} batches",
-            f"optim: embedding {o.embedding.name} lr {o.embedding.lr:g} (fused into backward), "
-            f"dense {o.dense.name} lr {o.dense.lr:g}",
-            f"topology: {cfg.topology.name}, {world.world_size // world.local_world_size} node(s) x "
-            f"{world.local_world_size} rank(s), {backend_for(cfg.topology)} on {self.device.type}",
-        ]
-
-    def _plan_lines(self) -> List[str]:
-        """The sharding plan: one line per (sharding type, kernel), with the tables per rank."""
-        groups: Dict[tuple, List[dict]] = {}
-        for row in describe_plan(self.plan):
-            groups.setdefault((row["sharding_type"], row["compute_kernel"]), []).append(row)
-        lines = [f"sharding plan ({self.world.world_size} ranks, {backend_for(self.cfg.topology)}):"]
-        for (kind, kernel), rows in groups.items():
-            per_rank = Counter(rank for row in rows for rank in row["ranks"])
-            spread = ", ".join(f"{r}:{n}" for r, n in sorted(per_rank.items()))
-            lines.append(f"  {kind:<17} {len(rows):>3} tables, kernel {kernel}; tables on rank {spread}")
-        return lines
+    def _announce(self) -> None:
+        """Log the run's configuration and sharding plan (rank 0)."""
+        if not self.world.is_main:
+            return
+        world, backend = self.world, backend_for(self.cfg.topology)
+        nodes = world.world_size // world.local_world_size
+        lines = console.config_lines(
+            self.cfg, nodes, world.local_world_size, backend, self.device.type, self.dense_params, self.total_steps
+        ) + console.plan_lines(describe_plan(self.plan), world.world_size, backend)
+        for line in lines:
+            log.info(line)
 
     def train(self) -> dict:
-        """Train for `total_steps`, evaluating every trainer.eval_every_steps and at the end."""
-        cfg, world, tr = self.cfg, self.world, self.cfg.trainer
-        if world.is_main:
-            for line in self._config_lines() + self._plan_lines():
-                log.info(line)
-        if tr.eval_only:
+        """Train for `total_steps`. Each component acts at its own cadence, and at the last step:
+        the log window (trainer.log_every_steps), evaluation (trainer.eval_every_steps), checkpoints
+        (checkpoint.every_steps), the step profiler; the throughput clock pauses while they work."""
+        self._announce()
+        if self.cfg.trainer.eval_only:
             return self._finish(0, 0.0, 0.0, self.evaluate(), None)
-        total = self.total_steps
-        log_ = MetricsLog(
-            self.run_dir / "metrics.jsonl" if self.run_dir else None,
-            self.run_dir / "tensorboard" if self.run_dir and tr.tensorboard else None,
-        )
-        progress = Progress(total, tr.progress, world.is_main, first_step=self.step)
-        batches = self._batches("train", self.step, total - self.step)
-        window: List[torch.Tensor] = []
-        width = 3 + len(PHASES) + len(COMM_KINDS)
-        sampled = torch.zeros(width, dtype=torch.float64)  # this window's profiled steps, summed
-        run_breakdown = torch.zeros(width, dtype=torch.float64)  # windows after the first, summed
-        train_seconds, window_start = 0.0, time.perf_counter()
-        started, first_step = time.perf_counter(), self.step
-        trace = self._trace_profiler()
-        tracing = False
-        evaluation: dict = {}
+        run = _Run.start(self)
+        batches = self._batches("train", self.step, self.total_steps - self.step)
         self.model.train()
-        while self.step < total:
-            lr = self.schedule.apply(self.step) * cfg.optim.dense.lr
-            if trace is not None and not tracing and tr.profile[0] <= self.step + 1 <= tr.profile[1]:
-                with kineto_quiet():
-                    trace.start()
-                tracing = True
-            window_ends = (self.step + 1) % tr.log_every_steps == 0 or self.step + 1 == total
-            in_trace = tr.profile is not None and tr.profile[0] <= self.step + 1 <= tr.profile[1]
-            if tr.breakdown and window_ends and not in_trace:
-                loss = self._profiled_step(batches, sampled)
-            else:
-                loss = self._one_step(batches)
-            if tracing and (self.step + 1 == tr.profile[1] or self.step + 1 == total):
-                with kineto_quiet():
-                    trace.stop()
-                trace, tracing = None, False
-                log.info(f"profiler trace of steps {tr.profile[0]}-{tr.profile[1]}: {self.run_dir / 'profile'}")
-            if loss is not None:
-                window.append(loss)
+        while self.step < self.total_steps:
+            last = self.step + 1 == self.total_steps
+            run.window.add(self.profiler.step(self.step + 1, last, lambda: self._one_step(batches)))
             self.step += 1
-            last = self.step == total
-            if window and (self.step % tr.log_every_steps == 0 or last):
-                mean_loss = self._global_mean(window)
-                if not math.isfinite(mean_loss):
-                    latest = latest_checkpoint(self.checkpointer.root) if self.checkpointer else None
-                    raise NonFiniteLossError(
-                        f"loss is {mean_loss} in steps {self.step - len(window) + 1}..{self.step}; "
-                        f"last good checkpoint: {latest or 'none'}. Either the training diverged (lower "
-                        "optim.embedding.lr / optim.dense.lr and resume from it with trainer.resume=auto) or "
-                        "the input holds NaN/inf values (check the data files; a Criteo loader refuses them "
-                        "when it verifies them); trainer.log_every_steps=1 stops sooner"
-                    )
-                seconds = time.perf_counter() - window_start
-                train_seconds += seconds
-                samples_per_s = len(window) * cfg.data.global_batch_size / seconds
-                self.losses.append(mean_loss)
-                record = dict(step=self.step, loss=mean_loss, lr=lr, samples_per_s=samples_per_s,
-                              step_s=seconds / len(window), peak_rss_mb=peak_rss_mb())
-                if self.device.type == "cuda":
-                    record["peak_gpu_mem_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
-                if tr.breakdown:
-                    dist.all_reduce(sampled, group=self.pg)  # sums over ranks: mean per step below
-                    if sampled[0] > 0:
-                        record.update(self._breakdown_record(sampled))
-                        if self.step - first_step > tr.log_every_steps or (last and not run_breakdown[0]):
-                            run_breakdown += sampled  # the first window (warm-up) only if it is all
-                    sampled.zero_()
-                log_.write(**record)
-                progress.update(self.step, len(window), loss=mean_loss, lr=lr, samples_per_s=samples_per_s)
-                window = []
-                window_start = time.perf_counter()
-            every = tr.eval_every_steps
-            if (every and self.step % every == 0) or last:
-                evaluation = self.evaluate()
-                log_.write("eval", step=self.step, **{f"eval_{k}": v for k, v in evaluation.items()})
-                progress.message(f"eval at step {self.step}: {self._eval_text(evaluation)}")
-                window_start = time.perf_counter()
-            every = cfg.checkpoint.every_steps
-            if self.checkpointer is not None and ((every and self.step % every == 0) or (last and cfg.checkpoint.at_end)):
-                path = self.save_checkpoint()
-                progress.message(f"checkpoint: {path}")
-                window_start = time.perf_counter()
-        if first_step >= total:  # resumed at the end: nothing to train, still report the model
-            evaluation = self.evaluate()
-        progress.close()
-        breakdown = self._breakdown_record(run_breakdown) if run_breakdown[0] > 0 else None
+            if self.log_every.due(self.step, last) and run.window.losses:
+                self._log_window(run, last)
+            with run.window.paused():
+                if self.eval_every.due(self.step, last):
+                    run.evaluation = self._evaluate_and_log(run)
+                if self.checkpointer is not None:
+                    saved = self.checkpointer.maybe_save(self.step, last, self._checkpoint_state, self._manifest)
+                    if saved is not None:
+                        run.progress.message(f"checkpoint: {saved}")
+        return self._end(run)
+
+    def _log_window(self, run: _Run, last: bool) -> None:
+        """The window's global mean loss (a NaN or inf stops the run), throughput and step breakdown,
+        to metrics.jsonl, TensorBoard and the progress display. A collective: every rank calls it."""
+        losses, _, seconds = run.window.close()
+        mean_loss = self._global_mean(losses)
+        if not math.isfinite(mean_loss):
+            latest = latest_checkpoint(self.checkpointer.root) if self.checkpointer else None
+            raise NonFiniteLossError(
+                f"loss is {mean_loss} in steps {self.step - len(losses) + 1}..{self.step}; "
+                f"last good checkpoint: {latest or 'none'}. Either the training diverged (lower "
+                "optim.embedding.lr / optim.dense.lr and resume from it with trainer.resume=auto) or "
+                "the input holds NaN/inf values (check the data files; a Criteo loader refuses them "
+                "when it verifies them); trainer.log_every_steps=1 stops sooner"
+            )
+        self.losses.append(mean_loss)
+        lr = lr_factor(self.step - 1, self.cfg.optim.schedule) * self.cfg.optim.dense.lr
+        samples_per_s = len(losses) * self.cfg.data.global_batch_size / seconds
+        record = dict(step=self.step, loss=mean_loss, lr=lr, samples_per_s=samples_per_s,
+                      step_s=seconds / len(losses), peak_rss_mb=peak_rss_mb())
+        if self.device.type == "cuda":
+            record["peak_gpu_mem_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        warm_up = self.step - run.first_step <= self.cfg.trainer.log_every_steps
+        record.update(self.profiler.window_record(warm_up, last))
+        run.log.write(**record)
+        run.progress.update(self.step, len(losses), loss=mean_loss, lr=lr, samples_per_s=samples_per_s)
+
+    def _evaluate_and_log(self, run: _Run) -> dict:
+        evaluation = self.evaluate()
+        run.log.write("eval", step=self.step, **{f"eval_{k}": v for k, v in evaluation.items()})
+        run.progress.message(f"eval at step {self.step}: {console.eval_text(evaluation)}")
+        return evaluation
+
+    def _end(self, run: _Run) -> dict:
+        """Close the run's outputs; the summary (see `_finish`)."""
+        if run.first_step >= self.total_steps:  # resumed at the end: nothing to train, still report the model
+            run.evaluation = self.evaluate()
+        run.progress.close()
+        breakdown = self.profiler.run_record()
         if breakdown is not None:
-            log_.write("run", step=self.step, **{f"run_{k}": v for k, v in breakdown.items()})
-        log_.close()
-        return self._finish(self.step - first_step, train_seconds, time.perf_counter() - started, evaluation, breakdown)
-
-    @staticmethod
-    def _eval_text(evaluation: dict) -> str:
-        if not evaluation:
-            return "no eval data"
-        auc = evaluation.get("auc")
-        return f"auc {'n/a (one class)' if auc is None else f'{auc:.4f}'} logloss {evaluation['logloss']:.4f}"
-
-    def _breakdown_record(self, summed: torch.Tensor) -> dict:
-        """Mean seconds per profiled step: its wall time (the loop's clock), per phase (the profiler's
-        events; they add up to the profiler's step time) and per collective kind, from the sums
-        [count, wall, overhead, phases..., kinds...] over ranks and steps. profile_overhead_s: what
-        profiling added to the step (start, stop, reading the events)."""
-        mean = (summed[1:] / summed[0]).tolist()
-        phases = dict(zip(PHASES, mean[2 : 2 + len(PHASES)]))
-        return {
-            "phase_s": phases,
-            "profiled_step_s": mean[0],
-            "profile_overhead_s": mean[1],
-            "comm_s": dict(zip(COMM_KINDS, mean[2 + len(PHASES):])),
-            "profiled_steps": int(summed[0].item()) // self.world.world_size,
-        }
-
-    def _trace_profiler(self) -> Optional[profile]:
-        """A torch.profiler for trainer.profile's steps, on rank 0, writing to <run dir>/profile."""
-        if self.cfg.trainer.profile is None or not self.world.is_main or self.run_dir is None:
-            return None
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
-        return profile(
-            activities=activities,
-            record_shapes=True,
-            on_trace_ready=tensorboard_trace_handler(str(self.run_dir / "profile"), worker_name="rank0"),
-        )
+            run.log.write("run", step=self.step, **{f"run_{k}": v for k, v in breakdown.items()})
+        run.log.close()
+        wall = time.perf_counter() - run.started
+        return self._finish(self.step - run.first_step, run.window.train_seconds, wall, run.evaluation, breakdown)
 
     def _finish(
         self, steps: int, train_seconds: float, wall_seconds: float, evaluation: dict, breakdown: Optional[dict]
     ) -> dict:
+        """The summary of the run: written to summary.json and its closing lines logged (rank 0)."""
         summary = self._summary(steps, train_seconds, wall_seconds, evaluation)
         if breakdown is not None:
             summary["step_breakdown"] = breakdown
-            summary["comm_vs_model"] = self._comm_vs_model(breakdown["comm_s"])
+            world = self.world
+            summary["comm_vs_model"] = comm_vs_model(
+                self.cfg, table_plans(self.plan, self.cfg.model, world.world_size), world.world_size,
+                world.local_world_size, self.dense_params, self.comms_bench, breakdown["comm_s"],
+            )
         if self.run_dir is not None:
             write_json_atomic(self.run_dir / "summary.json", summary)
         if self.world.is_main:
-            for line in self._end_lines(summary):
+            lines = console.end_lines(
+                summary, self.cfg.data.global_batch_size, self.world.world_size, self.run_dir,
+                self.cfg.trainer.tensorboard,
+            )
+            for line in lines:
                 log.info(line)
         return summary
-
-    def _comm_vs_model(self, measured: Dict[str, float]) -> dict:
-        """Measured seconds per step of the embedding exchange (alltoall, and reduce-scatter/allgather
-        of row-wise shards) and of the dense allreduce, beside `dlrm.plan`'s cost model for the same
-        plan, batch and topology; ratio = measured / modelled (None where the model predicts 0).
-
-        With trainer.comms_bench, the model's intra-node link takes the alpha and B fitted to the
-        bench's alltoall (for the exchange) and allreduce (for the allreduce) times.
-        """
-        from dataclasses import replace
-
-        from dlrm.comms.traffic import comm_summary
-
-        world = self.world
-        tables = table_plans(self.plan, self.cfg.model, world.world_size)
-
-        def model(collective: str) -> Dict[str, float]:
-            cfg = self.cfg
-            if self.comms_bench is not None:
-                topology = fitted_topology(cfg.topology, self.comms_bench, collective, world.local_world_size)
-                cfg = replace(cfg, topology=topology)
-            return comm_summary(cfg, tables, world.world_size, world.local_world_size, self.dense_params)["time_s"]
-
-        out = {}
-        for name, seconds, modelled in (
-            ("embedding_exchange", measured["alltoall"] + measured["reduce_scatter"] + measured["allgather"],
-             model("alltoall")["alltoall_s"]),
-            ("dense_allreduce", measured["allreduce"], model("allreduce")["allreduce_s"]),
-        ):
-            out[name] = {"measured_s": seconds, "model_s": modelled, "ratio": seconds / modelled if modelled else None}
-        out["model"] = "fitted to " + self.cfg.trainer.comms_bench if self.comms_bench is not None else "topology config"
-        return out
-
-    def _end_lines(self, summary: dict) -> List[str]:
-        """The console's closing lines: throughput, the per-phase breakdown, comms against the model, outputs."""
-        lines = []
-        speed = summary["train_samples_per_s"]
-        if speed:
-            lines.append(
-                f"trained {summary['steps']} steps: {speed:,.0f} samples/s, "
-                f"{self.cfg.data.global_batch_size / speed * 1e3:.1f} ms/step; loop {summary['wall_time_s']:.1f} s, "
-                f"job {summary['job_wall_time_s']:.1f} s"
-            )
-        b = summary.get("step_breakdown")
-        if b is not None:
-            ms = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in b["phase_s"].items())
-            lines.append(
-                f"step breakdown, ms (mean of {b['profiled_steps']} profiled steps, {b['profiled_step_s'] * 1e3:.1f} ms "
-                f"each; profiling added {b['profile_overhead_s'] * 1e3:.0f} ms per profiled step): {ms}"
-            )
-            cm = summary["comm_vs_model"]
-            if self.world.world_size > 1:
-                lines.append(
-                    "comms per step, measured vs model: " + "; ".join(
-                        f"{k} {v['measured_s'] * 1e3:.2f} vs {v['model_s'] * 1e3:.2f} ms"
-                        + (f" (x{v['ratio']:.2f})" if v["ratio"] is not None else "")
-                        for k, v in cm.items() if k != "model"
-                    )
-                )
-        if self.run_dir is not None:
-            lines.append(f"outputs: {self.run_dir} (summary.json, metrics.jsonl, train.log"
-                         + (", tensorboard/" if self.cfg.trainer.tensorboard else "") + ")")
-        return lines
 
     def detached_model(self) -> torch.nn.Module:
         """The model with its plain forward (the pipeline's rewrite undone), for direct calls."""

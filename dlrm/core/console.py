@@ -1,0 +1,80 @@
+"""What the trainer prints (rank 0): the run's configuration and plan, evaluations, the closing lines."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+from dlrm.config import Config
+
+
+def config_lines(cfg: Config, nodes: int, ranks_per_node: int, backend: str, device: str, dense_params: int,
+                 total_steps: int) -> list[str]:
+    """The run's configuration in a few console lines."""
+    m, tables, o = cfg.model, cfg.model.tables, cfg.optim
+    rows = sum(t.rows for t in tables)
+    dims = sorted({t.dim for t in tables})
+    emb = sum(t.rows * t.dim for t in tables)
+    batch = cfg.data.global_batch_size
+    return [
+        f"model: {len(tables)} tables, {rows:,} rows, dim {'/'.join(map(str, dims))} ({emb / 1e6:,.1f}M embedding "
+        f"params); bottom {'-'.join(map(str, [m.dense_in_features, *m.bottom_mlp]))}, top "
+        f"{'-'.join(map(str, m.top_mlp))}, interaction {m.interaction} ({dense_params / 1e6:,.2f}M dense params)",
+        f"data: {cfg.data.source}, global batch {batch:,} ({batch // (nodes * ranks_per_node):,} per rank), "
+        f"{total_steps} steps, eval {cfg.data.eval_batches} batches",
+        f"optim: embedding {o.embedding.name} lr {o.embedding.lr:g} (fused into backward), "
+        f"dense {o.dense.name} lr {o.dense.lr:g}",
+        f"topology: {cfg.topology.name}, {nodes} node(s) x {ranks_per_node} rank(s), {backend} on {device}",
+    ]
+
+
+def plan_lines(plan: list[dict], world_size: int, backend: str) -> list[str]:
+    """The sharding plan (`describe_plan` rows): one line per (sharding type, kernel), tables per rank."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in plan:
+        groups.setdefault((row["sharding_type"], row["compute_kernel"]), []).append(row)
+    lines = [f"sharding plan ({world_size} ranks, {backend}):"]
+    for (kind, kernel), rows in groups.items():
+        per_rank = Counter(rank for row in rows for rank in row["ranks"])
+        spread = ", ".join(f"{r}:{n}" for r, n in sorted(per_rank.items()))
+        lines.append(f"  {kind:<17} {len(rows):>3} tables, kernel {kernel}; tables on rank {spread}")
+    return lines
+
+
+def eval_text(evaluation: dict) -> str:
+    if not evaluation:
+        return "no eval data"
+    auc = evaluation.get("auc")
+    return f"auc {'n/a (one class)' if auc is None else f'{auc:.4f}'} logloss {evaluation['logloss']:.4f}"
+
+
+def end_lines(summary: dict, global_batch_size: int, world_size: int, run_dir: Optional[Path],
+              tensorboard: bool) -> list[str]:
+    """The console's closing lines: throughput, the per-phase breakdown, comms against the model, outputs."""
+    lines = []
+    speed = summary["train_samples_per_s"]
+    if speed:
+        lines.append(
+            f"trained {summary['steps']} steps: {speed:,.0f} samples/s, "
+            f"{global_batch_size / speed * 1e3:.1f} ms/step; loop {summary['wall_time_s']:.1f} s, "
+            f"job {summary['job_wall_time_s']:.1f} s"
+        )
+    b = summary.get("step_breakdown")
+    if b is not None:
+        ms = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in b["phase_s"].items())
+        lines.append(
+            f"step breakdown, ms (mean of {b['profiled_steps']} profiled steps, {b['profiled_step_s'] * 1e3:.1f} ms "
+            f"each; profiling added {b['profile_overhead_s'] * 1e3:.0f} ms per profiled step): {ms}"
+        )
+        if world_size > 1:
+            lines.append(
+                "comms per step, measured vs model: " + "; ".join(
+                    f"{k} {v['measured_s'] * 1e3:.2f} vs {v['model_s'] * 1e3:.2f} ms"
+                    + (f" (x{v['ratio']:.2f})" if v["ratio"] is not None else "")
+                    for k, v in summary["comm_vs_model"].items() if k != "model"
+                )
+            )
+    if run_dir is not None:
+        lines.append(f"outputs: {run_dir} (summary.json, metrics.jsonl, train.log" + (", tensorboard/" if tensorboard else "") + ")")
+    return lines

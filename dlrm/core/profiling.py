@@ -1,0 +1,146 @@
+"""The training loop's profiling, a component with its own cadence (see `dlrm.core.phases`).
+
+With trainer.breakdown, the last step of each log window runs under torch.profiler and its time is
+split into phases and collectives; with trainer.profile=[first, last], those steps are traced on
+rank 0 to <run dir>/profile (TensorBoard, Perfetto). `comm_vs_model` puts the measured
+communication beside the cost model's prediction for the same plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+
+from dlrm.config import Config, TrainerConfig
+from dlrm.core.cadence import Every
+from dlrm.core.phases import PHASES, fitted_topology, kineto_quiet, spans_of, step_breakdown
+
+log = logging.getLogger(__name__)
+COMM_KINDS = ("alltoall", "reduce_scatter", "allgather", "allreduce")
+T = TypeVar("T")
+
+
+class StepProfiler:
+    """Profiles and traces the steps that are due; sums the profiled steps' figures per log window.
+
+    The sums are [count, wall s, profiling overhead s, s per phase..., s per collective kind...],
+    over this rank's profiled steps; `window_record` adds them over ranks at each log.
+    """
+
+    def __init__(self, cfg: TrainerConfig, log_every: Every, device: torch.device, pg, world_size: int,
+                 trace_dir: Optional[Path]) -> None:
+        self.cfg, self.log_every, self.device, self.pg, self.world_size = cfg, log_every, device, pg, world_size
+        self.activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        width = 3 + len(PHASES) + len(COMM_KINDS)
+        self.window = torch.zeros(width, dtype=torch.float64)  # this log window's profiled steps
+        self.run = torch.zeros(width, dtype=torch.float64)  # the windows after the first (warm-up)
+        self.trace = None
+        if cfg.profile is not None and trace_dir is not None:  # rank 0 only: trace_dir is its run dir's
+            handler = tensorboard_trace_handler(str(trace_dir), worker_name="rank0")
+            self.trace = profile(activities=self.activities, record_shapes=True, on_trace_ready=handler)
+        self.trace_dir, self.tracing = trace_dir, False
+
+    def _traced(self, step: int) -> bool:
+        return self.cfg.profile is not None and self.cfg.profile[0] <= step <= self.cfg.profile[1]
+
+    def step(self, step: int, last: bool, one_step: Callable[[], T]) -> T:
+        """Run training step `step` (1-based) by `one_step()`: traced, profiled or plainly, as due."""
+        if self.trace is not None and not self.tracing and self._traced(step):
+            with kineto_quiet():
+                self.trace.start()
+            self.tracing = True
+        if self.cfg.breakdown and self.log_every.due(step, last) and not self._traced(step):
+            result = self._profiled(one_step)
+        else:
+            result = one_step()
+        if self.tracing and (last or step == self.cfg.profile[1]):
+            with kineto_quiet():
+                self.trace.stop()
+            self.trace, self.tracing = None, False
+            log.info(f"profiler trace of steps {self.cfg.profile[0]}-{self.cfg.profile[1]}: {self.trace_dir}")
+        return result
+
+    def _profiled(self, one_step: Callable[[], T]) -> T:
+        begin = time.perf_counter()
+        prof = profile(activities=self.activities)
+        with kineto_quiet():
+            prof.start()
+        try:
+            start = time.perf_counter()
+            result = one_step()
+            wall = time.perf_counter() - start
+        finally:
+            with kineto_quiet():
+                prof.stop()
+        ((phases, comm),) = step_breakdown(spans_of(prof))
+        overhead = time.perf_counter() - begin - wall
+        figures = [1.0, wall, overhead] + [phases[k] for k in PHASES] + [comm.get(k, 0.0) for k in COMM_KINDS]
+        self.window += torch.tensor(figures, dtype=self.window.dtype)
+        return result
+
+    def window_record(self, warm_up: bool, last: bool) -> dict:
+        """The breakdown of this log window, summed over ranks (a collective: every rank calls it at
+        each log); {} without profiled steps. The first window (warm_up) counts for the run's
+        breakdown only when it is the run's only one."""
+        if not self.cfg.breakdown:
+            return {}
+        dist.all_reduce(self.window, group=self.pg)
+        record = {}
+        if self.window[0] > 0:
+            record = self.record(self.window)
+            if not warm_up or (last and not self.run[0]):
+                self.run += self.window
+        self.window.zero_()
+        return record
+
+    def run_record(self) -> Optional[dict]:
+        """The run's breakdown (mean per profiled step), or None."""
+        return self.record(self.run) if self.run[0] > 0 else None
+
+    def record(self, summed: torch.Tensor) -> dict:
+        """Mean seconds per profiled step: its wall time (the loop's clock), per phase (the profiler's
+        events; they add up to the profiler's step time) and per collective kind, from the sums
+        [count, wall, overhead, phases..., kinds...] over ranks and steps. profile_overhead_s: what
+        profiling added to the step (start, stop, reading the events)."""
+        mean = (summed[1:] / summed[0]).tolist()
+        return {
+            "phase_s": dict(zip(PHASES, mean[2 : 2 + len(PHASES)], strict=True)),
+            "profiled_step_s": mean[0],
+            "profile_overhead_s": mean[1],
+            "comm_s": dict(zip(COMM_KINDS, mean[2 + len(PHASES) :], strict=True)),
+            "profiled_steps": int(summed[0].item()) // self.world_size,
+        }
+
+
+def comm_vs_model(cfg: Config, tables, world_size: int, local_world_size: int, dense_params: int,
+                  comms_bench: Optional[dict], measured: dict) -> dict:
+    """Measured seconds per step of the embedding exchange (alltoall, and reduce-scatter/allgather
+    of row-wise shards) and of the dense allreduce, beside the cost model's for the same plan (`tables`,
+    `dlrm.core.sharding.table_plans`), batch and topology; ratio = measured / modelled (None where the
+    model predicts 0). With a comms bench (trainer.comms_bench), the model's intra-node link takes the
+    alpha and B fitted to the bench's alltoall (for the exchange) and allreduce (for the allreduce)."""
+    from dlrm.comms.traffic import comm_summary
+
+    def model(collective: str) -> dict:
+        run_cfg = cfg
+        if comms_bench is not None:
+            run_cfg = replace(cfg, topology=fitted_topology(cfg.topology, comms_bench, collective, local_world_size))
+        return comm_summary(run_cfg, tables, world_size, local_world_size, dense_params)["time_s"]
+
+    out = {}
+    for name, seconds, modelled in (
+        ("embedding_exchange", measured["alltoall"] + measured["reduce_scatter"] + measured["allgather"],
+         model("alltoall")["alltoall_s"]),
+        ("dense_allreduce", measured["allreduce"], model("allreduce")["allreduce_s"]),
+    ):
+        out[name] = {"measured_s": seconds, "model_s": modelled, "ratio": seconds / modelled if modelled else None}
+    out["model"] = "fitted to " + cfg.trainer.comms_bench if comms_bench is not None else "topology config"
+    return out
