@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -116,6 +117,9 @@ def _composition_error(e: Exception) -> ConfigError:
     reason = (getattr(cause, "msg", None) or str(cause)).strip().splitlines()[0]
     if key and "not in struct" in reason:  # a new entry of an open dict (sharding.per_table.NAME)
         return ConfigError(f"config key '{key}' does not exist yet; add it with '+{key}=VALUE'")
+    choice = re.fullmatch(r"Invalid value '(.*)', expected one of \[(.*)\]", reason)
+    if key and choice:  # a value outside an enum of dlrm.choices
+        return ConfigError(f"config key '{key}' = '{choice[1]}' is invalid: choose one of {choice[2]}")
     if key:
         return ConfigError(f"config key '{key}' is invalid: {reason}; fix its override or YAML value")
     return ConfigError(f"cannot compose the config: {str(e).strip().splitlines()[0]}")

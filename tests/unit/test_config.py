@@ -91,7 +91,8 @@ NOT_A_CHOICE = {
 
 @pytest.mark.parametrize("override", sorted(NOT_A_CHOICE))
 def test_a_value_outside_its_choices_is_refused_when_composing(make_config, override):
-    with pytest.raises(ConfigError, match=rf"'{NOT_A_CHOICE[override]}' is invalid: .*expected one of \["):
+    value = override.rpartition("=")[2]
+    with pytest.raises(ConfigError, match=rf"'{NOT_A_CHOICE[override]}' = '{value}' is invalid: choose one of \w+, "):
         make_config(override)
 
 
@@ -143,7 +144,7 @@ def _train(*args, launcher=(sys.executable, "-m")):
 def test_cli_bad_config_exits_nonzero_before_training():
     result = _train("sharding.strategy=diagonal")
     assert result.returncode == 2
-    assert "sharding.strategy" in result.stderr and "expected one of" in result.stderr
+    assert "sharding.strategy" in result.stderr and "choose one of" in result.stderr
     assert "step " not in result.stdout
 
 
