@@ -28,7 +28,7 @@ def _conf_dir() -> Path:
 CONF_DIR = _conf_dir()
 
 
-def _schema_keys(cls=Config, prefix: str = "") -> dict[str, object]:
+def _schema_keys(cls: type = Config, prefix: str = "") -> dict[str, object]:
     """Every dotted key of the schema -> its dataclass type, 'dict' or 'list' (open containers), or None."""
     keys: dict[str, object] = {}
     for f in dataclasses.fields(cls):

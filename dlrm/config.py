@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, NoReturn, Optional
+from typing import Dict, List, NoReturn, Optional, cast
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -441,7 +441,7 @@ def to_config(cfg: DictConfig | Config) -> Config:
     """Turn a composed DictConfig into the plain `Config` dataclass (typed, attribute access)."""
     if isinstance(cfg, Config):
         return cfg
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg))
+    return cast(Config, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg)))
 
 
 def validate_world(cfg: Config, world_size: int, local_world_size: int) -> None:

@@ -6,10 +6,16 @@ Anything else is a bug or an environment failure and keeps its traceback.
 
 Under torchrun: an error every rank raises alike (`same_on_all_ranks`: config, plan, global loss)
 is printed by rank 0 only; any other (a file one rank reads) by each rank that meets it, as
-`error: [rank R] ...`.
+`error: [rank R] ...`. `exit_on_user_error` is how every entry point does so.
 """
 
 from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Optional
 
 
 class UserError(Exception):
@@ -17,3 +23,64 @@ class UserError(Exception):
 
     exit_code = 2
     same_on_all_ranks = False  # True: every rank raises the same error, so only rank 0 prints it
+
+
+def user_error_in(e: BaseException) -> Optional[UserError]:
+    """The UserError `e` is or wraps (as a cause, or inside DCP's CheckpointException), else None."""
+    todo: list[Optional[BaseException]] = [e]
+    seen: set[int] = set()
+    while todo:
+        x = todo.pop(0)
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, UserError):
+            return x
+        if hasattr(x, "failures") and "torch.distributed.checkpoint" in sys.modules:
+            from torch.distributed.checkpoint import CheckpointException
+
+            if isinstance(x, CheckpointException):  # one (exception, traceback) per failed rank
+                todo += [f[0] if isinstance(f, tuple) else f for f in x.failures.values()]
+        todo += [x.__cause__, x.__context__]
+    return None
+
+
+# How long a rank other than 0 waits for rank 0 to report an error that every rank meets. torchrun
+# stops every rank as soon as one exits, so rank 0 must get to print first; a rank still alive after
+# this wait says it itself (rank 0 did not stop the job: it did not meet the error).
+REPORT_GRACE_S = 30.0
+
+
+def user_error_message(e: UserError, rank: int) -> Optional[str]:
+    """The one line to print for `e` on this rank, or None when rank 0 prints it (see dlrm.errors)."""
+    if rank == 0:
+        return f"error: {e}"
+    if e.same_on_all_ranks:
+        return None
+    return f"error: [rank {rank}] {e}"
+
+
+def exit_on_user_error(e: BaseException, rank: int) -> None:
+    """If `e` is (or wraps) a UserError: print its one line (see `user_error_message`) and exit 2.
+
+    A rank other than 0 waits REPORT_GRACE_S for rank 0 to report an error every rank meets
+    (torchrun then stops it). Returns (so the caller re-raises) for anything else: bugs and
+    environment failures keep their traceback. With a process group up, the exit skips interpreter
+    teardown (os._exit): other ranks may be inside a collective, and tearing Gloo down then can
+    hang or abort instead of exiting 2.
+    """
+    user = user_error_in(e)
+    if user is None:
+        return
+    line = user_error_message(user, rank)
+    if line is None:  # rank 0 reports it: give it the time to, before torchrun stops the job
+        time.sleep(REPORT_GRACE_S)
+        line = f"error: [rank {rank}] {user}"
+    print(line, file=sys.stderr)
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(user.exit_code)
+    sys.exit(user.exit_code)

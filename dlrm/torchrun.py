@@ -38,7 +38,8 @@ class _DropUserErrorNoise(logging.Filter):
     summary, when there is one, lists every rank's exit status anyway). SIGKILL lines stay."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        msg, args = record.msg if isinstance(record.msg, str) else "", record.args or ()
+        msg = record.msg if isinstance(record.msg, str) else ""
+        args = record.args if isinstance(record.args, tuple) else ()
         if msg.startswith("failed (exitcode") and args and args[0] == USER_ERROR:
             return False
         return not (msg.startswith("Sending process") and args and args[-1] == "SIGTERM")

@@ -13,7 +13,6 @@ exits with status 2, without a traceback: see `exit_on_user_error`. Launch throu
 from __future__ import annotations
 
 import gc
-import logging
 import os
 import sys
 import time
@@ -28,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from dlrm.compose import CONF_DIR, compose
 from dlrm.config import Config, register_configs, to_config, validate, validate_world
 from dlrm.core.logs import setup_logging
-from dlrm.errors import UserError
+from dlrm.errors import UserError, exit_on_user_error
 
 register_configs()
 # torch (seconds to import) is imported where needed: a bad command line fails before it.
@@ -80,66 +79,6 @@ def hydra_main(dcfg: DictConfig) -> None:
             f"done: {summary['steps']} steps, {f'{speed:.0f}' if speed else 'no'} train samples/s, "
             f"eval auc {summary['eval_auc'] and round(summary['eval_auc'], 4)}, logloss {summary['eval_logloss'] and round(summary['eval_logloss'], 4)}; outputs in {run_dir}"
         )
-
-
-def user_error_in(e: BaseException) -> Optional[UserError]:
-    """The UserError `e` is or wraps (as a cause, or inside DCP's CheckpointException), else None."""
-    todo, seen = [e], set()
-    while todo:
-        e = todo.pop(0)
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, UserError):
-            return e
-        if hasattr(e, "failures") and "torch.distributed.checkpoint" in sys.modules:
-            from torch.distributed.checkpoint import CheckpointException
-
-            if isinstance(e, CheckpointException):  # one (exception, traceback) per failed rank
-                todo += [f[0] if isinstance(f, tuple) else f for f in e.failures.values()]
-        todo += [e.__cause__, e.__context__]
-    return None
-
-
-# How long a rank other than 0 waits for rank 0 to report an error that every rank meets. torchrun
-# stops every rank as soon as one exits, so rank 0 must get to print first; a rank still alive after
-# this wait says it itself (rank 0 did not stop the job: it did not meet the error).
-REPORT_GRACE_S = 30.0
-
-
-def user_error_message(e: UserError, rank: int) -> Optional[str]:
-    """The one line to print for `e` on this rank, or None when rank 0 prints it (see dlrm.errors)."""
-    if rank == 0:
-        return f"error: {e}"
-    if e.same_on_all_ranks:
-        return None
-    return f"error: [rank {rank}] {e}"
-
-
-def exit_on_user_error(e: BaseException, rank: int) -> None:
-    """If `e` is (or wraps) a UserError: print its one line (see `user_error_message`) and exit 2.
-
-    A rank other than 0 waits REPORT_GRACE_S for rank 0 to report an error every rank meets
-    (torchrun then stops it). Returns (so the caller re-raises) for anything else: bugs and
-    environment failures keep their traceback. With a process group up, the exit skips interpreter
-    teardown (os._exit): other ranks may be inside a collective, and tearing Gloo down then can
-    hang or abort instead of exiting 2.
-    """
-    user = user_error_in(e)
-    if user is None:
-        return
-    line = user_error_message(user, rank)
-    if line is None:  # rank 0 reports it: give it the time to, before torchrun stops the job
-        time.sleep(REPORT_GRACE_S)
-        line = f"error: [rank {rank}] {user}"
-    print(line, file=sys.stderr)
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(user.exit_code)
-    sys.exit(user.exit_code)
 
 
 def _shared_run_dir() -> str:

@@ -357,6 +357,6 @@ if __name__ == "__main__":
     try:
         main()
     except (CommsError, FileNotFoundError) as e:  # one line from rank 0, exit 2 (dlrm.errors)
-        from dlrm.train import exit_on_user_error
+        from dlrm.errors import exit_on_user_error
 
         exit_on_user_error(e if isinstance(e, CommsError) else CommsError(str(e)), int(os.environ.get("RANK", "0")))

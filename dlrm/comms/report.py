@@ -179,7 +179,7 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     """Print and write the report; returns its markdown."""
     from dlrm.comms import load_topology
 
-    ap = argparse.ArgumentParser(prog="python -m dlrm.comms.report", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m dlrm.comms.report", description=(__doc__ or "").split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--topology", default="zion", help="name in conf/topology/ or YAML path: link alpha and B")
     ap.add_argument("--ranks", type=int, default=8, help="ranks per node")

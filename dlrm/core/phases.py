@@ -219,7 +219,7 @@ def step_breakdown(spans: List[Span]) -> List[Tuple[Dict[str, float], Dict[str, 
     allreduce = _union(collectives.get("allreduce", []))
     out = []
     for step in (s for s in spans if s.name == STEP_RANGE):
-        phases = dict.fromkeys(PHASES, 0.0)
+        phases: Dict[str, float] = dict.fromkeys(PHASES, 0.0)
         todo = [_tree(step, spans)]
         while todo:
             node = todo.pop()

@@ -61,11 +61,11 @@ class StepProfiler:
             result = self._profiled(one_step)
         else:
             result = one_step()
-        if self.tracing and (last or step == self.cfg.profile[1]):
+        if self.tracing and self.trace is not None and (last or not self._traced(step + 1)):
             with kineto_quiet():
                 self.trace.stop()
             self.trace, self.tracing = None, False
-            log.info(f"profiler trace of steps {self.cfg.profile[0]}-{self.cfg.profile[1]}: {self.trace_dir}")
+            log.info(f"profiler trace of steps {self.cfg.profile}: {self.trace_dir}")
         return result
 
     def _profiled(self, one_step: Callable[[], T]) -> T:
@@ -142,5 +142,5 @@ def comm_vs_model(cfg: Config, tables, world_size: int, local_world_size: int, d
         ("dense_allreduce", measured["allreduce"], model("allreduce")["allreduce_s"]),
     ):
         out[name] = {"measured_s": seconds, "model_s": modelled, "ratio": seconds / modelled if modelled else None}
-    out["model"] = "fitted to " + cfg.trainer.comms_bench if comms_bench is not None else "topology config"
+    out["model"] = f"fitted to {cfg.trainer.comms_bench}" if comms_bench is not None else "topology config"
     return out

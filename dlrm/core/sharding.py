@@ -43,7 +43,7 @@ def constraints(cfg: Config) -> Dict[str, ParameterConstraints]:
     pinned = table_sharding(cfg.sharding, cfg.model)
     return {
         t.name: ParameterConstraints(
-            sharding_types=[pinned[t.name]] if pinned[t.name] else None,
+            sharding_types=[str(kind)] if (kind := pinned[t.name]) else None,
             pooling_factors=[float(t.pooling)] * len(t.features),
         )
         for t in cfg.model.tables

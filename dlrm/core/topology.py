@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -100,7 +101,7 @@ def init_distributed(cfg: TopologyConfig, world: World) -> dist.ProcessGroup:
         backend = backend_for(cfg)
         store = _launcher_store(world) if "MASTER_ADDR" in os.environ else dist.HashStore()
         dist.init_process_group(backend=backend, store=store, rank=world.rank, world_size=world.world_size)
-    return dist.group.WORLD
+    return cast(dist.ProcessGroup, dist.group.WORLD)  # set by init_process_group
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def build_process_groups(device: torch.device, nodes: int, ranks_per_node: int) 
     A collective call: every rank must make it. Built from a 2-D (node, local) device mesh.
     """
     mesh = init_device_mesh(device.type, (nodes, ranks_per_node), mesh_dim_names=("node", "local"))
-    return ProcessGroups(world=dist.group.WORLD, intra_node=mesh.get_group("local"), inter_node=mesh.get_group("node"))
+    return ProcessGroups(world=cast(dist.ProcessGroup, dist.group.WORLD), intra_node=mesh.get_group("local"), inter_node=mesh.get_group("node"))
 
 
 def planner_topology(cfg: TopologyConfig, world_size: int, local_world_size: int) -> Topology:

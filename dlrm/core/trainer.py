@@ -10,7 +10,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -288,8 +288,10 @@ class Trainer:
         self.losses.append(mean_loss)
         lr = lr_factor(self.step - 1, self.cfg.optim.schedule) * self.cfg.optim.dense.lr
         samples_per_s = len(losses) * self.cfg.data.global_batch_size / seconds
-        record = dict(step=self.step, loss=mean_loss, lr=lr, samples_per_s=samples_per_s,
-                      step_s=seconds / len(losses), peak_rss_mb=peak_rss_mb())
+        record: dict[str, Any] = dict(
+            step=self.step, loss=mean_loss, lr=lr, samples_per_s=samples_per_s, step_s=seconds / len(losses),
+            peak_rss_mb=peak_rss_mb(),
+        )
         if self.device.type == "cuda":
             record["peak_gpu_mem_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         warm_up = self.step - run.first_step <= self.cfg.trainer.log_every_steps

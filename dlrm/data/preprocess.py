@@ -312,7 +312,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    ap = _Parser(prog="python -m dlrm.data.preprocess", description=__doc__.split("\n")[0])
+    ap = _Parser(prog="python -m dlrm.data.preprocess", description=(__doc__ or "").split("\n")[0])
     ap.add_argument("files", nargs="+", help="Criteo TSV files (plain or .gz); file i becomes day_i")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrm import train
+from dlrm import errors, train
 from dlrm.config import ConfigError
 from dlrm.errors import UserError
 
@@ -97,9 +97,9 @@ def test_topology_against_the_launcher_is_checked_before_torchrun_store(monkeypa
     # Rank 1 meets the same error: it waits for rank 0 to report it and torchrun to stop the job;
     # if that does not happen (here: no torchrun), it reports it itself, with its rank.
     waits = []
-    monkeypatch.setattr(train.time, "sleep", waits.append)
+    monkeypatch.setattr(errors.time, "sleep", waits.append)
     code, out, err = main_in_process(monkeypatch, capsys, "topology=cpu_2x2", env=dict(env, RANK="1", LOCAL_RANK="1"))
-    assert waits == [train.REPORT_GRACE_S]
+    assert waits == [errors.REPORT_GRACE_S]
     assert_one_error(code, out, err, "error: [rank 1] config key 'topology.nodes'")
 
 
@@ -141,14 +141,14 @@ def test_user_error_wrapped_by_dcp_is_unwrapped(capsys):
         raise RuntimeError("outer") from wrapped
     except RuntimeError as e:
         with pytest.raises(SystemExit) as exc:
-            train.exit_on_user_error(e, 0)
+            errors.exit_on_user_error(e, 0)
     out, err = capsys.readouterr()
     assert_one_error(exc.value.code, out, err, "config key 'x' = 1", "use 2")
 
 
 def test_other_failures_keep_their_traceback(capsys):
     """A bug is not a user error: exit_on_user_error returns, so the caller re-raises it."""
-    assert train.exit_on_user_error(RuntimeError("bug"), 0) is None
+    assert errors.exit_on_user_error(RuntimeError("bug"), 0) is None
     assert capsys.readouterr() == ("", "")
 
 
@@ -156,9 +156,9 @@ def test_rank_local_errors_are_printed_with_the_rank():
     class LocalError(UserError):
         pass
 
-    assert train.user_error_message(LocalError("file f is bad"), 1) == "error: [rank 1] file f is bad"
-    assert train.user_error_message(ConfigError("bad key"), 1) is None  # rank 0 says it
-    assert train.user_error_message(ConfigError("bad key"), 0) == "error: bad key"
+    assert errors.user_error_message(LocalError("file f is bad"), 1) == "error: [rank 1] file f is bad"
+    assert errors.user_error_message(ConfigError("bad key"), 1) is None  # rank 0 says it
+    assert errors.user_error_message(ConfigError("bad key"), 0) == "error: bad key"
 
 
 def test_quiet_torchrun_hides_only_user_errors():
