@@ -7,7 +7,7 @@ reduce-scatter/allgather) and wraps the dense layers in DDP (gradients are allre
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, cast
 
 import torch
 import torch.distributed as dist
@@ -15,7 +15,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Proposer, Topology
-from torchrec.distributed.types import ShardingEnv, ShardingPlan
+from torchrec.distributed.types import ModuleSharder, ShardingEnv, ShardingPlan
 
 from dlrm.config import Config, ModelConfig, ShardingConfig
 from dlrm.core.memory import planner_refusal
@@ -31,6 +31,11 @@ class AnyDeviceEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
 
     def sharding_types(self, compute_device_type: str) -> List[str]:
         return super().sharding_types("cuda")
+
+
+def _sharders() -> List[ModuleSharder[torch.nn.Module]]:
+    """The sharders of the planner and of DMP (TorchRec types them for any module)."""
+    return [cast(ModuleSharder[torch.nn.Module], AnyDeviceEmbeddingBagCollectionSharder())]
 
 
 def table_sharding(cfg: ShardingConfig, model: ModelConfig) -> Dict[str, Optional[str]]:
@@ -75,7 +80,7 @@ def plan_sharding(
     Raises PlanError (a UserError) when TorchRec's planner finds no plan.
     """
     planner = make_planner(cfg, topology, proposer)
-    sharders = [AnyDeviceEmbeddingBagCollectionSharder()]
+    sharders = _sharders()
     try:
         if pg is None:
             return planner.plan(model, sharders)
@@ -93,7 +98,7 @@ def shard_model(
         env=ShardingEnv.from_process_group(pg),
         device=device,
         plan=plan,
-        sharders=[AnyDeviceEmbeddingBagCollectionSharder()],
+        sharders=_sharders(),
     )
 
 

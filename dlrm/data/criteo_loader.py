@@ -161,7 +161,9 @@ class CriteoSource:
     def _produce(self, split: str, rank: int, world_size: int, start_step: int) -> Iterator[Batch]:
         n = self.num_batches(split)
         b = self.global_batch_size // world_size
-        step, epoch, order = start_step, None, None
+        step = start_step
+        epoch = step // n
+        order = self.batch_order(split, epoch)
         while split == "train" or step < n:
             e, j = divmod(step, n)
             if e != epoch:

@@ -64,9 +64,10 @@ def plan_ranges(
         with open(path, "rb") as f:
             gz = f.read(2) == b"\x1f\x8b"
         n = 1 if gz else max(1, min(per_file, size // max(1, min_range_bytes)))
-        bounds = [size * k // n for k in range(n)] + [None]
+        starts = [size * k // n for k in range(n)]
+        ends: list[int | None] = [*starts[1:], None]
         prefix = os.path.join(out, f".tmp_day_{day}_part")
-        plan[day] = [RangeTask(path, f"{prefix}{k}", bounds[k], bounds[k + 1], opts, block_bytes) for k in range(n)]
+        plan[day] = [RangeTask(path, f"{prefix}{k}", starts[k], ends[k], opts, block_bytes) for k in range(n)]
     return plan
 
 
@@ -83,11 +84,10 @@ def finish_day(out: str, day: int, path: str, results: list[RangeResult], opts: 
             if b.line > 0:
                 b.line += off
     lines = sum(r.lines for r in results)
-    first_error = next((r for r in results if r.error), None)
+    first_error = next((r.error for r in results if r.error), None)
     if first_error is not None:
-        err = first_error.error
         raise CriteoFormatError(
-            f"{err.describe(path)}. Fix the input, or run with --policy skip to drop and count bad lines."
+            f"{first_error.describe(path)}. Fix the input, or run with --policy skip to drop and count bad lines."
         )
     fatal = next((r.fatal for r in results if r.fatal), None)
     if fatal:

@@ -32,7 +32,7 @@ import os
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 
 from dlrm.data.criteo import (
@@ -205,7 +205,9 @@ def preprocess(
     check_numbers(workers, block_bytes, progress_every, contiguous_min_count)
     if contiguous_min_count is not None and (opts.id_map != "none" or opts.table_sizes is not None):
         raise CriteoDataError("--id-map contiguous builds ids from raw ids: drop --table-sizes")
-    kw = dict(workers=workers, block_bytes=block_bytes, min_range_bytes=min_range_bytes, progress_every=progress_every)
+    kw: Dict[str, Any] = dict(
+        workers=workers, block_bytes=block_bytes, min_range_bytes=min_range_bytes, progress_every=progress_every
+    )
     try:
         os.makedirs(out, exist_ok=True)
         with _locked(out):
@@ -220,7 +222,7 @@ def preprocess(
                 ].get("shuffle_seed") == opts.shuffle_seed
             except (KeyError, TypeError, AttributeError):  # a damaged manifest: redo
                 reuse = False
-            if reuse:
+            if reuse and old is not None:
                 return old
             raw = _convert(files, out, opts, force=True, **kw)
             return remap_contiguous(out, raw, contiguous_min_count)
