@@ -24,6 +24,7 @@ import os
 import pickle
 import pickletools
 import shutil
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -119,8 +120,8 @@ def read_manifest(path: Path) -> dict:
     try:
         data = file.read_bytes()
     except FileNotFoundError:
-        raise CheckpointError(f"{path} is not a complete checkpoint (no {MANIFEST}); pick a step_* directory "
-                              "that has one (an interrupted save leaves none)") from None
+        raise CheckpointError(f"{path} is not a complete checkpoint: {file} is missing (an interrupted save "
+                              f"leaves none); pick a step_* directory that has one: {_another(path)}") from None
     except OSError as e:
         raise CheckpointError(f"cannot read {file}: {e.strerror}; fix its permissions or {_another(path)}") from None
     damaged = f"{file} is damaged ({{}}); the checkpoint cannot be trusted: {_another(path)}"
@@ -307,7 +308,9 @@ def load_checkpoint(path: Path, state: dict, verify: bool = True, pg: Optional[d
     """
     manifest, metadata = open_checkpoint(path, verify, pg)
     try:
-        dcp.load(state, storage_reader=SafeFileSystemReader(path, metadata), process_group=pg, no_dist=pg is None)
+        with warnings.catch_warnings():  # DCP warns on every load without a process group
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(state, storage_reader=SafeFileSystemReader(path, metadata), process_group=pg, no_dist=pg is None)
     except CheckpointException as e:
         reasons = sorted({str(exc) for exc, _ in e.failures.values()})
         raise CheckpointError(f"checkpoint {path} does not fit this run: {'; '.join(reasons)}; "
