@@ -6,6 +6,7 @@ the files) and keeps checkpoints at steps 2 and 4: per test, `copy` gives a priv
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -22,10 +23,16 @@ OLD, NEW = "step_00000002", "step_00000004"
 @pytest.fixture(scope="session")
 def saved_checkpoints(tmp_path_factory) -> Path:
     """checkpoints/{step_00000002, step_00000004} of a 2-rank run (read-only: tests copy it)."""
+    return _train_once(tmp_path_factory.getbasetemp())
+
+
+@functools.lru_cache(maxsize=None)
+def _train_once(basetemp: Path) -> Path:
+    """Once per session, although each test module that imports the fixture gets its own copy of it."""
     from tests.distributed.harness import launch
     from tests.distributed.workers import train_summary
 
-    root = tmp_path_factory.mktemp("saved") / "checkpoints"
+    root = basetemp / "saved_checkpoints"
     cfg = compose_config("model=tiny", "optim=rowwise_adagrad", "sharding=table_wise", "data.global_batch_size=96",
                          "data.eval_batches=1", "trainer.max_steps=4", "trainer.progress=none",
                          f"checkpoint.dir={root}", "checkpoint.every_steps=2", "checkpoint.keep=2")
