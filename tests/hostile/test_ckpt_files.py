@@ -222,3 +222,18 @@ def test_refusal_happens_before_dcp_reads(ckpts):
     flip(ckpts / NEW / "__1_0.distcp", 50)
     with pytest.raises(CheckpointError, match="__1_0.distcp is corrupt"):
         load_checkpoint(ckpts / NEW, {"progress": {"step": torch.zeros(1, dtype=torch.int64)}})
+
+
+@pytest.mark.slow
+def test_export_command_refuses_a_payload(ckpts, tmp_path):
+    """The real entry point: `python -m dlrm.export` exits 2 with one line, and the command never runs."""
+    import subprocess
+    import sys
+
+    ckpt, marker = ckpts / NEW, tmp_path / "pwned"
+    (ckpt / METADATA).write_bytes(_dotted_system(f"touch {marker}"))
+    resign(ckpt)
+    result = subprocess.run([sys.executable, "-m", "dlrm.export", str(ckpt), str(tmp_path / "model.pt")],
+                            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300)
+    assert_refused(result.returncode, result.stderr, str(ckpt / METADATA), "os.system", out=tmp_path / "model.pt")
+    assert not marker.exists()
