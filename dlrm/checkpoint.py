@@ -47,6 +47,8 @@ _PREFIX = "step_"
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used; the message says why and what to do."""
 
+    same_on_all_ranks = True  # every rank checks the same checkpoint files and manifest
+
 
 def checkpoint_dirname(step: int) -> str:
     return f"{_PREFIX}{step:08d}"
