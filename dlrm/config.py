@@ -378,12 +378,14 @@ class CheckpointConfig:
 
     dir: where checkpoints go (None: <run dir>/checkpoints). every_steps: 0 = no periodic saves.
     at_end: save when training ends. keep: complete checkpoints kept (older ones are deleted).
+    verify: check every file's sha256 against the manifest before loading (false: sizes only).
     """
 
     dir: Optional[str] = None
     every_steps: int = 0
     at_end: bool = True
     keep: int = 2
+    verify: bool = True
 
     def check(self, key: str = "checkpoint") -> None:
         _require_count(f"{key}.every_steps", self.every_steps, "no periodic saves")

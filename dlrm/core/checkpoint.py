@@ -1,41 +1,54 @@
-"""Distributed checkpoints with torch.distributed.checkpoint (DCP): atomic, kept K, resumable, safe.
+"""Distributed checkpoints with torch.distributed.checkpoint (DCP): atomic, kept K, resumable, verified.
 
 Layout of `checkpoint.dir`:
-    step_00000040/            a complete checkpoint: DCP shards + `.metadata` + manifest.json
+    step_00000040/            a complete checkpoint: DCP shards (*.distcp) + `.metadata` + manifest.json
     .step_00000050.partial/   a save in progress (or interrupted): never read, removed by the next save
 
-A checkpoint holds only tensors (model state, optimizer state, the step): loading unpickles no
-arbitrary objects. DCP's `.metadata` file is read with an unpickler that admits DCP's own metadata
-classes only. DCP reshards on load, so a checkpoint written by W ranks with one sharding loads into
-W' ranks with another.
+A checkpoint is untrusted input. Before DCP reads anything, `open_checkpoint` checks:
+- manifest.json is byte-for-byte its canonical JSON and matches its own sha256 (`manifest_sha256`);
+- every file the manifest lists (`files`: name -> size, sha256) exists with that size, and, unless
+  `checkpoint.verify=false`, that sha256 (the ranks share the hashing); `.metadata` is always hashed;
+- `.metadata` (DCP's pickle) is unpickled from the verified bytes with memo indices bounded and an
+  exact (module, name) allowlist of DCP's metadata classes; every entry must be a tensor (DCP would
+  `torch.load(weights_only=False)` a non-tensor entry) stored in a listed file, untransformed.
+DCP then reads tensors with `torch.load(weights_only=True)`; the loaded step must equal the manifest's.
+DCP reshards on load, so a checkpoint written by W ranks with one sharding loads into W' ranks with another.
 """
 
 from __future__ import annotations
 
-from dlrm.errors import UserError
+import hashlib
+import io
 import json
 import os
 import pickle
+import pickletools
 import shutil
+import warnings
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
 from dlrm.config import ModelConfig
 from dlrm.core.cadence import Every
-from dlrm.io import write_json_atomic
+from dlrm.errors import UserError
+from dlrm.io import write_atomic
 
 MANIFEST = "manifest.json"
+METADATA = ".metadata"
 _PREFIX = "step_"
 
 
 class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used; the message says why and what to do."""
+
+    same_on_all_ranks = True  # every rank checks the same checkpoint files and manifest
 
 
 def checkpoint_dirname(step: int) -> str:
@@ -46,7 +59,8 @@ def complete_checkpoints(root: Path) -> List[Path]:
     """Complete checkpoints under `root` (a manifest is written last), oldest first."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.name.startswith(_PREFIX) and (p / MANIFEST).is_file()]
+    found = [p for p in root.iterdir() if p.name.startswith(_PREFIX) and p.name[len(_PREFIX) :].isdigit()
+             and (p / MANIFEST).is_file()]
     return sorted(found, key=lambda p: int(p.name[len(_PREFIX) :]))
 
 
@@ -79,44 +93,245 @@ def signature_differences(saved: dict, current: dict) -> List[str]:
     return diffs
 
 
+def _another(path: Path) -> str:
+    """The fix for a damaged checkpoint: the newest other complete checkpoint beside it, if any."""
+    others = [p for p in complete_checkpoints(path.parent) if p.name != path.name]
+    if others:
+        return f"use another checkpoint, e.g. trainer.resume={others[-1]}"
+    return "use another checkpoint, or train again without trainer.resume"
+
+
+# --- manifest: canonical JSON carrying its own checksum ---------------------------------------
+
+
+def _canonical(obj: dict) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+
+
+def write_manifest(directory: Path, manifest: dict) -> None:
+    """Write `manifest` (with its sha256 added) to directory/manifest.json, atomically."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    write_atomic(directory / MANIFEST, _canonical({**body, "manifest_sha256": hashlib.sha256(_canonical(body)).hexdigest()}))
+
+
 def read_manifest(path: Path) -> dict:
+    """The verified manifest of checkpoint `path`; CheckpointError if it is missing or altered."""
+    file = path / MANIFEST
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} does not exist or is not a directory; "
+                              "give a step_* directory under checkpoint.dir (or trainer.resume=auto)")
     try:
-        return json.loads((path / MANIFEST).read_text())
+        data = file.read_bytes()
     except FileNotFoundError:
-        raise CheckpointError(f"{path} is not a complete checkpoint (no {MANIFEST}); pick a step_* directory") from None
+        raise CheckpointError(f"{path} is not a complete checkpoint: {file} is missing (an interrupted save "
+                              f"leaves none); pick a step_* directory that has one: {_another(path)}") from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read {file}: {e.strerror}; fix its permissions or {_another(path)}") from None
+    damaged = f"{file} is damaged ({{}}); the checkpoint cannot be trusted: {_another(path)}"
+    try:
+        manifest = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(damaged.format(f"not JSON: {e}")) from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("manifest_sha256"), str):
+        raise CheckpointError(damaged.format("no manifest_sha256: corrupt, or written by an older version"))
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    if _canonical(manifest) != data or hashlib.sha256(_canonical(body)).hexdigest() != manifest["manifest_sha256"]:
+        raise CheckpointError(damaged.format("its content does not match its manifest_sha256"))
+    files = manifest.get("files")
+    if (not isinstance(files, dict) or METADATA not in files or not isinstance(manifest.get("step"), int)
+            or not all(_is_file_name(n) and isinstance(d, dict) and isinstance(d.get("size"), int)
+                       and isinstance(d.get("sha256"), str) for n, d in files.items())):
+        raise CheckpointError(damaged.format("no valid step and files: {name: {size, sha256}} with .metadata"))
+    return manifest
+
+
+def _is_file_name(name: Any) -> bool:
+    """A plain file name inside the checkpoint directory (no path, not the manifest)."""
+    return isinstance(name, str) and name not in ("", ".", "..", MANIFEST) and "/" not in name and "\\" not in name
+
+
+# --- file checksums -------------------------------------------------------------------------
+
+
+def file_digest(file: Path) -> dict:
+    """{"size": bytes, "sha256": hex} of a file, read in 1 MiB blocks."""
+    h, size = hashlib.sha256(), 0
+    with open(file, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+            size += len(block)
+    return {"size": size, "sha256": h.hexdigest()}
+
+
+def _check_file(path: Path, name: str, expected: dict, hash_it: bool) -> None:
+    file = path / name
+    try:
+        size = file.stat().st_size if file.is_file() else None
+        if size is None:
+            raise CheckpointError(f"checkpoint file {file} is missing; the checkpoint is incomplete: {_another(path)}")
+        if size != expected["size"]:
+            raise CheckpointError(f"checkpoint file {file} has {size} bytes, its manifest says {expected['size']} "
+                                  f"(truncated or overwritten): {_another(path)}")
+        if hash_it and file_digest(file)["sha256"] != expected["sha256"]:
+            raise CheckpointError(f"checkpoint file {file} is corrupt (its sha256 differs from the manifest's): "
+                                  f"{_another(path)}")
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint file {file}: {e.strerror}; fix its permissions or "
+                              f"{_another(path)}") from None
+
+
+# --- DCP's .metadata, unpickled with an exact allowlist ----------------------------------------
+
+_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    """Admits only the classes DCP's metadata is made of; anything else is refused."""
+    """Admits exactly the (module, name) pairs DCP's metadata of tensors is made of.
 
-    _ALLOWED_MODULES = {
-        "torch.distributed.checkpoint.metadata",
-        "torch.distributed.checkpoint.filesystem",
-        "torch.distributed.checkpoint.planner",
-        "torch.distributed.checkpoint.storage",
-        "collections",
-    }
-    _ALLOWED = {("torch", "Size"), ("torch", "float32"), ("torch", "float64"), ("torch", "int64"),
-                ("torch", "int32"), ("torch", "float16"), ("torch", "bfloat16"), ("torch", "uint8"),
-                ("torch", "int8"), ("torch", "bool"), ("torch", "strided"), ("torch", "contiguous_format"),
-                ("torch", "device"), ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"),
-                ("torch", "dtype"), ("torch.serialization", "_get_layout"),
-                ("pathlib", "PosixPath")}
+    Names are compared whole, so a dotted name (`metadata` + `.os.system`, which pickle would
+    resolve attribute by attribute) is refused; BytesStorageMetadata (pickled objects) is refused.
+    """
+
+    ALLOWED = {
+        (_DCP_METADATA, "Metadata"), (_DCP_METADATA, "TensorStorageMetadata"), (_DCP_METADATA, "TensorProperties"),
+        (_DCP_METADATA, "ChunkStorageMetadata"), (_DCP_METADATA, "MetadataIndex"), (_DCP_METADATA, "StorageMeta"),
+        (_DCP_METADATA, "_MEM_FORMAT_ENCODING"), ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+        ("collections", "OrderedDict"),
+    } | {("torch", dtype) for dtype in _DTYPES}
 
     def find_class(self, module: str, name: str) -> Any:
-        if module in self._ALLOWED_MODULES or (module, name) in self._ALLOWED:
+        if (module, name) in self.ALLOWED:
             return super().find_class(module, name)
-        raise CheckpointError(f"checkpoint metadata refers to {module}.{name}, which a checkpoint never needs; refusing to load it")
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which a checkpoint of tensors never holds")
+
+
+def _check_opcodes(data: bytes) -> None:
+    """Refuse memo indices beyond the opcodes read so far (the C unpickler would allocate for them)."""
+    for count, (opcode, arg, _) in enumerate(pickletools.genops(data), 1):
+        if opcode.name in ("PUT", "BINPUT", "LONG_BINPUT", "GET", "BINGET", "LONG_BINGET") and int(arg) > count:
+            raise pickle.UnpicklingError(f"{opcode.name} {arg}: a memo index no pickle of this size uses")
+
+
+def _load_metadata(path: Path, data: bytes, files: Dict[str, dict]) -> Metadata:
+    """Unpickle and check DCP's metadata (`data`, already verified against the manifest)."""
+    file = path / METADATA
+    try:
+        _check_opcodes(data)
+        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+    except Exception as e:  # untrusted bytes: any failure to parse them is a refusal
+        raise CheckpointError(f"refusing {file}: {e}; it is not DCP metadata of tensors (corrupt or crafted): "
+                              f"{_another(path)}") from None
+    bad = _metadata_problem(metadata, path, files)
+    if bad:
+        raise CheckpointError(f"refusing {file}: {bad}; it was not written by this trainer: {_another(path)}")
+    return metadata
+
+
+def _metadata_problem(md: Any, path: Path, files: Dict[str, dict]) -> Optional[str]:
+    """Why `md` is not the metadata of tensors stored in `files` (None if it is)."""
+    if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict) or not isinstance(md.storage_data, dict):
+        return "not a DCP Metadata with state_dict_metadata and storage_data"
+    for key, entry in md.state_dict_metadata.items():
+        if not isinstance(key, str) or not isinstance(entry, TensorStorageMetadata):
+            return f"entry {key!r} is not a tensor"
+    if not isinstance(md.storage_meta, (StorageMeta, type(None))) or not isinstance(md.planner_data, (dict, type(None))):
+        return "storage_meta or planner_data of the wrong type"
+    for index, info in md.storage_data.items():
+        name, offset, length = (getattr(info, a, None) for a in ("relative_path", "offset", "length"))
+        if name not in files or name == METADATA:
+            return f"data of {getattr(index, 'fqn', index)!r} is in {name!r}, a file the manifest does not list"
+        if not (isinstance(offset, int) and isinstance(length, int) and 0 <= offset and 0 <= length
+                and offset + length <= files[name]["size"]):
+            return f"data of {getattr(index, 'fqn', index)!r} lies outside {name}"
+        if getattr(info, "transform_descriptors", None):
+            return f"data of {getattr(index, 'fqn', index)!r} needs stream transforms, which this trainer never writes"
+    return None
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """DCP's file reader with the `.metadata` pickle restricted to DCP's metadata classes."""
+    """DCP's file reader, handed metadata that `open_checkpoint` has verified (it reads no pickle itself)."""
 
-    def read_metadata(self, *args: Any, **kwargs: Any):
+    def __init__(self, path: Path, metadata: Metadata) -> None:
+        super().__init__(path)
+        self.metadata = metadata
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
             raise CheckpointError("per-rank DCP metadata is not used by this trainer")
-        with open(Path(self.path) / ".metadata", "rb") as f:
-            return _MetadataUnpickler(f).load()
+        if self.metadata.storage_meta is None:
+            self.metadata.storage_meta = StorageMeta()
+        self.metadata.storage_meta.load_id = self.load_id
+        return self.metadata
+
+
+def open_checkpoint(path: Path, verify: bool = True, pg: Optional[dist.ProcessGroup] = None) -> Tuple[dict, Metadata]:
+    """Verify checkpoint `path` (see the module docstring); return its manifest and DCP metadata.
+
+    With a process group, every rank checks the manifest and `.metadata`, the ranks share the
+    hashing of the data files, and all raise the same CheckpointError if any check fails.
+    """
+    rank, world = (dist.get_rank(pg), dist.get_world_size(pg)) if pg is not None else (0, 1)
+    result: Any = None
+    try:
+        manifest = read_manifest(path)
+        files = manifest["files"]
+        for name in sorted(files):
+            _check_file(path, name, files[name], hash_it=False)
+        data = (path / METADATA).read_bytes()
+        if hashlib.sha256(data).hexdigest() != files[METADATA]["sha256"]:
+            raise CheckpointError(f"checkpoint file {path / METADATA} is corrupt (its sha256 differs from the "
+                                  f"manifest's): {_another(path)}")
+        metadata = _load_metadata(path, data, files)
+        if verify:
+            for name in sorted(set(files) - {METADATA})[rank::world]:
+                _check_file(path, name, files[name], hash_it=True)
+        result = (manifest, metadata)
+    except CheckpointError as e:
+        result = e
+    except OSError as e:
+        result = CheckpointError(f"cannot read checkpoint {path}: {e}; fix its permissions or {_another(path)}")
+    if pg is not None:
+        errors: List[Optional[str]] = [None] * world
+        dist.all_gather_object(errors, str(result) if isinstance(result, CheckpointError) else None, group=pg)
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise CheckpointError(first)
+    if isinstance(result, CheckpointError):
+        raise result
+    return result
+
+
+def load_checkpoint(path: Path, state: dict, verify: bool = True, pg: Optional[dist.ProcessGroup] = None) -> dict:
+    """Verify checkpoint `path`, then load it into `state`'s tensors in place (resharding as needed).
+
+    `state` is nested dicts of tensors (a subset of what was saved); with `progress.step` in it,
+    the loaded step must equal the manifest's. No process group: one process (export). Returns the manifest.
+    """
+    manifest, metadata = open_checkpoint(path, verify, pg)
+    try:
+        with warnings.catch_warnings():  # DCP warns on every load without a process group
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            dcp.load(state, storage_reader=SafeFileSystemReader(path, metadata), process_group=pg, no_dist=pg is None)
+    except CheckpointException as e:
+        reasons = sorted({str(exc) for exc, _ in e.failures.values()})
+        raise CheckpointError(f"checkpoint {path} does not fit this run: {'; '.join(reasons)}; "
+                              "load it with the model and optimizer it was written with") from None
+    step = state.get("progress", {}).get("step")
+    if step is not None and int(step.item()) != manifest["step"]:
+        raise CheckpointError(f"checkpoint {path} holds step {int(step.item())}, its manifest says {manifest['step']} "
+                              f"(corrupt; load with checkpoint.verify=true to find the file): {_another(path)}")
+    return manifest
+
+
+def _tensor_leaves_only(state: Any, prefix: str = "") -> None:
+    """Refuse to save a non-tensor (DCP would pickle it, and loading refuses pickled objects)."""
+    if isinstance(state, dict):
+        for key, value in state.items():
+            _tensor_leaves_only(value, f"{prefix}{key}.")
+    elif not isinstance(state, torch.Tensor):  # ShardedTensor and DTensor are Tensors too
+        raise TypeError(f"checkpoint state {prefix[:-1]} is a {type(state).__name__}, not a tensor")
 
 
 class Checkpointer:
@@ -148,7 +363,12 @@ class Checkpointer:
         return self.save(step, state(), manifest())
 
     def save(self, step: int, state: dict, manifest: dict) -> Path:
-        """Write `state` (nested dicts of tensors) as checkpoint `step`, visible only when complete."""
+        """Write `state` (nested dicts of tensors) as checkpoint `step`, visible only when complete.
+
+        After DCP has written every rank's files, the ranks hash them (each a share), and rank 0
+        writes the manifest with every file's size and sha256, then renames the directory.
+        """
+        _tensor_leaves_only(state)
         final = self.root / checkpoint_dirname(step)
         partial = self.root / f".{checkpoint_dirname(step)}.partial"
         if self.is_main:
@@ -158,8 +378,15 @@ class Checkpointer:
         dist.barrier(group=self.pg)
         dcp.save(state, checkpoint_id=str(partial), process_group=self.pg)
         dist.barrier(group=self.pg)
+        names = sorted(p.name for p in partial.iterdir() if p.is_file())
+        rank, world = dist.get_rank(self.pg), dist.get_world_size(self.pg)
+        shares: List[Dict[str, dict]] = [{} for _ in range(world)]
+        dist.all_gather_object(shares, {n: file_digest(partial / n) for n in names[rank::world]}, group=self.pg)
         if self.is_main:
-            write_json_atomic(partial / MANIFEST, {**manifest, "step": step})
+            files = {name: digest for share in shares for name, digest in share.items()}
+            if sorted(files) != names:
+                raise RuntimeError(f"ranks saw different files in {partial}: is checkpoint.dir on a shared filesystem?")
+            write_manifest(partial, {**manifest, "step": step, "files": files})
             if final.exists():  # the same step saved again after a restart
                 shutil.rmtree(final)
             os.replace(partial, final)
@@ -168,22 +395,24 @@ class Checkpointer:
         dist.barrier(group=self.pg)
         return final
 
-    def load(self, path: Path, state: dict, signature: dict) -> dict:
+    def load(self, path: Path, state: dict, expected: dict, verify: bool = True) -> dict:
         """Load checkpoint `path` into `state`'s tensors in place (resharding as needed).
 
-        Refuses a checkpoint whose model differs from `signature`. Returns its manifest.
+        `expected`: {"model": model_signature(...), "optim": {...}}; a checkpoint whose manifest
+        differs is refused, naming each difference ("optim" is compared only when given).
+        Returns its manifest.
         """
         manifest = read_manifest(path)
-        diffs = signature_differences(manifest.get("model", {}), signature)
+        diffs = signature_differences(manifest.get("model", {}), expected["model"])
         if diffs:
             raise CheckpointError(f"checkpoint {path} is for another model: " + "; ".join(diffs))
-        dcp.load(state, storage_reader=SafeFileSystemReader(path), process_group=self.pg)
-        return manifest
-
-
-def load_unsharded(path: Path, state: dict) -> None:
-    """Load checkpoint `path` into full-size tensors in one process (no process group): export."""
-    dcp.load(state, storage_reader=SafeFileSystemReader(path), no_dist=True)
+        if "optim" in expected and manifest.get("optim") != expected["optim"]:
+            saved, current = manifest.get("optim") or {}, expected["optim"]
+            diffs = [f"optim.{k}.name: {saved.get(k)} in the checkpoint, {current[k]} in this run" for k in sorted(current)
+                     if saved.get(k) != current[k]]
+            raise CheckpointError(f"checkpoint {path} was written with other optimizers ({'; '.join(diffs)}); their "
+                                  "state cannot carry over: resume with the same optim, or start a new run")
+        return load_checkpoint(path, state, verify, self.pg)
 
 
 def step_tensor(step: int) -> torch.Tensor:

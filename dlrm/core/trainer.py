@@ -137,21 +137,28 @@ class Trainer:
         """What a checkpoint holds: live tensors only (DCP saves them, and loads into them in place).
 
         Optimizer hyper-parameters are not saved: they come from the config, the lr from the step.
+        The manifest names the optimizers, so a resume with other ones is refused.
         """
-        return {
-            "model": self.model.state_dict(),
-            "optim": {"state": self.optimizer.state_dict()["state"]},
-            "progress": {"step": step_tensor(self.step)},
-        }
+        state = {"model": self.model.state_dict(), "progress": {"step": step_tensor(self.step)}}
+        # Stateless optimizers (SGD) have empty entries: DCP saves no key for them and then cannot
+        # find one on load, so only parameters with state go in.
+        optim = {name: s for name, s in self.optimizer.state_dict()["state"].items() if s}
+        if optim:
+            state["optim"] = {"state": optim}
+        return state
 
     def _manifest(self) -> dict:
         return {
             "world_size": self.world.world_size,
             "sharding_plan": describe_plan(self.plan),
             "model": model_signature(self.cfg.model),
+            "optim": self._optimizer_names(),
             "config_sha256": hashlib.sha256(json.dumps(asdict(self.cfg), sort_keys=True).encode()).hexdigest(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
+
+    def _optimizer_names(self) -> dict:
+        return {"embedding": self.cfg.optim.embedding.name, "dense": self.cfg.optim.dense.name}
 
     def save_checkpoint(self) -> Path:
         """Checkpoint the current step (all ranks call it); returns the checkpoint's directory."""
@@ -172,7 +179,11 @@ class Trainer:
         loader = self.checkpointer or Checkpointer(path.parent, self.cfg.checkpoint.keep, self.pg, self.world.is_main)
         self.optimizer.init_state()  # lazily created state (Adam's) must exist to be loaded into
         state = self._checkpoint_state()
-        loader.load(path, state, model_signature(self.cfg.model))
+        expected = {"model": model_signature(self.cfg.model), "optim": self._optimizer_names()}
+        if self.cfg.trainer.eval_only:  # evaluation needs the weights only, whatever the optimizers
+            state.pop("optim", None)
+            expected.pop("optim")
+        loader.load(path, state, expected, verify=self.cfg.checkpoint.verify)
         self.step = int(state["progress"]["step"].item())
         log.info(f"resumed from {path} at step {self.step}")
 

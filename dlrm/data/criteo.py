@@ -60,6 +60,8 @@ class CriteoFormatError(UserError, ValueError):
 class CriteoDataError(UserError, ValueError):
     """Preprocessed data or preprocessing arguments that cannot be used; the message names the file and the fix."""
 
+    same_on_all_ranks = True  # every rank verifies the same files before training
+
 
 @dataclass(frozen=True)
 class ParseOptions:

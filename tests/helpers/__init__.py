@@ -4,5 +4,5 @@ harness: run a function on local Gloo ranks (simulated nodes too). workers: the 
 ranks run. reference: the unsharded single-process model trained on the same global batches.
 equivalence: the small config of the equivalence tests and the sharded == unsharded assertion.
 criteo: the real Criteo sample rows; criteo_data: a small preprocessed directory of them, and
-ways to damage it.
+ways to damage it; checkpoints: a small real checkpoint and ways to damage it.
 """

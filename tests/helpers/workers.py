@@ -120,3 +120,35 @@ def train_with_a_nan_batch(cfg: Config, index: int, rank: int) -> dict:
     del trainer
     _teardown()
     return result
+
+
+def train_in_turn(*cfgs: Config) -> list:
+    """Train each config in turn in this job (e.g. uninterrupted, then resumed); each one's logged losses."""
+    from dlrm.core.trainer import Trainer
+
+    world = World.from_env()
+    losses = []
+    for cfg in cfgs:
+        validate(cfg)
+        validate_world(cfg, world.world_size, world.local_world_size)
+        trainer = Trainer(cfg, world)
+        trainer.train()
+        losses.append(trainer.losses)
+        del trainer
+        gc.collect()
+    _teardown()
+    return losses
+
+
+def resume_error(cfg: Config) -> str:
+    """Build a trainer that resumes (cfg.trainer.resume) and return the CheckpointError it raises."""
+    from dlrm.core.checkpoint import CheckpointError
+    from dlrm.core.trainer import Trainer
+
+    validate(cfg)
+    try:
+        Trainer(cfg, World.from_env())
+    except CheckpointError as e:
+        torch.distributed.destroy_process_group()
+        return str(e)
+    raise AssertionError("the checkpoint was loaded")
