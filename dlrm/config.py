@@ -212,7 +212,7 @@ class TrainerConfig:
     resume: Optional[str] = None
     eval_only: bool = False
     dense_precision: str = "fp32"
-    tf32: bool = False
+    tf32: bool = True
     on_nonfinite: str = "stop"
 
 
