@@ -14,7 +14,7 @@ from typing import Dict, List, Tuple
 import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
-from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
+from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain, InteractionArch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -59,7 +59,50 @@ def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:
     )
     if cfg.interaction == "dcn":
         return DLRM_DCN(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim, **common)
-    return DLRM(**common)
+    net = DLRM(**common)
+    net.inter_arch = DotInteraction(num_sparse_features=net.inter_arch.F)
+    return net
+
+
+class _GatherColumns(torch.autograd.Function):
+    """x[:, index] for an index without repeats: [B, N] -> [B, len(index)].
+
+    Backward writes the gradient into zeros with `index_copy_` (each column once), where
+    autograd's indexing backward would scatter-add (`index_put_(accumulate=True)`, serial on CPU).
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(index)
+        ctx.columns = x.shape[1]
+        return x.index_select(1, index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (index,) = ctx.saved_tensors
+        grad_x = grad.new_zeros(grad.shape[0], ctx.columns)
+        return grad_x.index_copy_(1, index, grad), None
+
+
+class DotInteraction(InteractionArch):
+    """TorchRec's dot interaction, same output, with a backward free of scatter-add.
+
+    forward(dense [B, D], sparse [B, F, D]) -> [B, D + F + F(F-1)/2]: the dense vector, then the
+    upper triangle (row-major, diagonal excluded) of the pairwise dot products of [dense; sparse].
+    """
+
+    def __init__(self, num_sparse_features: int) -> None:
+        super().__init__(num_sparse_features)
+        n = self.F + 1
+        rows, cols = torch.triu_indices(n, n, offset=1)
+        self.register_buffer("triu_flat", rows * n + cols, persistent=False)  # into [B, n * n]
+
+    def forward(self, dense_features: torch.Tensor, sparse_features: torch.Tensor) -> torch.Tensor:
+        if self.F <= 0:
+            return dense_features
+        combined = torch.cat((dense_features.unsqueeze(1), sparse_features), dim=1)  # [B, F+1, D]
+        products = torch.bmm(combined, combined.transpose(1, 2)).flatten(1)  # [B, (F+1)^2]
+        return torch.cat((dense_features, _GatherColumns.apply(products, self.triu_flat)), dim=1)
 
 
 def _generator(seed: int, *names: object) -> torch.Generator:
