@@ -64,24 +64,29 @@ def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:
     return net
 
 
-class _GatherColumns(torch.autograd.Function):
-    """x[:, index] for an index without repeats: [B, N] -> [B, len(index)].
+class _PairDots(torch.autograd.Function):
+    """The upper triangle of C C^T, row-major, diagonal excluded: C [B, n, D] -> [B, n(n-1)/2].
 
-    Backward writes the gradient into zeros with `index_copy_` (each column once), where
-    autograd's indexing backward would scatter-add (`index_put_(accumulate=True)`, serial on CPU).
+    Backward in one product: the gradient g of the triangle is written (`index_copy_`) at both
+    (i, j) and (j, i) of a zero [B, n, n] matrix G, then grad C = G C. Autograd's version would
+    scatter-add g (`index_put_(accumulate=True)`, serial on CPU), multiply twice and add.
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(index)
-        ctx.columns = x.shape[1]
-        return x.index_select(1, index)
+    def forward(ctx, combined: torch.Tensor, upper: torch.Tensor, both: torch.Tensor) -> torch.Tensor:
+        products = torch.bmm(combined, combined.transpose(1, 2))  # bf16 under autocast
+        used = combined.to(products.dtype)  # what the product saw
+        ctx.save_for_backward(used, both)
+        ctx.input_dtype = combined.dtype
+        return products.flatten(1).index_select(1, upper)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        (index,) = ctx.saved_tensors
-        grad_x = grad.new_zeros(grad.shape[0], ctx.columns)
-        return grad_x.index_copy_(1, index, grad), None
+        used, both = ctx.saved_tensors
+        batch, n, _ = used.shape
+        sym = grad.new_zeros(batch, n * n).index_copy_(1, both, torch.cat((grad, grad), dim=1))
+        grad_combined = torch.bmm(sym.view(batch, n, n).to(used.dtype), used)
+        return grad_combined.to(ctx.input_dtype), None, None
 
 
 class DotInteraction(InteractionArch):
@@ -95,14 +100,14 @@ class DotInteraction(InteractionArch):
         super().__init__(num_sparse_features)
         n = self.F + 1
         rows, cols = torch.triu_indices(n, n, offset=1)
-        self.register_buffer("triu_flat", rows * n + cols, persistent=False)  # into [B, n * n]
+        self.register_buffer("upper", rows * n + cols, persistent=False)  # (i, j), i < j, in [B, n * n]
+        self.register_buffer("both", torch.cat((rows * n + cols, cols * n + rows)), persistent=False)
 
     def forward(self, dense_features: torch.Tensor, sparse_features: torch.Tensor) -> torch.Tensor:
         if self.F <= 0:
             return dense_features
         combined = torch.cat((dense_features.unsqueeze(1), sparse_features), dim=1)  # [B, F+1, D]
-        products = torch.bmm(combined, combined.transpose(1, 2)).flatten(1)  # [B, (F+1)^2]
-        return torch.cat((dense_features, _GatherColumns.apply(products, self.triu_flat)), dim=1)
+        return torch.cat((dense_features, _PairDots.apply(combined, self.upper, self.both)), dim=1)
 
 
 def _generator(seed: int, *names: object) -> torch.Generator:

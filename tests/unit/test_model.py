@@ -118,3 +118,20 @@ def test_dot_models_use_the_scatter_free_interaction(make_config):
     net = build_model(make_config("model=tiny").model, torch.device("cpu")).model
     assert isinstance(net.inter_arch, DotInteraction)
     assert net.inter_arch.F == len(net.sparse_arch.sparse_feature_names)
+
+
+def test_dot_interaction_under_bf16_autocast_matches_torchrec():
+    """Same bf16 product; gradients in fp32 (the inputs' dtype) within bf16 rounding."""
+    gen = torch.Generator().manual_seed(1)
+    dense = torch.randn(64, 16, generator=gen, requires_grad=True)
+    sparse = torch.randn(64, 26, 16, generator=gen, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, ref = DotInteraction(26)(dense, sparse), InteractionArch(26)(dense, sparse)
+    torch.testing.assert_close(out, ref)  # the same bf16 bmm, then a copy of its values
+    grad_out = torch.randn(ref.shape, generator=gen)
+    ours = torch.autograd.grad(out, (dense, sparse), grad_out)
+    theirs = torch.autograd.grad(ref, (dense, sparse), grad_out)
+    for a, b in zip(ours, theirs):
+        assert a.dtype == b.dtype == torch.float32
+        # sums of ~27 products of bf16 values (8 significant bits): relative error ~ 27 * 2^-8
+        torch.testing.assert_close(a, b, rtol=0.1, atol=0.1 * b.abs().max().item())
