@@ -6,7 +6,9 @@
 The config is composed from conf/ as for `dlrm.train` (default `experiment=bench_cpu`). The run
 trains `--warmup` steps untimed, then `--windows` windows of `--window` steps each, timed one by
 one (CUDA is synchronised at each window's end), and reports the median window's samples/s (with
-the slowest and fastest) -- a median is robust to another process taking the cores for a while.
+the slowest and fastest) -- a median is robust to another process taking the cores for a while --
+and samples per CPU-second (all ranks' process CPU time over the windows: on a machine shared
+with other jobs it moves far less than wall-clock speed, so compare variants with it too).
 Then: eval AUC on the eval split, peak RSS per rank (and peak CUDA memory), the data source's own
 speed (batches generated per second on one rank, outside the training loop), and with
 `--profile K` a torch.profiler table of K further steps (not part of the timed windows).
@@ -123,12 +125,14 @@ def run(args: argparse.Namespace, cfg: Config) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     window_rates = []
+    cpu_start = time.process_time()
     for _ in range(args.windows):
         start = time.perf_counter()
         for _ in range(args.window):
             step()
         sync()
         window_rates.append(args.window * cfg.data.global_batch_size / (time.perf_counter() - start))
+    cpu_seconds = time.process_time() - cpu_start  # this process, all its threads, over the windows
     profile_table = None
     if args.profile:
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -142,9 +146,10 @@ def run(args: argparse.Namespace, cfg: Config) -> dict:
         profile_table = prof.key_averages().table(sort_by=sort, row_limit=args.profile_rows)
     evaluation = trainer.evaluate()
 
-    peaks = torch.tensor([peak_rss_mb()], dtype=torch.float64, device=device)
-    gathered = [torch.empty_like(peaks) for _ in range(world.world_size)]
-    dist.all_gather(gathered, peaks, group=trainer.pg)
+    mine = torch.tensor([peak_rss_mb(), cpu_seconds], dtype=torch.float64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(world.world_size)]
+    dist.all_gather(gathered, mine, group=trainer.pg)
+    timed_samples = args.windows * args.window * cfg.data.global_batch_size
     result = {
         "world_size": world.world_size,
         "device": device.type,
@@ -156,7 +161,8 @@ def run(args: argparse.Namespace, cfg: Config) -> dict:
         "samples_per_s_windows": window_rates,
         "eval_auc": evaluation.get("auc"),
         "eval_logloss": evaluation.get("logloss"),
-        "peak_rss_mb_per_rank": [float(t.item()) for t in gathered],
+        "samples_per_cpu_s": timed_samples / sum(float(t[1]) for t in gathered),
+        "peak_rss_mb_per_rank": [float(t[0]) for t in gathered],
         "source_samples_per_s_per_rank": loader_speed,
         "cached_batches": args.cache_batches,
     }
@@ -200,7 +206,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         print(
             f"bench: {result['world_size']} rank(s), {result['dense_precision']}: "
             f"{result['samples_per_s_median']:.0f} samples/s median of {len(rates)} windows "
-            f"(min {min(rates):.0f}, max {max(rates):.0f}); peak RSS MiB per rank "
+            f"(min {min(rates):.0f}, max {max(rates):.0f}), {result['samples_per_cpu_s']:.0f} per CPU-second; "
+            f"peak RSS MiB per rank "
             f"{[round(m) for m in result['peak_rss_mb_per_rank']]}; eval AUC {result['eval_auc']}"
         )
         print("bench: " + json.dumps(brief, sort_keys=True))
