@@ -8,13 +8,27 @@ copied to page-locked memory in the thread, so the host-to-device copy can run a
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from typing import Iterator, Optional, TypeVar
 
+import torch
+
 T = TypeVar("T")
 
 _END = object()
+
+
+def prefetch_pays(device: torch.device, local_world_size: int) -> bool:
+    """Whether a producer thread can hide the source's work: always on CUDA (the host waits on the
+    GPU, and batches must be pinned); on CPU only if the ranks' compute threads leave a core free.
+    Measured on 2 cores with 2 ranks: a thread there only competes with the step (about -10%).
+    """
+    if device.type == "cuda":
+        return True
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores > local_world_size * torch.get_num_threads()
 
 
 class _Raised:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dlrm.data.loader import make_source
-from dlrm.data.prefetch import Prefetcher
+from dlrm.data.prefetch import Prefetcher, prefetch_pays
 
 
 def _same_batch(a, b) -> bool:
@@ -66,3 +66,11 @@ def test_close_stops_an_endless_producer():
     assert len(produced) == count  # and produces nothing more
     with pytest.raises(ValueError):
         Prefetcher(iter([]), depth=0)
+
+
+def test_prefetch_pays_on_cuda_or_with_a_spare_core(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert prefetch_pays(torch.device("cuda", 0), local_world_size=2)
+    assert not prefetch_pays(torch.device("cpu"), local_world_size=2)  # 2 ranks x 1 thread on 2 cores
+    assert prefetch_pays(torch.device("cpu"), local_world_size=1)  # one core left for the thread
