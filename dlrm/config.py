@@ -229,7 +229,7 @@ class TrainerConfig:
     resume: Optional[str] = None
     eval_only: bool = False
     dense_precision: str = "fp32"
-    tf32: bool = False
+    tf32: bool = True
     on_nonfinite: str = "stop"
     tensorboard: bool = True
     breakdown: bool = True

@@ -23,6 +23,7 @@ from dlrm.checkpoint import Checkpointer, CheckpointError, latest_checkpoint, mo
 from dlrm.comm_hooks import use_hierarchical_allreduce
 from dlrm.config import Config
 from dlrm.data.loader import make_source
+from dlrm.data.prefetch import Prefetcher, prefetch_pays
 from dlrm.logs import JOB_START
 from dlrm.metrics import MetricsLog, Progress, auc_and_logloss, peak_rss_mb, write_json_atomic
 from dlrm.model import build_model, initialize
@@ -165,7 +166,10 @@ class Trainer:
 
     def _batches(self, split: str, start_step: int, count: Optional[int]) -> Iterator:
         batches = self.source.batches(split, self.world.rank, self.world.world_size, start_step)
-        return itertools.islice(batches, count) if count is not None else batches
+        batches = itertools.islice(batches, count) if count is not None else batches
+        if not prefetch_pays(self.device, self.world.local_world_size):
+            return batches
+        return Prefetcher(batches, depth=2, pin_memory=self.device.type == "cuda")  # off the training thread
 
     def _forward(self, batch):
         """model(batch) -> (loss, (loss, logits, labels)), under bf16 autocast if configured."""
