@@ -24,6 +24,13 @@ ok = sys.version_info[:2] == (3, 11) and v == '${TORCH_VERSION}' and c.startswit
 print(f'base image: python {sys.version.split()[0]}, torch {torch.__version__}, cuda {c}'); \
 sys.exit(0 if ok else 'base image must have python 3.11, torch ${TORCH_VERSION}, cuda ${CUDA_VERSION}: pass --build-arg BASE_IMAGE=...')"
 
+# RDMA user space for NCCL's IB/RoCE transport (libibverbs + the verbs providers, e.g. mlx5): without them
+# NCCL falls back to TCP sockets between nodes. The host's devices come in with
+# `docker run --network=host --device=/dev/infiniband --cap-add=IPC_LOCK` (see README).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends rdma-core ibverbs-providers libibverbs1 \
+ && rm -rf /var/lib/apt/lists/*
+
 # fbgemm-gpu first (the CUDA build; PyPI's default wheel matches torch's CUDA), pinned torch kept as is.
 RUN pip install "fbgemm-gpu==${FBGEMM_GPU_VERSION}" "torch==${TORCH_VERSION}"
 
@@ -39,7 +46,9 @@ RUN pip install --no-deps -e . \
  && python -c "import importlib.metadata as m, sys; \
 want = {'torch': '${TORCH_VERSION}', 'fbgemm-gpu': '${FBGEMM_GPU_VERSION}', 'torchrec': '${TORCHREC_VERSION}'}; \
 got = {k: m.version(k).split('+')[0] for k in want}; print('installed:', got); \
-sys.exit(0 if got == want else f'version mismatch: wanted {want}, got {got}')"
+sys.exit(0 if got == want else f'version mismatch: wanted {want}, got {got}')" \
+ && python -c "import torch, fbgemm_gpu, torchrec; import dlrm.core.trainer; \
+print('imports ok: torch', torch.__version__, 'fbgemm_gpu', fbgemm_gpu.__version__, 'torchrec', torchrec.__version__)"
 
 # torchrun is the entry point: arguments are torchrun's, then -m dlrm.train and Hydra overrides.
 # For the launch scripts instead: docker run --entrypoint launch/run_multinode.sh ... (see README).

@@ -346,7 +346,7 @@ class TrainerConfig:
     resume: Optional[str] = None
     eval_only: bool = False
     dense_precision: DensePrecision = DensePrecision.fp32
-    tf32: bool = False
+    tf32: bool = True
     on_nonfinite: OnNonfinite = OnNonfinite.stop
     tensorboard: bool = True
     breakdown: bool = True

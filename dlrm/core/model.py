@@ -14,7 +14,7 @@ from typing import Dict, List, Tuple
 import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
-from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain
+from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain, InteractionArch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -59,7 +59,55 @@ def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:
     )
     if cfg.interaction == "dcn":
         return DLRM_DCN(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim, **common)
-    return DLRM(**common)
+    net = DLRM(**common)
+    net.inter_arch = DotInteraction(num_sparse_features=net.inter_arch.F)
+    return net
+
+
+class _PairDots(torch.autograd.Function):
+    """The upper triangle of C C^T, row-major, diagonal excluded: C [B, n, D] -> [B, n(n-1)/2].
+
+    Backward in one product: the gradient g of the triangle is written (`index_copy_`) at both
+    (i, j) and (j, i) of a zero [B, n, n] matrix G, then grad C = G C. Autograd's version would
+    scatter-add g (`index_put_(accumulate=True)`, serial on CPU), multiply twice and add.
+    """
+
+    @staticmethod
+    def forward(ctx, combined: torch.Tensor, upper: torch.Tensor, both: torch.Tensor) -> torch.Tensor:
+        products = torch.bmm(combined, combined.transpose(1, 2))  # bf16 under autocast
+        used = combined.to(products.dtype)  # what the product saw
+        ctx.save_for_backward(used, both)
+        ctx.input_dtype = combined.dtype
+        return products.flatten(1).index_select(1, upper)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        used, both = ctx.saved_tensors
+        batch, n, _ = used.shape
+        sym = grad.new_zeros(batch, n * n).index_copy_(1, both, torch.cat((grad, grad), dim=1))
+        grad_combined = torch.bmm(sym.view(batch, n, n).to(used.dtype), used)
+        return grad_combined.to(ctx.input_dtype), None, None
+
+
+class DotInteraction(InteractionArch):
+    """TorchRec's dot interaction, same output, with a backward free of scatter-add.
+
+    forward(dense [B, D], sparse [B, F, D]) -> [B, D + F + F(F-1)/2]: the dense vector, then the
+    upper triangle (row-major, diagonal excluded) of the pairwise dot products of [dense; sparse].
+    """
+
+    def __init__(self, num_sparse_features: int) -> None:
+        super().__init__(num_sparse_features)
+        n = self.F + 1
+        rows, cols = torch.triu_indices(n, n, offset=1)
+        self.register_buffer("upper", rows * n + cols, persistent=False)  # (i, j), i < j, in [B, n * n]
+        self.register_buffer("both", torch.cat((rows * n + cols, cols * n + rows)), persistent=False)
+
+    def forward(self, dense_features: torch.Tensor, sparse_features: torch.Tensor) -> torch.Tensor:
+        if self.F <= 0:
+            return dense_features
+        combined = torch.cat((dense_features.unsqueeze(1), sparse_features), dim=1)  # [B, F+1, D]
+        return torch.cat((dense_features, _PairDots.apply(combined, self.upper, self.both)), dim=1)
 
 
 def _generator(seed: int, *names: object) -> torch.Generator:

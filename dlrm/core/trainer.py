@@ -39,6 +39,7 @@ from dlrm.core.topology import (
     planner_topology,
 )
 from dlrm.data.loader import make_source
+from dlrm.data.prefetch import Prefetcher, prefetch_pays
 from dlrm.errors import UserError
 from dlrm.io import write_json_atomic
 
@@ -198,7 +199,10 @@ class Trainer:
 
     def _batches(self, split: str, start_step: int, count: Optional[int]) -> Iterator:
         batches = self.source.batches(split, self.world.rank, self.world.world_size, start_step)
-        return itertools.islice(batches, count) if count is not None else batches
+        batches = itertools.islice(batches, count) if count is not None else batches
+        if not prefetch_pays(self.device, self.world.local_world_size):
+            return batches
+        return Prefetcher(batches, depth=2, pin_memory=self.device.type == "cuda")  # off the training thread
 
     def _forward(self, batch):
         """model(batch) -> (loss, (loss, logits, labels)), under bf16 autocast if configured."""

@@ -18,7 +18,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.config import CriteoConfig
 from dlrm.data.criteo import NUM_DENSE, NUM_SPARSE, CriteoDataError
-from dlrm.data.prefetch import read_ahead
+from dlrm.data.prefetch import Prefetcher
 from dlrm.data.verify import load_manifest, verify_days
 
 MULTI_HOT_SEED = 0  # fixed: the multi-hot ids are part of the data, not of the training run
@@ -156,7 +156,7 @@ class CriteoSource:
                 f"rank {rank} of world size {world_size}: data.global_batch_size={self.global_batch_size} "
                 f"must be divisible by the world size, and 0 <= rank < world size"
             )
-        return read_ahead(self._produce(split, rank, world_size, start_step), max(1, self.cfg.prefetch_batches))
+        return Prefetcher(self._produce(split, rank, world_size, start_step), max(1, self.cfg.prefetch_batches))
 
     def _produce(self, split: str, rank: int, world_size: int, start_step: int) -> Iterator[Batch]:
         n = self.num_batches(split)

@@ -1,46 +1,111 @@
-"""Read ahead: run an iterator in a background thread, a bounded number of items ahead of its consumer."""
+"""Batches produced in a background thread, `depth` ahead of the training loop.
+
+Any source's iterator can be wrapped: the training thread then only takes ready batches off a
+queue, and the source's work (synthetic generation, file reads, parsing) overlaps the step.
+The order and content of the batches are the source's own. With `pin_memory`, each batch is
+copied to page-locked memory in the thread, so the host-to-device copy can run asynchronously.
+"""
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
-from collections.abc import Iterator
+from typing import Iterator, Optional, TypeVar
 
-_DONE = object()
+import torch
+
+T = TypeVar("T")
+
+_END = object()
 
 
-def read_ahead(items: Iterator, depth: int) -> Iterator:
-    """Run `items` in a background thread, `depth` ahead; errors are re-raised in the consumer."""
-    q: queue.Queue = queue.Queue(depth)
-    stop = threading.Event()
+def prefetch_pays(device: torch.device, local_world_size: int) -> bool:
+    """Whether a producer thread can hide the source's work: always on CUDA (the host waits on the
+    GPU, and batches must be pinned); on CPU only if the ranks' compute threads leave a core free.
+    Measured on 2 cores with 2 ranks: a thread there only competes with the step (about -10%).
+    """
+    if device.type == "cuda":
+        return True
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores > local_world_size * torch.get_num_threads()
 
-    def put(x) -> bool:
+
+class _Raised:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _produce(items: Iterator, out: "queue.Queue[object]", stop: threading.Event, pin_memory: bool) -> None:
+    """The producer thread: put each item (pinned if asked), then _END or the exception raised."""
+
+    def put(item: object) -> bool:  # wait for room; False once stopped
         while not stop.is_set():
             try:
-                q.put(x, timeout=0.1)
+                out.put(item, timeout=0.1)
                 return True
             except queue.Full:
-                pass
+                continue
         return False
 
-    def work():
-        try:
-            for x in items:
-                if not put(x):
-                    return
-            put(_DONE)
-        except BaseException as e:  # handed to the consumer
-            put(e)
-
-    thread = threading.Thread(target=work, name="read-ahead", daemon=True)
-    thread.start()
     try:
-        while True:
-            x = q.get()
-            if x is _DONE:
+        for item in items:
+            if not put(item.pin_memory() if pin_memory else item):
                 return
-            if isinstance(x, BaseException):
-                raise x
-            yield x
-    finally:
-        stop.set()
+    except BaseException as e:  # handed to the consumer, raised there
+        put(_Raised(e))
+        return
+    put(_END)
+
+
+class Prefetcher(Iterator[T]):
+    """Iterate over `items` with a producer thread that stays up to `depth` items ahead.
+
+    An exception raised by `items` is re-raised here, at the position it happened. `close()`
+    (also on garbage collection or the end of a `with` block) stops the thread.
+    """
+
+    def __init__(self, items: Iterator[T], depth: int = 2, pin_memory: bool = False) -> None:
+        self._stop = threading.Event()
+        if depth < 1:
+            raise ValueError(f"prefetch depth must be >= 1, got {depth}")
+        self._queue: "queue.Queue[object]" = queue.Queue(maxsize=depth)
+        self._done = False
+        self._thread = threading.Thread(
+            target=_produce,
+            args=(items, self._queue, self._stop, pin_memory),
+            name="dlrm-prefetch",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def __iter__(self) -> "Prefetcher[T]":
+        return self
+
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        item = self._queue.get()
+        if item is _END:
+            self._done = True
+            self._thread.join()
+            raise StopIteration
+        if isinstance(item, _Raised):
+            self._done = True
+            raise item.error
+        return item  # type: ignore[return-value]
+
+    def close(self, timeout: Optional[float] = 5.0) -> None:
+        """Stop the producer thread (items it has not yet handed over are dropped)."""
+        self._done = True
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def __enter__(self) -> "Prefetcher[T]":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # the thread holds no reference to self: an abandoned Prefetcher stops it
+        self._stop.set()

@@ -16,7 +16,7 @@ import numpy as np
 
 from dlrm.data.criteo import NUM_DENSE, NUM_SPARSE, BadLine, ParseOptions, parse_block
 from dlrm.data.npy import NpyWriter
-from dlrm.data.prefetch import read_ahead
+from dlrm.data.prefetch import Prefetcher
 
 
 # ---------------------------------------------------------------- converting one byte range of a file
@@ -144,7 +144,7 @@ def convert_range(task: RangeTask) -> RangeResult:
     try:
         blocks = _blocks(task, res)
         if _is_gzip(task.path):
-            blocks = read_ahead(blocks, 2)  # decompress (zlib frees the GIL) while the last block is parsed
+            blocks = Prefetcher(blocks, 2)  # decompress (zlib frees the GIL) while the last block is parsed
         for buf in blocks:
             p = parse_block(buf, opts, first_line=res.lines + 1)
             res.lines += p.lines

@@ -21,9 +21,10 @@ if [ -n "${NCCL_DEBUG_SUBSYS:-}" ]; then export NCCL_DEBUG_SUBSYS; fi
 # NCCL_P2P_LEVEL: farthest path over which GPUs inside a node talk directly (LOC, NVL, PIX, PXB, PHB, SYS);
 # unset = NCCL decides from the topology (NVLink/NVSwitch when present). Set NVL to forbid PCIe P2P.
 if [ -n "${NCCL_P2P_LEVEL:-}" ]; then export NCCL_P2P_LEVEL; fi
-# NCCL_NVLS_ENABLE: NVLink SHARP (in-switch reductions on NVSwitch systems such as DGX H100);
-# 1 = use when available (NCCL's default), 0 = off (if it fails to initialise or uses too much memory).
-: "${NCCL_NVLS_ENABLE:=1}"; export NCCL_NVLS_ENABLE
+# NCCL_NVLS_ENABLE: NVLink SHARP (in-switch reductions on NVSwitch systems such as DGX H100).
+# Unset = NCCL's default (2: use it when the system supports it); 1 makes it mandatory (start-up fails
+# on boxes without it); 0 = off (if it fails to initialise or uses too much memory). Not set here.
+if [ -n "${NCCL_NVLS_ENABLE:-}" ]; then export NCCL_NVLS_ENABLE; fi
 
 # NCCL_SOCKET_IFNAME: network interfaces for NCCL's bootstrap (and its data, on TCP-only clusters):
 # a prefix list (eth,ens), ^ to exclude (^docker,lo), = for exact names (=eth0).

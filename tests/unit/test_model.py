@@ -2,10 +2,11 @@
 
 import pytest
 import torch
+from torchrec.models.dlrm import InteractionArch
 
 from dlrm.config import ScheduleConfig
 from dlrm.data.loader import make_source
-from dlrm.core.model import build_model, initialize, table_rows_init
+from dlrm.core.model import DotInteraction, build_model, initialize, table_rows_init
 from dlrm.core.optim import lr_factor
 
 
@@ -92,3 +93,45 @@ def test_shards_are_filled_in_chunks_with_the_same_values(make_config, monkeypat
     initialize(chunked, cfg.model, seed=0)
     for name, value in whole.state_dict().items():
         assert torch.equal(value, chunked.state_dict()[name]), name
+
+
+@pytest.mark.parametrize("features", [0, 1, 2, 26])
+def test_dot_interaction_equals_torchrec(features):
+    """Same output and gradients as TorchRec's InteractionArch (scatter-add backward), in fp32."""
+    gen = torch.Generator().manual_seed(features)
+    dense = torch.randn(32, 16, generator=gen, requires_grad=True)
+    sparse = torch.randn(32, features, 16, generator=gen, requires_grad=True)
+    ours, theirs = DotInteraction(features), InteractionArch(features)
+    out, ref = ours(dense, sparse), theirs(dense, sparse)
+    assert out.shape == ref.shape == (32, 16 + features + features * (features - 1) // 2)
+    # Each output is one dot product of 16 terms: both compute it with the same bmm.
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    grad_out = torch.randn(ref.shape, generator=gen)
+    inputs = (dense, sparse) if features else (dense,)
+    ours_grads = torch.autograd.grad(out, inputs, grad_out)
+    ref_grads = torch.autograd.grad(ref, inputs, grad_out)
+    for a, b in zip(ours_grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)  # sums of ~features products: fp32 rounding
+
+
+def test_dot_models_use_the_scatter_free_interaction(make_config):
+    net = build_model(make_config("model=tiny").model, torch.device("cpu")).model
+    assert isinstance(net.inter_arch, DotInteraction)
+    assert net.inter_arch.F == len(net.sparse_arch.sparse_feature_names)
+
+
+def test_dot_interaction_under_bf16_autocast_matches_torchrec():
+    """Same bf16 product; gradients in fp32 (the inputs' dtype) within bf16 rounding."""
+    gen = torch.Generator().manual_seed(1)
+    dense = torch.randn(64, 16, generator=gen, requires_grad=True)
+    sparse = torch.randn(64, 26, 16, generator=gen, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, ref = DotInteraction(26)(dense, sparse), InteractionArch(26)(dense, sparse)
+    torch.testing.assert_close(out, ref)  # the same bf16 bmm, then a copy of its values
+    grad_out = torch.randn(ref.shape, generator=gen)
+    ours = torch.autograd.grad(out, (dense, sparse), grad_out)
+    theirs = torch.autograd.grad(ref, (dense, sparse), grad_out)
+    for a, b in zip(ours, theirs):
+        assert a.dtype == b.dtype == torch.float32
+        # sums of ~27 products of bf16 values (8 significant bits): relative error ~ 27 * 2^-8
+        torch.testing.assert_close(a, b, rtol=0.1, atol=0.1 * b.abs().max().item())

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from dlrm.data.loader import feature_layout, make_source
+from dlrm.data.synthetic import SyntheticSource
 
 
 def _concat(batches):
@@ -61,3 +62,15 @@ def test_eval_is_finite_and_train_endless(make_config):
     source = make_source(make_config("model=tiny", "data.eval_batches=3"))
     assert len(list(source.batches("eval", 0, 1))) == 3
     assert source.num_batches("train") is None
+
+
+def test_ids_are_int32_when_every_table_fits(make_config):
+    cfg = make_config("model=tiny", "data.global_batch_size=8")
+    source = make_source(cfg)
+    kjt = source.samples("train", 0, 8).sparse_features
+    assert kjt.values().dtype == torch.int32 and kjt.lengths().dtype == torch.int32
+    huge = SyntheticSource(
+        cfg.data.synthetic, ["C1"], [2**31 + 5], [1], 13, global_batch_size=8, seed=0, eval_batches=1
+    )
+    ids = huge.samples("train", 0, 64).sparse_features.values()
+    assert ids.dtype == torch.int64 and int(ids.max()) < 2**31 + 5

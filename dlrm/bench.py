@@ -1,0 +1,221 @@
+"""Training-speed benchmark: stable samples/s on a shared machine, peak memory, an optional profile.
+
+    python -m dlrm.bench [options] [hydra overrides]            # 1 process
+    torchrun --nproc_per_node=2 -m dlrm.bench [options] [overrides]
+
+The config is composed from conf/ as for `dlrm.train` (default `experiment=bench_cpu`). The run
+trains `--warmup` steps untimed, then `--windows` windows of `--window` steps each, timed one by
+one (CUDA is synchronised at each window's end), and reports the median window's samples/s (with
+the slowest and fastest) -- a median is robust to another process taking the cores for a while --
+and samples per CPU-second (all ranks' process CPU time over the windows: on a machine shared
+with other jobs it moves far less than wall-clock speed, so compare variants with it too).
+Then: eval AUC on the eval split, peak RSS per rank (and peak CUDA memory), the data source's own
+speed (batches generated per second on one rank, outside the training loop), and with
+`--profile K` a torch.profiler table of K further steps (not part of the timed windows).
+`--cache-batches N` trains on the first N batches of each rank in a loop (materialised once,
+like a preprocessed dataset), to measure the model when the data source is slower than it.
+Prints one summary line and writes the figures as JSON to `--out` (rank 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from dlrm.compose import compose
+from dlrm.config import Config, validate, validate_world
+from dlrm.errors import UserError
+from dlrm.core.metrics import peak_rss_mb
+from dlrm.io import write_json_atomic
+from dlrm.core.topology import World
+
+
+
+class CachedSource:
+    """The first `count` train batches of a source, materialised per rank and repeated forever.
+
+    Eval batches come from the wrapped source unchanged.
+    """
+
+    def __init__(self, source, count: int) -> None:
+        self.source = source
+        self.count = count
+        self._cache: dict = {}
+
+    def num_batches(self, split: str) -> Optional[int]:
+        return self.source.num_batches(split)
+
+    def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Iterator:
+        if split != "train":
+            return self.source.batches(split, rank, world_size, start_step)
+        key = (rank, world_size)
+        if key not in self._cache:
+            first = itertools.islice(self.source.batches("train", rank, world_size), self.count)
+            pin = torch.cuda.is_available()  # page-locked once: host-to-device copies run asynchronously
+            self._cache[key] = [batch.pin_memory() if pin else batch for batch in first]
+        cached = self._cache[key]
+        return (cached[step % len(cached)] for step in itertools.count(start_step))
+
+
+def compose_config(overrides: List[str], max_table_rows: int = 0) -> Config:
+    """The config of `dlrm.train` for these overrides (experiment=bench_cpu unless one is given),
+    with every table capped at `max_table_rows` rows if that is > 0."""
+    if not any(o.startswith(("experiment=", "+experiment=")) for o in overrides):
+        overrides = ["experiment=bench_cpu", *overrides]
+    cfg = compose(overrides)
+    if max_table_rows > 0:
+        for table in cfg.model.tables:
+            table.rows = min(table.rows, max_table_rows)
+    validate(cfg)
+    return cfg
+
+
+def source_speed(source, rank: int, world_size: int, batches: int = 3) -> float:
+    """Samples/s of the source alone on this rank (after one untimed batch)."""
+    it = source.batches("train", rank, world_size)
+    first = next(it)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    return batches * first.labels.numel() / (time.perf_counter() - start)
+
+
+def _measure(trainer, args: argparse.Namespace, steps: int) -> tuple[list[float], float, Optional[str]]:
+    """Train `steps` steps: warm-up, timed windows, profiled steps. Returns samples/s per window, this
+    process's CPU seconds over the windows, and the profile table (None without --profile)."""
+    device, batch = trainer.device, trainer.cfg.data.global_batch_size
+    batches = trainer._batches("train", 0, steps)
+    trainer.model.train()
+
+    def step() -> None:
+        trainer._one_step(batches)  # the trainer's step: lr schedule, pipeline or not
+        trainer.step += 1
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(args.warmup):
+        step()
+    sync()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    window_rates = []
+    cpu_start = time.process_time()
+    for _ in range(args.windows):
+        start = time.perf_counter()
+        for _ in range(args.window):
+            step()
+        sync()
+        window_rates.append(args.window * batch / (time.perf_counter() - start))
+    cpu_seconds = time.process_time() - cpu_start  # this process, all its threads, over the windows
+    profile_table = None
+    if args.profile:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(args.profile):
+                step()
+            sync()
+        sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        profile_table = prof.key_averages().table(sort_by=sort, row_limit=args.profile_rows)
+    return window_rates, cpu_seconds, profile_table
+
+
+def run(args: argparse.Namespace, cfg: Config) -> dict:
+    world = World.from_env()
+    validate_world(cfg, world.world_size, world.local_world_size)
+    from dlrm.core.trainer import Trainer  # imports TorchRec (seconds): only once the config is valid
+
+    steps = args.warmup + args.windows * args.window + args.profile
+    cfg.trainer.max_steps = steps
+    trainer = Trainer(cfg, world, None)
+    device = trainer.device
+    loader_speed = source_speed(trainer.source, world.rank, world.world_size)
+    if args.cache_batches:
+        trainer.source = CachedSource(trainer.source, args.cache_batches)
+    window_rates, cpu_seconds, profile_table = _measure(trainer, args, steps)
+    evaluation = trainer.evaluate()
+
+    mine = torch.tensor([peak_rss_mb(), cpu_seconds], dtype=torch.float64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(world.world_size)]
+    dist.all_gather(gathered, mine, group=trainer.pg)
+    timed_samples = args.windows * args.window * cfg.data.global_batch_size
+    result = {
+        "world_size": world.world_size,
+        "device": device.type,
+        "global_batch_size": cfg.data.global_batch_size,
+        "dense_precision": cfg.trainer.dense_precision,
+        "warmup_steps": args.warmup,
+        "window_steps": args.window,
+        "samples_per_s_median": statistics.median(window_rates),
+        "samples_per_s_windows": window_rates,
+        "eval_auc": evaluation.get("auc"),
+        "eval_logloss": evaluation.get("logloss"),
+        "samples_per_cpu_s": timed_samples / sum(float(t[1]) for t in gathered),
+        "peak_rss_mb_per_rank": [float(t[0]) for t in gathered],
+        "source_samples_per_s_per_rank": loader_speed,
+        "cached_batches": args.cache_batches,
+    }
+    if device.type == "cuda":
+        result["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+        result["gpu"] = torch.cuda.get_device_name(device)
+    if profile_table is not None:
+        result["profile_steps"] = args.profile
+        result["profile"] = profile_table
+    del trainer
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+    return result
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m dlrm.bench", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--warmup", type=int, default=20, help="untimed steps first (default 20)")
+    parser.add_argument("--window", type=int, default=20, help="steps per timed window (default 20)")
+    parser.add_argument("--windows", type=int, default=9, help="timed windows (default 9)")
+    parser.add_argument("--profile", type=int, default=0, help="profile this many steps after the windows")
+    parser.add_argument("--profile-rows", type=int, default=25, help="rows of the profile table")
+    parser.add_argument("--cache-batches", type=int, default=0, help="train on N materialised batches in a loop")
+    parser.add_argument("--max-table-rows", type=int, default=0, help="cap every table at N rows (0: as configured)")
+    parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here (rank 0)")
+    args, overrides = parser.parse_known_args(argv)
+    if min(args.warmup, args.profile, args.cache_batches, args.max_table_rows) < 0 or min(args.window, args.windows) < 1:
+        print("error: --window and --windows must be >= 1; --warmup, --profile, --cache-batches, --max-table-rows >= 0", file=sys.stderr)
+        sys.exit(2)
+    try:
+        result = run(args, compose_config(overrides, args.max_table_rows))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if World.from_env().is_main:
+        if "profile" in result:
+            print(f"profile of {result['profile_steps']} steps:\n{result['profile']}")
+        brief = {k: v for k, v in result.items() if k not in ("profile", "samples_per_s_windows")}
+        rates = result["samples_per_s_windows"]
+        print(
+            f"bench: {result['world_size']} rank(s), {result['dense_precision']}: "
+            f"{result['samples_per_s_median']:.0f} samples/s median of {len(rates)} windows "
+            f"(min {min(rates):.0f}, max {max(rates):.0f}), {result['samples_per_cpu_s']:.0f} per CPU-second; "
+            f"peak RSS MiB per rank "
+            f"{[round(m) for m in result['peak_rss_mb_per_rank']]}; eval AUC {result['eval_auc']}"
+        )
+        print("bench: " + json.dumps(brief, sort_keys=True))
+        if args.out is not None:
+            write_json_atomic(args.out, result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# GPU benchmark on the GPUs of one node (python -m dlrm.bench under torchrun): the bench_cpu shape and
+# the MLPerf DLRM-DCNv2 shape (tables capped at 2M rows), each in fp32 (TF32 matmuls) and bf16, 8192
+# samples per GPU per step, trained on 16 materialised batches per rank; each run prints samples/s
+# (median of timed windows), peak CUDA memory, the source's own speed, and a profile of 10 steps.
+#   NGPU         GPUs to use (default: all that nvidia-smi lists)
+#   OUT_DIR      where each run's JSON goes (default outputs/bench_gpu)
+#   PYTHON       interpreter (default python3); RUN_TIMEOUT seconds per run (default 240)
+#   BATCH_PER_GPU (8192), MAX_TABLE_ROWS (2000000), STEPS (the dlrm.bench step options), TOPOLOGY
+#   (dgx_h100): smaller values give a quick check, e.g. on CPU: TOPOLOGY=cpu NGPU=1 BATCH_PER_GPU=64
+#   MAX_TABLE_ROWS=1000 STEPS="--warmup 1 --window 1 --windows 1 --profile 1" launch/bench_gpu.sh
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
+BATCH_PER_GPU=${BATCH_PER_GPU:-8192}
+MAX_TABLE_ROWS=${MAX_TABLE_ROWS:-2000000}
+read -r -a steps <<< "${STEPS:---warmup 30 --window 50 --windows 8 --profile 10}"
+OUT_DIR=${OUT_DIR:-outputs/bench_gpu}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT_DIR"
+common=(--cache-batches 16 "${steps[@]}" --profile-rows 20
+        "topology=${TOPOLOGY:-dgx_h100}" "topology.ranks_per_node=$NGPU" "data.global_batch_size=$((BATCH_PER_GPU * NGPU))"
+        trainer.progress=none)
+status=0
+run() {
+  local name=$1; shift
+  echo "== $name: $*"
+  timeout "${RUN_TIMEOUT:-240}" "$PY" -m torch.distributed.run --standalone "--nproc_per_node=$NGPU" \
+    -m dlrm.bench "${common[@]}" --out "$OUT_DIR/$name.json" "$@" || { echo "== $name failed ($?)"; status=1; }
+}
+run cpu_shape_fp32 experiment=bench_cpu
+run cpu_shape_bf16 experiment=bench_cpu trainer.dense_precision=bf16
+run dcnv2_fp32 experiment=bench_dcnv2 --max-table-rows "$MAX_TABLE_ROWS"
+run dcnv2_bf16 experiment=bench_dcnv2 --max-table-rows "$MAX_TABLE_ROWS" trainer.dense_precision=bf16
+exit $status

@@ -1,0 +1,54 @@
+"""The benchmark command: its materialised-batch source, its refusals, and one small real run."""
+
+import json
+
+import pytest
+import torch
+
+from dlrm import bench
+from dlrm.data.loader import make_source
+
+
+def test_cached_source_repeats_the_first_batches(make_config):
+    cfg = make_config("model=tiny", "data.global_batch_size=8")
+    source = make_source(cfg)
+    cached = bench.CachedSource(source, count=3)
+    got = [b for _, b in zip(range(7), cached.batches("train", 1, 2, start_step=2))]
+    first = [b for _, b in zip(range(3), source.batches("train", 1, 2))]
+    for i, batch in enumerate(got):  # step 2 + i of a 3-batch loop
+        assert torch.equal(batch.dense_features, first[(2 + i) % 3].dense_features)
+    evals = list(cached.batches("eval", 0, 1))
+    assert len(evals) == cfg.data.eval_batches and cached.num_batches("eval") == cfg.data.eval_batches
+
+
+def test_max_table_rows_caps_every_table():
+    cfg = bench.compose_config(["experiment=bench_dcnv2", "topology=cpu"], max_table_rows=1000)
+    assert max(t.rows for t in cfg.model.tables) == 1000
+    assert min(t.rows for t in cfg.model.tables) == 3  # smaller tables keep their size
+
+
+@pytest.mark.parametrize("args", [["--windows", "0"], ["--window", "0"], ["--warmup", "-1"], ["--max-table-rows", "-5"]])
+def test_bad_options_exit_2(args, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(args)
+    assert e.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_bad_override_is_a_user_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["data.global_batch_size=0"])
+    assert e.value.code == 2 and "global_batch_size" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_small_run_reports_median_windows_and_memory(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    bench.main(["model=tiny", "data.global_batch_size=32", "trainer.progress=none", "--warmup", "2",
+                "--window", "2", "--windows", "3", "--profile", "1", "--out", str(out)])
+    result = json.loads(out.read_text())
+    rates = result["samples_per_s_windows"]
+    assert len(rates) == 3 and all(r > 0 for r in rates)
+    assert result["samples_per_s_median"] == sorted(rates)[1]
+    assert result["world_size"] == 1 and len(result["peak_rss_mb_per_rank"]) == 1 and result["samples_per_cpu_s"] > 0
+    assert 0.0 <= result["eval_auc"] <= 1.0 and "Self CPU" in result["profile"]
+    assert "samples/s median of 3 windows" in capsys.readouterr().out

@@ -1,0 +1,76 @@
+"""The prefetch thread: the same batches as the source, errors re-raised in place, a clean stop."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from dlrm.data.loader import make_source
+from dlrm.data.prefetch import Prefetcher, prefetch_pays
+
+
+def _same_batch(a, b) -> bool:
+    ka, kb = a.sparse_features, b.sparse_features
+    return (
+        torch.equal(a.dense_features, b.dense_features)
+        and torch.equal(a.labels, b.labels)
+        and ka.keys() == kb.keys()
+        and torch.equal(ka.values(), kb.values())
+        and torch.equal(ka.lengths(), kb.lengths())
+    )
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_prefetched_batches_equal_the_source(make_config, depth):
+    cfg = make_config("model=tiny", "data.global_batch_size=16")
+    source = make_source(cfg)
+    direct = list(zip(range(7), source.batches("train", 1, 2, start_step=3)))
+    prefetched = list(zip(range(7), Prefetcher(source.batches("train", 1, 2, start_step=3), depth=depth)))
+    assert len(direct) == len(prefetched) == 7
+    assert all(_same_batch(a, b) for (_, a), (_, b) in zip(direct, prefetched))
+    eval_batches = list(Prefetcher(source.batches("eval", 0, 1)))
+    assert len(eval_batches) == cfg.data.eval_batches  # a finite source ends the iteration
+    assert all(_same_batch(a, b) for a, b in zip(eval_batches, source.batches("eval", 0, 1)))
+
+
+def test_source_error_is_raised_after_the_good_items():
+    def items():
+        yield 1
+        yield 2
+        raise ValueError("corrupt batch 3")
+
+    it = Prefetcher(items())
+    assert next(it) == 1 and next(it) == 2
+    with pytest.raises(ValueError, match="corrupt batch 3"):
+        next(it)
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_close_stops_an_endless_producer():
+    produced = []
+
+    def endless():
+        while True:
+            produced.append(1)
+            yield len(produced)
+
+    before = threading.active_count()
+    with Prefetcher(endless(), depth=2) as it:
+        assert next(it) == 1
+    time.sleep(0.3)
+    assert threading.active_count() == before  # the thread has ended
+    count = len(produced)
+    time.sleep(0.3)
+    assert len(produced) == count  # and produces nothing more
+    with pytest.raises(ValueError):
+        Prefetcher(iter([]), depth=0)
+
+
+def test_prefetch_pays_on_cuda_or_with_a_spare_core(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert prefetch_pays(torch.device("cuda", 0), local_world_size=2)
+    assert not prefetch_pays(torch.device("cpu"), local_world_size=2)  # 2 ranks x 1 thread on 2 cores
+    assert prefetch_pays(torch.device("cpu"), local_world_size=1)  # one core left for the thread
