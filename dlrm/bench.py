@@ -26,19 +26,18 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
 
 from dlrm.compose import compose
 from dlrm.config import Config, validate, validate_world
-from dlrm.errors import UserError
 from dlrm.core.metrics import peak_rss_mb
-from dlrm.io import write_json_atomic
 from dlrm.core.topology import World
-
+from dlrm.errors import UserError
+from dlrm.io import write_json_atomic
 
 
 class CachedSource:
@@ -52,7 +51,7 @@ class CachedSource:
         self.count = count
         self._cache: dict = {}
 
-    def num_batches(self, split: str) -> Optional[int]:
+    def num_batches(self, split: str) -> int | None:
         return self.source.num_batches(split)
 
     def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Iterator:
@@ -67,7 +66,7 @@ class CachedSource:
         return (cached[step % len(cached)] for step in itertools.count(start_step))
 
 
-def compose_config(overrides: List[str], max_table_rows: int = 0) -> Config:
+def compose_config(overrides: list[str], max_table_rows: int = 0) -> Config:
     """The config of `dlrm.train` for these overrides (experiment=bench_cpu unless one is given),
     with every table capped at `max_table_rows` rows if that is > 0."""
     if not any(o.startswith(("experiment=", "+experiment=")) for o in overrides):
@@ -90,7 +89,7 @@ def source_speed(source, rank: int, world_size: int, batches: int = 3) -> float:
     return batches * first.labels.numel() / (time.perf_counter() - start)
 
 
-def _measure(trainer, args: argparse.Namespace, steps: int) -> tuple[list[float], float, Optional[str]]:
+def _measure(trainer, args: argparse.Namespace, steps: int) -> tuple[list[float], float, str | None]:
     """Train `steps` steps: warm-up, timed windows, profiled steps. Returns samples/s per window, this
     process's CPU seconds over the windows, and the profile table (None without --profile)."""
     device, batch = trainer.device, trainer.cfg.data.global_batch_size
@@ -181,7 +180,7 @@ def run(args: argparse.Namespace, cfg: Config) -> dict:
     return result
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m dlrm.bench", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps first (default 20)")
     parser.add_argument("--window", type=int, default=20, help="steps per timed window (default 20)")
@@ -192,8 +191,14 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--max-table-rows", type=int, default=0, help="cap every table at N rows (0: as configured)")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here (rank 0)")
     args, overrides = parser.parse_known_args(argv)
-    if min(args.warmup, args.profile, args.cache_batches, args.max_table_rows) < 0 or min(args.window, args.windows) < 1:
-        print("error: --window and --windows must be >= 1; --warmup, --profile, --cache-batches, --max-table-rows >= 0", file=sys.stderr)
+    if (
+        min(args.warmup, args.profile, args.cache_batches, args.max_table_rows) < 0
+        or min(args.window, args.windows) < 1
+    ):
+        print(
+            "error: --window and --windows must be >= 1; --warmup, --profile, --cache-batches, --max-table-rows >= 0",
+            file=sys.stderr,
+        )
         sys.exit(2)
     try:
         result = run(args, compose_config(overrides, args.max_table_rows))

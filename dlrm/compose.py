@@ -98,8 +98,11 @@ def check_overrides(overrides: Sequence[str]) -> None:
         siblings = sorted(k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent)
         if parent in keys:  # a known section: suggest among its keys only
             close = difflib.get_close_matches(key.rpartition(".")[2], siblings, n=1, cutoff=0.7)
-            fix = (f"did you mean '{parent}.{close[0]}'?" if close
-                   else f"the keys under '{parent}' are: {', '.join(siblings)}")
+            fix = (
+                f"did you mean '{parent}.{close[0]}'?"
+                if close
+                else f"the keys under '{parent}' are: {', '.join(siblings)}"
+            )
         else:
             close = difflib.get_close_matches(key, list(keys) + groups, n=1, cutoff=0.8)
             fix = f"did you mean '{close[0]}'?" if close else "see `python -m dlrm.train --cfg job` for every key"
@@ -131,7 +134,8 @@ def compose(overrides: Sequence[str]) -> Config:
     Raises ConfigError for an unknown key or option (with a "did you mean"), a value of the wrong
     type, or anything else Hydra refuses. Does not `validate`.
     """
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 

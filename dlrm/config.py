@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, NoReturn, Optional, cast
+from typing import NoReturn, cast
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -65,9 +65,9 @@ class TableConfig:
     name: str = MISSING
     rows: int = MISSING
     dim: int = MISSING
-    features: List[str] = MISSING
+    features: list[str] = MISSING
     pooling: int = 1
-    sharding: Optional[ShardingType] = None
+    sharding: ShardingType | None = None
 
     def check(self, key: str) -> None:
         if not self.name:
@@ -75,7 +75,11 @@ class TableConfig:
         _require_positive(f"{key}.rows", self.rows)
         _require_positive(f"{key}.dim", self.dim)
         if self.dim % 4:
-            _fail(f"{key}.dim", self.dim, f"fbgemm's embedding kernels need a multiple of 4; use {self.dim + 4 - self.dim % 4}")
+            _fail(
+                f"{key}.dim",
+                self.dim,
+                f"fbgemm's embedding kernels need a multiple of 4; use {self.dim + 4 - self.dim % 4}",
+            )
         _require_positive(f"{key}.pooling", self.pooling)
         if not self.features:
             _fail(f"{key}.features", list(self.features), "list the sparse features this table serves")
@@ -87,11 +91,11 @@ class ModelConfig:
 
     interaction: Interaction = Interaction.dot
     dense_in_features: int = 13
-    bottom_mlp: List[int] = field(default_factory=lambda: [64, 16])
-    top_mlp: List[int] = field(default_factory=lambda: [64, 32, 1])
+    bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])
+    top_mlp: list[int] = field(default_factory=lambda: [64, 32, 1])
     dcn_num_layers: int = 3
     dcn_low_rank_dim: int = 64
-    tables: List[TableConfig] = field(default_factory=list)
+    tables: list[TableConfig] = field(default_factory=list)
 
     def check(self, key: str = "model") -> None:
         _require_positive(f"{key}.dense_in_features", self.dense_in_features)
@@ -157,11 +161,11 @@ class CriteoConfig:
     verify_checksums: compare each file's sha256 with manifest.json at start-up (the other checks always run).
     """
 
-    dir: Optional[str] = None
-    train_days: List[int] = field(default_factory=list)
-    eval_days: List[int] = field(default_factory=list)
+    dir: str | None = None
+    train_days: list[int] = field(default_factory=list)
+    eval_days: list[int] = field(default_factory=list)
     eval_fraction: float = 0.0
-    multi_hot_sizes: Optional[List[int]] = None
+    multi_hot_sizes: list[int] | None = None
     shuffle: bool = True
     prefetch_batches: int = 4
     verify_checksums: bool = True
@@ -218,7 +222,7 @@ class TopologyConfig:
 
     name: str = "cpu"
     nodes: int = 1
-    ranks_per_node: Optional[int] = None
+    ranks_per_node: int | None = None
     device: Device = Device.cpu
     backend: Backend = Backend.auto
     intra_node: LinkConfig = field(default_factory=LinkConfig)
@@ -248,14 +252,14 @@ class ShardingConfig:
     """
 
     strategy: ShardingStrategy = ShardingStrategy.auto
-    per_table: Dict[str, ShardingType] = field(default_factory=dict)
+    per_table: dict[str, ShardingType] = field(default_factory=dict)
 
-    def check(self, tables: List[str], key: str = "sharding") -> None:
+    def check(self, tables: list[str], key: str = "sharding") -> None:
         for name, kind in self.per_table.items():
             if name not in tables:
                 _fail(f"{key}.per_table.{name}", kind, f"no table of that name; tables: {', '.join(sorted(tables))}")
 
-    def pinned(self, table: TableConfig) -> Optional[ShardingType]:
+    def pinned(self, table: TableConfig) -> ShardingType | None:
         """The table's sharding type by the precedence above, or None: the planner chooses."""
         kind = self.per_table.get(table.name) or table.sharding or self.strategy
         return None if kind == ShardingStrategy.auto else ShardingType(kind)
@@ -337,21 +341,21 @@ class TrainerConfig:
     """
 
     max_steps: int = 200
-    max_samples: Optional[int] = None
+    max_samples: int | None = None
     eval_every_steps: int = 0
     log_every_steps: int = 20
     pipeline: bool = True
     progress: ProgressMode = ProgressMode.auto
     dense_allreduce: DenseAllreduce = DenseAllreduce.flat
-    resume: Optional[str] = None
+    resume: str | None = None
     eval_only: bool = False
     dense_precision: DensePrecision = DensePrecision.fp32
     tf32: bool = True
     on_nonfinite: OnNonfinite = OnNonfinite.stop
     tensorboard: bool = True
     breakdown: bool = True
-    profile: Optional[List[int]] = None
-    comms_bench: Optional[str] = None
+    profile: list[int] | None = None
+    comms_bench: str | None = None
 
     def check(self, key: str = "trainer") -> None:
         _require_positive(f"{key}.max_steps", self.max_steps)
@@ -381,7 +385,7 @@ class CheckpointConfig:
     verify: check every file's sha256 against the manifest before loading (false: sizes only).
     """
 
-    dir: Optional[str] = None
+    dir: str | None = None
     every_steps: int = 0
     at_end: bool = True
     keep: int = 2

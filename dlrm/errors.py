@@ -15,7 +15,6 @@ import logging
 import os
 import sys
 import time
-from typing import Optional
 
 
 class UserError(Exception):
@@ -25,9 +24,9 @@ class UserError(Exception):
     same_on_all_ranks = False  # True: every rank raises the same error, so only rank 0 prints it
 
 
-def user_error_in(e: BaseException) -> Optional[UserError]:
+def user_error_in(e: BaseException) -> UserError | None:
     """The UserError `e` is or wraps (as a cause, or inside DCP's CheckpointException), else None."""
-    todo: list[Optional[BaseException]] = [e]
+    todo: list[BaseException | None] = [e]
     seen: set[int] = set()
     while todo:
         x = todo.pop(0)
@@ -51,7 +50,7 @@ def user_error_in(e: BaseException) -> Optional[UserError]:
 REPORT_GRACE_S = 30.0
 
 
-def user_error_message(e: UserError, rank: int) -> Optional[str]:
+def user_error_message(e: UserError, rank: int) -> str | None:
     """The one line to print for `e` on this rank, or None when rank 0 prints it (see dlrm.errors)."""
     if rank == 0:
         return f"error: {e}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import cast
 
 import torch
 from omegaconf import OmegaConf
@@ -27,17 +28,21 @@ def model_config_of(checkpoint: Path) -> ModelConfig:
     """The model config a checkpoint was written for (from its manifest)."""
     saved = read_manifest(checkpoint).get("model")
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), saved))
+        return cast(ModelConfig, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), saved)))
     except (OmegaConfBaseException, ValueError) as e:
-        raise CheckpointError(f"{checkpoint / 'manifest.json'}: its model is not a valid model config ({e}); "
-                              "export a checkpoint written by this trainer") from None
+        raise CheckpointError(
+            f"{checkpoint / 'manifest.json'}: its model is not a valid model config ({e}); "
+            "export a checkpoint written by this trainer"
+        ) from None
 
 
 def export(checkpoint: Path, out: Path, verify: bool = True) -> dict:
     """Write the checkpoint's model, unsharded, to `out` (atomically); returns its state dict."""
     if not out.parent.is_dir() or out.is_dir():
-        raise UserError(f"cannot write {out}: {'it is a directory' if out.is_dir() else 'its directory does not exist'}; "
-                        "give a file path in an existing directory")
+        raise UserError(
+            f"cannot write {out}: {'it is a directory' if out.is_dir() else 'its directory does not exist'}; "
+            "give a file path in an existing directory"
+        )
     model = build_model(model_config_of(checkpoint), torch.device("cpu"))
     state = {"model": model.state_dict(), "progress": {"step": step_tensor(-1)}}
     load_checkpoint(checkpoint, state, verify)
@@ -57,10 +62,12 @@ def load_exported(checkpoint: Path, exported: Path) -> torch.nn.Module:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dlrm.export", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m dlrm.export", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("checkpoint", type=Path, help="a checkpoint directory (checkpoints/step_NNNNNNNN)")
     parser.add_argument("out", type=Path, help="the file to write, e.g. model.pt")
-    parser.add_argument("--no-verify", action="store_true", help="skip the sha256 of the data files (sizes are still checked)")
+    parser.add_argument(
+        "--no-verify", action="store_true", help="skip the sha256 of the data files (sizes are still checked)"
+    )
     args = parser.parse_args(argv)
     try:
         state = export(args.checkpoint, args.out, verify=not args.no_verify)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.run import parse_args, run
@@ -27,9 +27,7 @@ def only_user_errors(failures: dict) -> bool:
     if not failures:
         return False
     first = min(failures.values(), key=lambda f: f.timestamp)
-    return first.exitcode == USER_ERROR and all(
-        f.exitcode in (USER_ERROR, -signal.SIGTERM) for f in failures.values()
-    )
+    return first.exitcode == USER_ERROR and all(f.exitcode in (USER_ERROR, -signal.SIGTERM) for f in failures.values())
 
 
 class _DropUserErrorNoise(logging.Filter):
@@ -46,7 +44,7 @@ class _DropUserErrorNoise(logging.Filter):
 
 
 @record
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_DropUserErrorNoise())
     try:

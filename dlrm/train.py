@@ -18,7 +18,6 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -33,7 +32,7 @@ register_configs()
 # torch (seconds to import) is imported where needed: a bad command line fails before it.
 
 
-def run(cfg: Config, run_dir: Optional[Path] = None) -> dict:
+def run(cfg: Config, run_dir: Path | None = None) -> dict:
     """Validate, train and evaluate on this rank; return the run summary (see README)."""
     validate(cfg)
     import torch.distributed as dist
@@ -77,7 +76,8 @@ def hydra_main(dcfg: DictConfig) -> None:
         speed = summary["train_samples_per_s"]
         print(
             f"done: {summary['steps']} steps, {f'{speed:.0f}' if speed else 'no'} train samples/s, "
-            f"eval auc {summary['eval_auc'] and round(summary['eval_auc'], 4)}, logloss {summary['eval_logloss'] and round(summary['eval_logloss'], 4)}; outputs in {run_dir}"
+            f"eval auc {summary['eval_auc'] and round(summary['eval_auc'], 4)}, "
+            f"logloss {summary['eval_logloss'] and round(summary['eval_logloss'], 4)}; outputs in {run_dir}"
         )
 
 

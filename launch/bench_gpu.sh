@@ -10,7 +10,7 @@
 #   (dgx_h100): smaller values give a quick check, e.g. on CPU: TOPOLOGY=cpu NGPU=1 BATCH_PER_GPU=64
 #   MAX_TABLE_ROWS=1000 STEPS="--warmup 1 --window 1 --windows 1 --profile 1" launch/bench_gpu.sh
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
 BATCH_PER_GPU=${BATCH_PER_GPU:-8192}
 MAX_TABLE_ROWS=${MAX_TABLE_ROWS:-2000000}

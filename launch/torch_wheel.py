@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import List, Tuple
 from urllib.parse import unquote
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
-def resolved_torch(report: dict) -> Tuple[str, str]:
+def resolved_torch(report: dict) -> tuple[str, str]:
     """(version, wheel URL) of torch in a pip report, or ("", "") when the report holds none."""
     for item in report.get("install", []):
         meta = item.get("metadata", {})
@@ -31,13 +30,15 @@ def resolved_torch(report: dict) -> Tuple[str, str]:
     return "", ""
 
 
-def choose(report: dict, version: str) -> Tuple[List[str], str]:
+def choose(report: dict, version: str) -> tuple[list[str], str]:
     """(pip install arguments, what was decided and why) for torch==version on a CPU machine."""
     found, url = resolved_torch(report)
     if found.endswith("+cpu") or "+cpu" in unquote(url):
         return [f"torch=={version}"], f"torch {found} from the configured indexes ({url})"
-    why = f"the configured indexes offer {url or found} (not a CPU build)" if found else (
-        f"the configured indexes offer no torch=={version}"
+    why = (
+        f"the configured indexes offer {url or found} (not a CPU build)"
+        if found
+        else (f"the configured indexes offer no torch=={version}")
     )
     return (
         ["--extra-index-url", CPU_INDEX, f"torch=={version}+cpu"],
@@ -45,7 +46,7 @@ def choose(report: dict, version: str) -> Tuple[List[str], str]:
     )
 
 
-def main(argv: List[str]) -> int:
+def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python launch/torch_wheel.py VERSION < pip-report.json", file=sys.stderr)
         return 2

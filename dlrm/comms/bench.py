@@ -29,9 +29,9 @@ import os
 import re
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
 
 from dlrm.comms.costmodel import CommsError, busbw_factor
 from dlrm.config import TopologyConfig
@@ -40,8 +40,17 @@ from dlrm.io import write_atomic
 COLLECTIVES = ("allreduce", "alltoall", "alltoall_uneven", "reduce_scatter", "allgather")
 SCOPES = ("world", "intra", "inter")
 SCHEMA = "dlrm.comms.bench/1"
-FIELDS = ("collective", "scope", "group_size", "bytes", "median_us", "p95_us",
-          "algbw_GBps", "busbw_GBps", "busbw_factor")
+FIELDS = (
+    "collective",
+    "scope",
+    "group_size",
+    "bytes",
+    "median_us",
+    "p95_us",
+    "algbw_GBps",
+    "busbw_GBps",
+    "busbw_factor",
+)
 ELEMENT_BYTES = 4  # float32
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KIB": 2**10, "M": 2**20, "MIB": 2**20, "G": 2**30, "GIB": 2**30}
 
@@ -54,7 +63,7 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2).upper()]
 
 
-def sweep_sizes(min_bytes: int, max_bytes: int) -> List[int]:
+def sweep_sizes(min_bytes: int, max_bytes: int) -> list[int]:
     """Sizes min_bytes, 2 min_bytes, 4 min_bytes, ... <= max_bytes."""
     if min_bytes <= 0 or max_bytes < min_bytes:
         raise CommsError(
@@ -72,7 +81,7 @@ def base_collective(collective: str) -> str:
     return "alltoall" if collective == "alltoall_uneven" else collective
 
 
-def check_request(collectives: Sequence[str], sizes: Sequence[int], group_sizes: Dict[str, int]) -> None:
+def check_request(collectives: Sequence[str], sizes: Sequence[int], group_sizes: dict[str, int]) -> None:
     """Raise CommsError, naming the value and the fix, for an unknown collective or an unusable size."""
     if not collectives:
         raise CommsError(f"no collective selected; pass --collectives with some of {','.join(COLLECTIVES)}")
@@ -93,7 +102,7 @@ def check_request(collectives: Sequence[str], sizes: Sequence[int], group_sizes:
                     )
 
 
-def group_layout(world_size: int, nodes: int, ranks_per_node: int) -> Dict[str, List[List[int]]]:
+def group_layout(world_size: int, nodes: int, ranks_per_node: int) -> dict[str, list[list[int]]]:
     """Rank lists per scope: world, intra (one per node), inter (one per local rank index)."""
     return {
         "world": [list(range(world_size))],
@@ -109,7 +118,7 @@ def uneven_splits(nelems: int, p: int, i: int) -> tuple:
     return [counts[i]] * p, counts
 
 
-def make_op(collective: str, nbytes: int, group, ranks: List[int], rank: int, device) -> Callable[[], object]:
+def make_op(collective: str, nbytes: int, group, ranks: list[int], rank: int, device) -> Callable[[], object]:
     """A closure that runs one collective of nbytes (nccl-tests' size) on `group` with float32 buffers."""
     import torch
     import torch.distributed as dist
@@ -140,7 +149,7 @@ def make_op(collective: str, nbytes: int, group, ranks: List[int], rank: int, de
     raise CommsError(f"unknown collective {collective!r}: choose from {','.join(COLLECTIVES)}")
 
 
-def time_op(op: Callable[[], object], group, warmup: int, iters: int, device) -> List[float]:
+def time_op(op: Callable[[], object], group, warmup: int, iters: int, device) -> list[float]:
     """Seconds of each timed iteration on this rank (barrier, then op, synchronising CUDA)."""
     import torch
     import torch.distributed as dist
@@ -180,7 +189,7 @@ def summarize(collective: str, scope: str, p: int, nbytes: int, times_s: Sequenc
     }
 
 
-def write_outputs(out_dir: Path, meta: dict, rows: List[dict]) -> List[Path]:
+def write_outputs(out_dir: Path, meta: dict, rows: list[dict]) -> list[Path]:
     """Write bench.json, bench.csv and bench.png (busbw vs size, one line per collective and scope)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "bench.json", out_dir / "bench.csv", out_dir / "bench.png"]
@@ -194,7 +203,7 @@ def write_outputs(out_dir: Path, meta: dict, rows: List[dict]) -> List[Path]:
     return paths
 
 
-def plot_png(rows: List[dict], title: str) -> bytes:
+def plot_png(rows: list[dict], title: str) -> bytes:
     """PNG bytes: busbw (GB/s) vs message size, one line per (collective, scope)."""
     import matplotlib
 
@@ -204,8 +213,13 @@ def plot_png(rows: List[dict], title: str) -> bytes:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for key in dict.fromkeys((r["collective"], r["scope"]) for r in rows):
         sel = [r for r in rows if (r["collective"], r["scope"]) == key]
-        ax.plot([r["bytes"] for r in sel], [r["busbw_GBps"] for r in sel], marker="o", ms=3,
-                label=f"{key[0]} ({key[1]}, p={sel[0]['group_size']})")
+        ax.plot(
+            [r["bytes"] for r in sel],
+            [r["busbw_GBps"] for r in sel],
+            marker="o",
+            ms=3,
+            label=f"{key[0]} ({key[1]}, p={sel[0]['group_size']})",
+        )
     ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="busbw (GB/s)", title=title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
@@ -215,18 +229,25 @@ def plot_png(rows: List[dict], title: str) -> bytes:
     return buf.getvalue()
 
 
-def format_table(rows: List[dict]) -> str:
-    lines = [f"{'collective':16} {'scope':6} {'p':>2} {'bytes':>10} {'median_us':>10} {'p95_us':>10} "
-             f"{'algbw_GB/s':>10} {'busbw_GB/s':>10}"]
+def format_table(rows: list[dict]) -> str:
+    lines = [
+        f"{'collective':16} {'scope':6} {'p':>2} {'bytes':>10} {'median_us':>10} {'p95_us':>10} "
+        f"{'algbw_GB/s':>10} {'busbw_GB/s':>10}"
+    ]
     for r in rows:
-        lines.append(f"{r['collective']:16} {r['scope']:6} {r['group_size']:>2} {r['bytes']:>10} "
-                     f"{r['median_us']:>10.1f} {r['p95_us']:>10.1f} {r['algbw_GBps']:>10.3f} {r['busbw_GBps']:>10.3f}")
+        lines.append(
+            f"{r['collective']:16} {r['scope']:6} {r['group_size']:>2} {r['bytes']:>10} "
+            f"{r['median_us']:>10.1f} {r['p95_us']:>10.1f} {r['algbw_GBps']:>10.3f} {r['busbw_GBps']:>10.3f}"
+        )
     return "\n".join(lines)
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m dlrm.comms.bench", description=(__doc__ or "").split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m dlrm.comms.bench",
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     ap.add_argument("--collectives", default=",".join(COLLECTIVES), help=f"comma list of {','.join(COLLECTIVES)}")
     ap.add_argument("--min-bytes", default="1K", help="smallest message size, e.g. 1K")
     ap.add_argument("--max-bytes", default="64M", help="largest message size, e.g. 64M (doubling from min)")
@@ -243,12 +264,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 class Request:
     """What to measure, checked against the launcher: collectives x scopes x message sizes."""
 
-    collectives: List[str]
-    scopes: List[str]
-    sizes: List[int]
+    collectives: list[str]
+    scopes: list[str]
+    sizes: list[int]
     nodes: int
     ranks_per_node: int
-    topology: Optional[TopologyConfig]
+    topology: TopologyConfig | None
 
 
 def check_args(args: argparse.Namespace, world_size: int, local_world_size: int) -> Request:
@@ -283,7 +304,7 @@ def check_args(args: argparse.Namespace, world_size: int, local_world_size: int)
     return Request(collectives, scopes, sizes, nodes, rpn, topo)
 
 
-def measure(req: Request, rank: int, world_size: int, device, warmup: int, iters: int) -> List[dict]:
+def measure(req: Request, rank: int, world_size: int, device, warmup: int, iters: int) -> list[dict]:
     """Time every collective of `req` in every scope (all ranks call it); one summary row per size."""
     import torch
     import torch.distributed as dist
@@ -307,7 +328,7 @@ def measure(req: Request, rank: int, world_size: int, device, warmup: int, iters
     return rows
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Optional[List[dict]]:
+def main(argv: Sequence[str] | None = None) -> list[dict] | None:
     """Run the benchmark in this torchrun worker; returns the result rows on rank 0, None elsewhere."""
     import torch
     import torch.distributed as dist
@@ -316,13 +337,15 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[List[dict]]:
 
     args = parse_args(argv)
     if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
-        raise CommsError("WORLD_SIZE/RANK are not set: run under torchrun, "
-                         "e.g. torchrun --nproc_per_node=2 -m dlrm.comms.bench")
+        raise CommsError(
+            "WORLD_SIZE/RANK are not set: run under torchrun, e.g. torchrun --nproc_per_node=2 -m dlrm.comms.bench"
+        )
     world = World.from_env()
     req = check_args(args, world.world_size, world.local_world_size)
     topo = req.topology
-    use_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()
-                                          and (topo is None or topo.device == "cuda"))
+    use_cuda = args.device == "cuda" or (
+        args.device == "auto" and torch.cuda.is_available() and (topo is None or topo.device == "cuda")
+    )
     # The trainer's device, backend and process group for this machine: NCCL on cuda, Gloo on cpu.
     machine = replace(topo or TopologyConfig(name="bench"), device="cuda" if use_cuda else "cpu", backend="auto")
     device = device_for(machine, world)

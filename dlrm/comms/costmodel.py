@@ -37,8 +37,8 @@ inter part counts one message per remote node (messages to one node's ranks are 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
 
 from dlrm.choices import Fabric
 from dlrm.errors import UserError
@@ -62,7 +62,7 @@ class Link:
     bandwidth_Bps: float
 
     @classmethod
-    def from_config(cls, link) -> "Link":
+    def from_config(cls, link) -> Link:
         """From a `LinkConfig` (latency_us, bandwidth_GBps with 1 GB = 1e9 bytes)."""
         return cls(link.fabric, link.latency_us * 1e-6, link.bandwidth_GBps * 1e9)
 
@@ -84,7 +84,7 @@ def busbw_factor(collective: str, p: int) -> float:
     return 2 * base if collective == "allreduce" else base
 
 
-def coefficients(collective: str, fabric: str, p: int) -> Tuple[float, float]:
+def coefficients(collective: str, fabric: str, p: int) -> tuple[float, float]:
     """(steps, factor) such that T = steps * alpha + factor * n / B; see the module docstring."""
     check_collective(collective)
     check_fabric(fabric)
@@ -203,10 +203,10 @@ def step_comm_time(
     alltoall_bytes_intra: float,
     alltoall_bytes_inter: float,
     allreduce_bytes: float,
-    ranks_per_node: Optional[int] = None,
+    ranks_per_node: int | None = None,
     alltoall_count: int = 1,
     allreduce_count: int = 1,
-) -> Dict[str, float]:
+) -> dict[str, float]:
     """Estimated communication seconds of one training iteration on a `TopologyConfig`.
 
     Inputs are per rank and per iteration, in bytes, summed over forward and backward:
@@ -227,8 +227,11 @@ def step_comm_time(
             "pass ranks_per_node=LOCAL_WORLD_SIZE"
         )
     nodes = topology.nodes
-    for key, value in (("alltoall_bytes_intra", alltoall_bytes_intra), ("alltoall_bytes_inter", alltoall_bytes_inter),
-                       ("allreduce_bytes", allreduce_bytes)):
+    for key, value in (
+        ("alltoall_bytes_intra", alltoall_bytes_intra),
+        ("alltoall_bytes_inter", alltoall_bytes_inter),
+        ("allreduce_bytes", allreduce_bytes),
+    ):
         if value < 0:
             raise CommsError(f"{key}={value} is negative; pass bytes per rank per iteration (>= 0)")
     intra, inter = Link.from_config(topology.intra_node), Link.from_config(topology.inter_node)

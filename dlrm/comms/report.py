@@ -17,9 +17,9 @@ import argparse
 import io
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
 
 from dlrm.comms.bench import FIELDS, SCHEMA, base_collective, parse_size, sweep_sizes
 from dlrm.comms.costmodel import (
@@ -51,7 +51,7 @@ def fmt_us(seconds: float) -> str:
     return f"{seconds * 1e6:.4g}"
 
 
-def size_comparison(link: Link, ranks: int, sizes: Sequence[int]) -> Dict[str, List[float]]:
+def size_comparison(link: Link, ranks: int, sizes: Sequence[int]) -> dict[str, list[float]]:
     """Seconds per size for '<collective>/<fabric>' on one level of `ranks` ranks."""
     return {
         f"{c}/{f}": [collective_time(c, replace(link, fabric=f), ranks, n) for n in sizes]
@@ -62,7 +62,7 @@ def size_comparison(link: Link, ranks: int, sizes: Sequence[int]) -> Dict[str, L
 
 def scale_comparison(
     intra: Link, inter: Link, ranks: int, node_counts: Sequence[int], nbytes: int
-) -> Dict[str, List[float]]:
+) -> dict[str, list[float]]:
     """Seconds per node count for '<collective>/<intra fabric>' at nbytes per rank (two levels)."""
     return {
         f"{c}/{f}": [two_level_time(c, replace(intra, fabric=f), inter, n, ranks, nbytes) for n in node_counts]
@@ -96,9 +96,9 @@ def load_bench(path: str) -> dict:
     return data
 
 
-def bench_vs_model(data: dict) -> Tuple[List[list], List[list], Dict[tuple, tuple]]:
+def bench_vs_model(data: dict) -> tuple[list[list], list[list], dict[tuple, tuple]]:
     """Fit each (collective, scope) of a bench result; (fit rows, per-size rows, curves for the plot)."""
-    groups: Dict[tuple, List[dict]] = {}
+    groups: dict[tuple, list[dict]] = {}
     for r in data["results"]:
         groups.setdefault((r["collective"], r["scope"], r["group_size"]), []).append(r)
     fits, sizes, curves = [], [], {}
@@ -114,8 +114,10 @@ def bench_vs_model(data: dict) -> Tuple[List[list], List[list], Dict[tuple, tupl
         pred = [collective_time(base_collective(c), link, p, x) for x in n]
         alpha_us, bw = f"{fit.alpha_s * 1e6:.1f}", f"{fit.bandwidth_Bps / 1e9:.3f}"
         fits.append([c, scope, p, fabric, alpha_us, bw, f"{fit.rel_rms:.2f}"])
-        sizes += [[c, scope, fmt_bytes(x), fmt_us(tm), fmt_us(tp), f"{tm / tp:.2f}"]
-                  for x, tm, tp in zip(n, t, pred)]
+        sizes += [
+            [c, scope, fmt_bytes(x), fmt_us(tm), fmt_us(tp), f"{tm / tp:.2f}"]
+            for x, tm, tp in zip(n, t, pred, strict=True)
+        ]
         curves[(c, scope)] = (n, t, pred)
     return fits, sizes, curves
 
@@ -141,12 +143,22 @@ def model_plot(sizes, by_size, node_counts, by_nodes, ranks: int, scale_bytes: i
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     for key, ts in by_size.items():
         a.plot(sizes, [t * 1e6 for t in ts], marker="o", ms=3, label=_label(key))
-    a.set(xscale="log", yscale="log", xlabel="message size per rank (bytes)", ylabel="time (us)",
-          title=f"cost model: {ranks} ranks in one node")
+    a.set(
+        xscale="log",
+        yscale="log",
+        xlabel="message size per rank (bytes)",
+        ylabel="time (us)",
+        title=f"cost model: {ranks} ranks in one node",
+    )
     for key, ts in by_nodes.items():
         b.plot(node_counts, [t * 1e6 for t in ts], marker="o", ms=3, label=_label(key) + " inside nodes")
-    b.set(xscale="log", yscale="log", xlabel=f"nodes ({ranks} ranks each)", ylabel="time (us)",
-          title=f"cost model: scale-out, {fmt_bytes(scale_bytes)} per rank")
+    b.set(
+        xscale="log",
+        yscale="log",
+        xlabel=f"nodes ({ranks} ranks each)",
+        ylabel="time (us)",
+        title=f"cost model: scale-out, {fmt_bytes(scale_bytes)} per rank",
+    )
     for ax in (a, b):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
@@ -155,7 +167,7 @@ def model_plot(sizes, by_size, node_counts, by_nodes, ranks: int, scale_bytes: i
     return data
 
 
-def bench_plot(curves: Dict[tuple, tuple]) -> bytes:
+def bench_plot(curves: dict[tuple, tuple]) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -166,8 +178,13 @@ def bench_plot(curves: Dict[tuple, tuple]) -> bytes:
         color = f"C{i % 10}"
         ax.plot(n, [x * 1e6 for x in t], "o", ms=3, color=color, label=f"{c} ({scope}) measured")
         ax.plot(n, [x * 1e6 for x in pred], "-", color=color, label=f"{c} ({scope}) model")
-    ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="median time (us)",
-           title="benchmark vs fitted alpha-beta model")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="message size (bytes)",
+        ylabel="median time (us)",
+        title="benchmark vs fitted alpha-beta model",
+    )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=6)
     data = _png(fig)
@@ -175,12 +192,15 @@ def bench_plot(curves: Dict[tuple, tuple]) -> bytes:
     return data
 
 
-def main(argv: Optional[Sequence[str]] = None) -> str:
+def main(argv: Sequence[str] | None = None) -> str:
     """Print and write the report; returns its markdown."""
     from dlrm.comms import load_topology
 
-    ap = argparse.ArgumentParser(prog="python -m dlrm.comms.report", description=(__doc__ or "").split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m dlrm.comms.report",
+        description=(__doc__ or "").split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     ap.add_argument("--topology", default="zion", help="name in conf/topology/ or YAML path: link alpha and B")
     ap.add_argument("--ranks", type=int, default=8, help="ranks per node")
     ap.add_argument("--min-bytes", default="1K")
@@ -202,17 +222,30 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     by_nodes = scale_comparison(intra, inter, args.ranks, node_counts, scale_bytes)
     keys = list(by_size)
 
-    md = [f"# Communication cost model: ring vs fully connected ({topo.name} links)", "",
-          f"Intra-node link: alpha = {intra.alpha_s * 1e6:g} us, B = {intra.bandwidth_Bps / 1e9:g} GB/s per rank; "
-          f"inter-node: {inter.fabric}, alpha = {inter.alpha_s * 1e6:g} us, "
-          f"B = {inter.bandwidth_Bps / 1e9:g} GB/s per rank.",
-          "", f"## Time (us) vs message size, {args.ranks} ranks", "",
-          table([[fmt_bytes(n)] + [fmt_us(by_size[k][i]) for k in keys]
-                 + [f"{by_size['alltoall/ring'][i] / by_size['alltoall/fully_connected'][i]:.2f}"]
-                 for i, n in enumerate(sizes)], ["size"] + keys + ["alltoall ring/fc"]),
-          "", f"## Scale-out: time (us) at {fmt_bytes(scale_bytes)} per rank, nodes of {args.ranks} "
-          "(intra-node fabric shown; inter-node as above)", "",
-          table([[n] + [fmt_us(by_nodes[k][i]) for k in keys] for i, n in enumerate(node_counts)], ["nodes"] + keys)]
+    md = [
+        f"# Communication cost model: ring vs fully connected ({topo.name} links)",
+        "",
+        f"Intra-node link: alpha = {intra.alpha_s * 1e6:g} us, B = {intra.bandwidth_Bps / 1e9:g} GB/s per rank; "
+        f"inter-node: {inter.fabric}, alpha = {inter.alpha_s * 1e6:g} us, "
+        f"B = {inter.bandwidth_Bps / 1e9:g} GB/s per rank.",
+        "",
+        f"## Time (us) vs message size, {args.ranks} ranks",
+        "",
+        table(
+            [
+                [fmt_bytes(n)]
+                + [fmt_us(by_size[k][i]) for k in keys]
+                + [f"{by_size['alltoall/ring'][i] / by_size['alltoall/fully_connected'][i]:.2f}"]
+                for i, n in enumerate(sizes)
+            ],
+            ["size"] + keys + ["alltoall ring/fc"],
+        ),
+        "",
+        f"## Scale-out: time (us) at {fmt_bytes(scale_bytes)} per rank, nodes of {args.ranks} "
+        "(intra-node fabric shown; inter-node as above)",
+        "",
+        table([[n] + [fmt_us(by_nodes[k][i]) for k in keys] for i, n in enumerate(node_counts)], ["nodes"] + keys),
+    ]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     names = ["report.md", "report.png"] + (["bench_vs_model.png"] if args.bench else [])
@@ -221,17 +254,28 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     if args.bench:
         data = load_bench(args.bench)
         fits, rows, curves = bench_vs_model(data)
-        md += ["", f"## Benchmark {args.bench} ({data.get('backend')}, {data.get('world_size')} ranks) vs model", "",
-               table(fits, ["collective", "scope", "p", "fabric", "alpha (us)", "B (GB/s)", "rel. rms misfit"]), "",
-               *(["B = inf: the sizes were too small for the bandwidth term to show; sweep larger sizes.", ""]
-                 if any(f[5] == "inf" for f in fits) else []),
-               table(rows, ["collective", "scope", "size", "measured (us)", "predicted (us)", "measured/predicted"])]
+        md += [
+            "",
+            f"## Benchmark {args.bench} ({data.get('backend')}, {data.get('world_size')} ranks) vs model",
+            "",
+            table(fits, ["collective", "scope", "p", "fabric", "alpha (us)", "B (GB/s)", "rel. rms misfit"]),
+            "",
+            *(
+                ["B = inf: the sizes were too small for the bandwidth term to show; sweep larger sizes.", ""]
+                if any(f[5] == "inf" for f in fits)
+                else []
+            ),
+            table(rows, ["collective", "scope", "size", "measured (us)", "predicted (us)", "measured/predicted"]),
+        ]
         write_atomic(out / "bench_vs_model.png", bench_plot(curves))
     text = "\n".join(md) + "\n"
     write_atomic(out / "report.md", text.encode())
     print(text)
-    print("wrote " + ", ".join(str(out / name) for name in names)
-          + (f" (replacing the earlier {', '.join(replaced)})" if replaced else ""))
+    print(
+        "wrote "
+        + ", ".join(str(out / name) for name in names)
+        + (f" (replacing the earlier {', '.join(replaced)})" if replaced else "")
+    )
     return text
 
 

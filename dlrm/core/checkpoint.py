@@ -25,9 +25,10 @@ import pickle
 import pickletools
 import shutil
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -55,16 +56,19 @@ def checkpoint_dirname(step: int) -> str:
     return f"{_PREFIX}{step:08d}"
 
 
-def complete_checkpoints(root: Path) -> List[Path]:
+def complete_checkpoints(root: Path) -> list[Path]:
     """Complete checkpoints under `root` (a manifest is written last), oldest first."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.name.startswith(_PREFIX) and p.name[len(_PREFIX) :].isdigit()
-             and (p / MANIFEST).is_file()]
+    found = [
+        p
+        for p in root.iterdir()
+        if p.name.startswith(_PREFIX) and p.name[len(_PREFIX) :].isdigit() and (p / MANIFEST).is_file()
+    ]
     return sorted(found, key=lambda p: int(p.name[len(_PREFIX) :]))
 
 
-def latest_checkpoint(root: Path) -> Optional[Path]:
+def latest_checkpoint(root: Path) -> Path | None:
     found = complete_checkpoints(root)
     return found[-1] if found else None
 
@@ -74,7 +78,7 @@ def model_signature(cfg: ModelConfig) -> dict:
     return asdict(cfg)
 
 
-def signature_differences(saved: dict, current: dict) -> List[str]:
+def signature_differences(saved: dict, current: dict) -> list[str]:
     """Human-readable differences between two model signatures (empty when compatible)."""
     diffs = []
     saved_tables = {t["name"]: t for t in saved.get("tables", [])}
@@ -111,20 +115,26 @@ def _canonical(obj: dict) -> bytes:
 def write_manifest(directory: Path, manifest: dict) -> None:
     """Write `manifest` (with its sha256 added) to directory/manifest.json, atomically."""
     body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
-    write_atomic(directory / MANIFEST, _canonical({**body, "manifest_sha256": hashlib.sha256(_canonical(body)).hexdigest()}))
+    write_atomic(
+        directory / MANIFEST, _canonical({**body, "manifest_sha256": hashlib.sha256(_canonical(body)).hexdigest()})
+    )
 
 
 def read_manifest(path: Path) -> dict:
     """The verified manifest of checkpoint `path`; CheckpointError if it is missing or altered."""
     file = path / MANIFEST
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint {path} does not exist or is not a directory; "
-                              "give a step_* directory under checkpoint.dir (or trainer.resume=auto)")
+        raise CheckpointError(
+            f"checkpoint {path} does not exist or is not a directory; "
+            "give a step_* directory under checkpoint.dir (or trainer.resume=auto)"
+        )
     try:
         data = file.read_bytes()
     except FileNotFoundError:
-        raise CheckpointError(f"{path} is not a complete checkpoint: {file} is missing (an interrupted save "
-                              f"leaves none); pick a step_* directory that has one: {_another(path)}") from None
+        raise CheckpointError(
+            f"{path} is not a complete checkpoint: {file} is missing (an interrupted save "
+            f"leaves none); pick a step_* directory that has one: {_another(path)}"
+        ) from None
     except OSError as e:
         raise CheckpointError(f"cannot read {file}: {e.strerror}; fix its permissions or {_another(path)}") from None
     damaged = f"{file} is damaged ({{}}); the checkpoint cannot be trusted: {_another(path)}"
@@ -138,9 +148,18 @@ def read_manifest(path: Path) -> dict:
     if _canonical(manifest) != data or hashlib.sha256(_canonical(body)).hexdigest() != manifest["manifest_sha256"]:
         raise CheckpointError(damaged.format("its content does not match its manifest_sha256"))
     files = manifest.get("files")
-    if (not isinstance(files, dict) or METADATA not in files or not isinstance(manifest.get("step"), int)
-            or not all(_is_file_name(n) and isinstance(d, dict) and isinstance(d.get("size"), int)
-                       and isinstance(d.get("sha256"), str) for n, d in files.items())):
+    if (
+        not isinstance(files, dict)
+        or METADATA not in files
+        or not isinstance(manifest.get("step"), int)
+        or not all(
+            _is_file_name(n)
+            and isinstance(d, dict)
+            and isinstance(d.get("size"), int)
+            and isinstance(d.get("sha256"), str)
+            for n, d in files.items()
+        )
+    ):
         raise CheckpointError(damaged.format("no valid step and files: {name: {size, sha256}} with .metadata"))
     return manifest
 
@@ -170,14 +189,18 @@ def _check_file(path: Path, name: str, expected: dict, hash_it: bool) -> None:
         if size is None:
             raise CheckpointError(f"checkpoint file {file} is missing; the checkpoint is incomplete: {_another(path)}")
         if size != expected["size"]:
-            raise CheckpointError(f"checkpoint file {file} has {size} bytes, its manifest says {expected['size']} "
-                                  f"(truncated or overwritten): {_another(path)}")
+            raise CheckpointError(
+                f"checkpoint file {file} has {size} bytes, its manifest says {expected['size']} "
+                f"(truncated or overwritten): {_another(path)}"
+            )
         if hash_it and file_digest(file)["sha256"] != expected["sha256"]:
-            raise CheckpointError(f"checkpoint file {file} is corrupt (its sha256 differs from the manifest's): "
-                                  f"{_another(path)}")
+            raise CheckpointError(
+                f"checkpoint file {file} is corrupt (its sha256 differs from the manifest's): {_another(path)}"
+            )
     except OSError as e:
-        raise CheckpointError(f"cannot read checkpoint file {file}: {e.strerror}; fix its permissions or "
-                              f"{_another(path)}") from None
+        raise CheckpointError(
+            f"cannot read checkpoint file {file}: {e.strerror}; fix its permissions or {_another(path)}"
+        ) from None
 
 
 # --- DCP's .metadata, unpickled with an exact allowlist ----------------------------------------
@@ -194,10 +217,17 @@ class _MetadataUnpickler(pickle.Unpickler):
     """
 
     ALLOWED = {
-        (_DCP_METADATA, "Metadata"), (_DCP_METADATA, "TensorStorageMetadata"), (_DCP_METADATA, "TensorProperties"),
-        (_DCP_METADATA, "ChunkStorageMetadata"), (_DCP_METADATA, "MetadataIndex"), (_DCP_METADATA, "StorageMeta"),
-        (_DCP_METADATA, "_MEM_FORMAT_ENCODING"), ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-        ("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+        (_DCP_METADATA, "Metadata"),
+        (_DCP_METADATA, "TensorStorageMetadata"),
+        (_DCP_METADATA, "TensorProperties"),
+        (_DCP_METADATA, "ChunkStorageMetadata"),
+        (_DCP_METADATA, "MetadataIndex"),
+        (_DCP_METADATA, "StorageMeta"),
+        (_DCP_METADATA, "_MEM_FORMAT_ENCODING"),
+        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        ("torch", "Size"),
+        ("torch.serialization", "_get_layout"),
+        ("pathlib", "PosixPath"),
         ("collections", "OrderedDict"),
     } | {("torch", dtype) for dtype in _DTYPES}
 
@@ -210,40 +240,53 @@ class _MetadataUnpickler(pickle.Unpickler):
 def _check_opcodes(data: bytes) -> None:
     """Refuse memo indices beyond the opcodes read so far (the C unpickler would allocate for them)."""
     for count, (opcode, arg, _) in enumerate(pickletools.genops(data), 1):
-        if opcode.name in ("PUT", "BINPUT", "LONG_BINPUT", "GET", "BINGET", "LONG_BINGET") and int(arg) > count:
+        memo = ("PUT", "BINPUT", "LONG_BINPUT", "GET", "BINGET", "LONG_BINGET")
+        if opcode.name in memo and isinstance(arg, int) and arg > count:
             raise pickle.UnpicklingError(f"{opcode.name} {arg}: a memo index no pickle of this size uses")
 
 
-def _load_metadata(path: Path, data: bytes, files: Dict[str, dict]) -> Metadata:
+def _load_metadata(path: Path, data: bytes, files: dict[str, dict]) -> Metadata:
     """Unpickle and check DCP's metadata (`data`, already verified against the manifest)."""
     file = path / METADATA
     try:
         _check_opcodes(data)
         metadata = _MetadataUnpickler(io.BytesIO(data)).load()
     except Exception as e:  # untrusted bytes: any failure to parse them is a refusal
-        raise CheckpointError(f"refusing {file}: {e}; it is not DCP metadata of tensors (corrupt or crafted): "
-                              f"{_another(path)}") from None
+        raise CheckpointError(
+            f"refusing {file}: {e}; it is not DCP metadata of tensors (corrupt or crafted): {_another(path)}"
+        ) from None
     bad = _metadata_problem(metadata, path, files)
     if bad:
         raise CheckpointError(f"refusing {file}: {bad}; it was not written by this trainer: {_another(path)}")
     return metadata
 
 
-def _metadata_problem(md: Any, path: Path, files: Dict[str, dict]) -> Optional[str]:
+def _metadata_problem(md: Any, path: Path, files: dict[str, dict]) -> str | None:
     """Why `md` is not the metadata of tensors stored in `files` (None if it is)."""
-    if not isinstance(md, Metadata) or not isinstance(md.state_dict_metadata, dict) or not isinstance(md.storage_data, dict):
+    if (
+        not isinstance(md, Metadata)
+        or not isinstance(md.state_dict_metadata, dict)
+        or not isinstance(md.storage_data, dict)
+    ):
         return "not a DCP Metadata with state_dict_metadata and storage_data"
     for key, entry in md.state_dict_metadata.items():
         if not isinstance(key, str) or not isinstance(entry, TensorStorageMetadata):
             return f"entry {key!r} is not a tensor"
-    if not isinstance(md.storage_meta, (StorageMeta, type(None))) or not isinstance(md.planner_data, (dict, type(None))):
+    if not isinstance(md.storage_meta, (StorageMeta, type(None))) or not isinstance(
+        md.planner_data, (dict, type(None))
+    ):
         return "storage_meta or planner_data of the wrong type"
     for index, info in md.storage_data.items():
         name, offset, length = (getattr(info, a, None) for a in ("relative_path", "offset", "length"))
         if name not in files or name == METADATA:
             return f"data of {getattr(index, 'fqn', index)!r} is in {name!r}, a file the manifest does not list"
-        if not (isinstance(offset, int) and isinstance(length, int) and 0 <= offset and 0 <= length
-                and offset + length <= files[name]["size"]):
+        if not (
+            isinstance(offset, int)
+            and isinstance(length, int)
+            and 0 <= offset
+            and 0 <= length
+            and offset + length <= files[name]["size"]
+        ):
             return f"data of {getattr(index, 'fqn', index)!r} lies outside {name}"
         if getattr(info, "transform_descriptors", None):
             return f"data of {getattr(index, 'fqn', index)!r} needs stream transforms, which this trainer never writes"
@@ -266,7 +309,7 @@ class SafeFileSystemReader(FileSystemReader):
         return self.metadata
 
 
-def open_checkpoint(path: Path, verify: bool = True, pg: Optional[dist.ProcessGroup] = None) -> Tuple[dict, Metadata]:
+def open_checkpoint(path: Path, verify: bool = True, pg: dist.ProcessGroup | None = None) -> tuple[dict, Metadata]:
     """Verify checkpoint `path` (see the module docstring); return its manifest and DCP metadata.
 
     With a process group, every rank checks the manifest and `.metadata`, the ranks share the
@@ -281,8 +324,10 @@ def open_checkpoint(path: Path, verify: bool = True, pg: Optional[dist.ProcessGr
             _check_file(path, name, files[name], hash_it=False)
         data = (path / METADATA).read_bytes()
         if hashlib.sha256(data).hexdigest() != files[METADATA]["sha256"]:
-            raise CheckpointError(f"checkpoint file {path / METADATA} is corrupt (its sha256 differs from the "
-                                  f"manifest's): {_another(path)}")
+            raise CheckpointError(
+                f"checkpoint file {path / METADATA} is corrupt (its sha256 differs from the "
+                f"manifest's): {_another(path)}"
+            )
         metadata = _load_metadata(path, data, files)
         if verify:
             for name in sorted(set(files) - {METADATA})[rank::world]:
@@ -293,7 +338,7 @@ def open_checkpoint(path: Path, verify: bool = True, pg: Optional[dist.ProcessGr
     except OSError as e:
         result = CheckpointError(f"cannot read checkpoint {path}: {e}; fix its permissions or {_another(path)}")
     if pg is not None:
-        errors: List[Optional[str]] = [None] * world
+        errors: list[str | None] = [None] * world
         dist.all_gather_object(errors, str(result) if isinstance(result, CheckpointError) else None, group=pg)
         first = next((e for e in errors if e is not None), None)
         if first is not None:
@@ -303,7 +348,7 @@ def open_checkpoint(path: Path, verify: bool = True, pg: Optional[dist.ProcessGr
     return result
 
 
-def load_checkpoint(path: Path, state: dict, verify: bool = True, pg: Optional[dist.ProcessGroup] = None) -> dict:
+def load_checkpoint(path: Path, state: dict, verify: bool = True, pg: dist.ProcessGroup | None = None) -> dict:
     """Verify checkpoint `path`, then load it into `state`'s tensors in place (resharding as needed).
 
     `state` is nested dicts of tensors (a subset of what was saved); with `progress.step` in it,
@@ -316,12 +361,16 @@ def load_checkpoint(path: Path, state: dict, verify: bool = True, pg: Optional[d
             dcp.load(state, storage_reader=SafeFileSystemReader(path, metadata), process_group=pg, no_dist=pg is None)
     except CheckpointException as e:
         reasons = sorted({str(exc) for exc, _ in e.failures.values()})
-        raise CheckpointError(f"checkpoint {path} does not fit this run: {'; '.join(reasons)}; "
-                              "load it with the model and optimizer it was written with") from None
+        raise CheckpointError(
+            f"checkpoint {path} does not fit this run: {'; '.join(reasons)}; "
+            "load it with the model and optimizer it was written with"
+        ) from None
     step = state.get("progress", {}).get("step")
     if step is not None and int(step.item()) != manifest["step"]:
-        raise CheckpointError(f"checkpoint {path} holds step {int(step.item())}, its manifest says {manifest['step']} "
-                              f"(corrupt; load with checkpoint.verify=true to find the file): {_another(path)}")
+        raise CheckpointError(
+            f"checkpoint {path} holds step {int(step.item())}, its manifest says {manifest['step']} "
+            f"(corrupt; load with checkpoint.verify=true to find the file): {_another(path)}"
+        )
     return manifest
 
 
@@ -345,18 +394,14 @@ class Checkpointer:
         every: when `maybe_save` saves (default: never; `save` always does).
     """
 
-    def __init__(
-        self, root: Path, keep: int, pg: dist.ProcessGroup, is_main: bool, every: Optional[Every] = None
-    ) -> None:
+    def __init__(self, root: Path, keep: int, pg: dist.ProcessGroup, is_main: bool, every: Every | None = None) -> None:
         self.root = root
         self.keep = keep
         self.pg = pg
         self.is_main = is_main
         self.every = every or Every(0, at_end=False)
 
-    def maybe_save(
-        self, step: int, last: bool, state: Callable[[], dict], manifest: Callable[[], dict]
-    ) -> Optional[Path]:
+    def maybe_save(self, step: int, last: bool, state: Callable[[], dict], manifest: Callable[[], dict]) -> Path | None:
         """Save checkpoint `step` of `state()` if `every` is due (all ranks call it); its directory, or None."""
         if not self.every.due(step, last):
             return None
@@ -380,7 +425,7 @@ class Checkpointer:
         dist.barrier(group=self.pg)
         names = sorted(p.name for p in partial.iterdir() if p.is_file())
         rank, world = dist.get_rank(self.pg), dist.get_world_size(self.pg)
-        shares: List[Dict[str, dict]] = [{} for _ in range(world)]
+        shares: list[dict[str, dict]] = [{} for _ in range(world)]
         dist.all_gather_object(shares, {n: file_digest(partial / n) for n in names[rank::world]}, group=self.pg)
         if self.is_main:
             files = {name: digest for share in shares for name, digest in share.items()}
@@ -408,10 +453,15 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {path} is for another model: " + "; ".join(diffs))
         if "optim" in expected and manifest.get("optim") != expected["optim"]:
             saved, current = manifest.get("optim") or {}, expected["optim"]
-            diffs = [f"optim.{k}.name: {saved.get(k)} in the checkpoint, {current[k]} in this run" for k in sorted(current)
-                     if saved.get(k) != current[k]]
-            raise CheckpointError(f"checkpoint {path} was written with other optimizers ({'; '.join(diffs)}); their "
-                                  "state cannot carry over: resume with the same optim, or start a new run")
+            diffs = [
+                f"optim.{k}.name: {saved.get(k)} in the checkpoint, {current[k]} in this run"
+                for k in sorted(current)
+                if saved.get(k) != current[k]
+            ]
+            raise CheckpointError(
+                f"checkpoint {path} was written with other optimizers ({'; '.join(diffs)}); their "
+                "state cannot carry over: resume with the same optim, or start a new run"
+            )
         return load_checkpoint(path, state, verify, self.pg)
 
 

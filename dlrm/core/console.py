@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Optional
 
 from dlrm.config import Config
 
 
-def config_lines(cfg: Config, nodes: int, ranks_per_node: int, backend: str, device: str, dense_params: int,
-                 total_steps: int) -> list[str]:
+def config_lines(
+    cfg: Config, nodes: int, ranks_per_node: int, backend: str, device: str, dense_params: int, total_steps: int
+) -> list[str]:
     """The run's configuration in a few console lines."""
     m, tables, o = cfg.model, cfg.model.tables, cfg.optim
     rows = sum(t.rows for t in tables)
@@ -49,8 +49,9 @@ def eval_text(evaluation: dict) -> str:
     return f"auc {'n/a (one class)' if auc is None else f'{auc:.4f}'} logloss {evaluation['logloss']:.4f}"
 
 
-def end_lines(summary: dict, global_batch_size: int, world_size: int, run_dir: Optional[Path],
-              tensorboard: bool) -> list[str]:
+def end_lines(
+    summary: dict, global_batch_size: int, world_size: int, run_dir: Path | None, tensorboard: bool
+) -> list[str]:
     """The console's closing lines: throughput, the per-phase breakdown, comms against the model, outputs."""
     lines = []
     speed = summary["train_samples_per_s"]
@@ -69,12 +70,18 @@ def end_lines(summary: dict, global_batch_size: int, world_size: int, run_dir: O
         )
         if world_size > 1:
             lines.append(
-                "comms per step, measured vs model: " + "; ".join(
+                "comms per step, measured vs model: "
+                + "; ".join(
                     f"{k} {v['measured_s'] * 1e3:.2f} vs {v['model_s'] * 1e3:.2f} ms"
                     + (f" (x{v['ratio']:.2f})" if v["ratio"] is not None else "")
-                    for k, v in summary["comm_vs_model"].items() if k != "model"
+                    for k, v in summary["comm_vs_model"].items()
+                    if k != "model"
                 )
             )
     if run_dir is not None:
-        lines.append(f"outputs: {run_dir} (summary.json, metrics.jsonl, train.log" + (", tensorboard/" if tensorboard else "") + ")")
+        lines.append(
+            f"outputs: {run_dir} (summary.json, metrics.jsonl, train.log"
+            + (", tensorboard/" if tensorboard else "")
+            + ")"
+        )
     return lines

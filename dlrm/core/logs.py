@@ -23,7 +23,6 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Optional
 
 from tqdm import tqdm
 
@@ -53,13 +52,15 @@ class _ConsoleFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         if record.levelno >= logging.WARNING:
-            text = f"{record.levelname.lower()}: {text}" if record.name.startswith("dlrm") else (
-                f"{record.levelname.lower()} ({record.name}): {text}"
+            text = (
+                f"{record.levelname.lower()}: {text}"
+                if record.name.startswith("dlrm")
+                else (f"{record.levelname.lower()} ({record.name}): {text}")
             )
         return text
 
 
-def setup_logging(rank: int, run_dir: Optional[Path], debug: bool = False) -> None:
+def setup_logging(rank: int, run_dir: Path | None, debug: bool = False) -> None:
     """Configure this process's logging (idempotent: handlers set by earlier calls are replaced).
 
     rank: the process's global rank; run_dir: where rank 0 writes train.log (None: no file);

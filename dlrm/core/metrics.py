@@ -8,7 +8,6 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +18,7 @@ log = logging.getLogger(__name__)
 FILE_ONLY = {"console": False}  # `extra` for a record that goes to train.log but not the console
 
 
-def auc_and_logloss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[Optional[float], float]:
+def auc_and_logloss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float | None, float]:
     """ROC AUC and mean binary log loss of logits [N] against 0/1 labels [N].
 
     The AUC is None when the labels hold one class only (it is undefined then).
@@ -44,7 +43,7 @@ class MetricsLog:
     scalar at its step, under `<group>/<key>` (group: "train", "eval", "phase_s", "comm_s", ...).
     """
 
-    def __init__(self, path: Optional[Path], tensorboard_dir: Optional[Path] = None) -> None:
+    def __init__(self, path: Path | None, tensorboard_dir: Path | None = None) -> None:
         self._file = open(path, "a", buffering=1) if path is not None else None
         self._tb = None
         if tensorboard_dir is not None:
@@ -65,7 +64,7 @@ class MetricsLog:
                         if isinstance(v, (int, float)) and v is not None:
                             self._tb.add_scalar(f"{key}/{sub}", v, record["step"])
                 elif key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    tag = key[len(group) + 1:] if key.startswith(f"{group}_") else key
+                    tag = key[len(group) + 1 :] if key.startswith(f"{group}_") else key
                     self._tb.add_scalar(f"{group}/{tag}", value, record["step"])
 
     def close(self) -> None:
@@ -97,7 +96,9 @@ class Progress:
         self.total = total
         self.first_step = first_step
         self.start = time.monotonic()
-        self._bar = tqdm(total=total, initial=first_step, unit="step", dynamic_ncols=True) if self.mode == "bar" else None
+        self._bar = (
+            tqdm(total=total, initial=first_step, unit="step", dynamic_ncols=True) if self.mode == "bar" else None
+        )
 
     def update(self, step: int, steps_done: int, loss: float, lr: float, samples_per_s: float) -> None:
         """Report the figures of the window that ended at `step` after `steps_done` new steps."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Dict, List, Tuple
+from typing import Any
 
 import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensor
@@ -23,8 +23,10 @@ from dlrm.config import ModelConfig
 EMBEDDING_INIT_BLOCK_ROWS = 4096  # the unit of random generation: part of the initial values' definition
 INIT_CHUNK_ROWS = 1 << 18  # rows generated at a time when filling a shard: only bounds host memory
 
+META = torch.device("meta")  # where models are built: no memory until sharded or filled
 
-def embedding_configs(cfg: ModelConfig) -> List[EmbeddingBagConfig]:
+
+def embedding_configs(cfg: ModelConfig) -> list[EmbeddingBagConfig]:
     """TorchRec table configs, in the order of `cfg.tables`."""
     return [
         EmbeddingBagConfig(
@@ -37,7 +39,7 @@ def embedding_configs(cfg: ModelConfig) -> List[EmbeddingBagConfig]:
     ]
 
 
-def build_model(cfg: ModelConfig, device: torch.device = torch.device("meta")) -> DLRMTrain:
+def build_model(cfg: ModelConfig, device: torch.device = META) -> DLRMTrain:
     """DLRM (dot interaction) or DLRM-DCN wrapped with BCE-with-logits loss.
 
     forward(batch) -> (loss [], (loss [], logits [B], labels [B])). Tables and MLPs are built on
@@ -50,7 +52,7 @@ def build_model(cfg: ModelConfig, device: torch.device = torch.device("meta")) -
 
 def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:
     ebc = EmbeddingBagCollection(tables=embedding_configs(cfg), device=device)
-    common = dict(
+    common: dict[str, Any] = dict(
         embedding_bag_collection=ebc,
         dense_in_features=cfg.dense_in_features,
         dense_arch_layer_sizes=list(cfg.bottom_mlp),
@@ -131,7 +133,7 @@ def table_rows_init(seed: int, table: str, rows: int, dim: int, start: int, stop
     return torch.cat(pieces) * (2 * bound) - bound
 
 
-def dense_init(seed: int, name: str, shape: Tuple[int, ...], std: float) -> torch.Tensor:
+def dense_init(seed: int, name: str, shape: tuple[int, ...], std: float) -> torch.Tensor:
     """A dense parameter's initial value, N(0, std^2), from (seed, name) alone."""
     return torch.randn(shape, generator=_generator(seed, "dense", name)) * std
 
@@ -144,7 +146,7 @@ def initialize(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> None:
     As the DLRM reference: matrices [out, in] ~ N(0, 2 / (out + in)) (Xavier), a layer's bias
     [out] ~ N(0, 1 / out); biases without a sibling weight (the DCN cross net's) start at zero.
     """
-    tables: Dict[str, Tuple[int, int]] = {t.name: (t.rows, t.dim) for t in cfg.tables}
+    tables: dict[str, tuple[int, int]] = {t.name: (t.rows, t.dim) for t in cfg.tables}
     state = model.state_dict()
     with torch.no_grad():
         for name, value in state.items():
@@ -167,7 +169,7 @@ def initialize(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> None:
                 local.zero_()
 
 
-def _table_of(param_name: str, tables: Dict[str, Tuple[int, int]]) -> str | None:
+def _table_of(param_name: str, tables: dict[str, tuple[int, int]]) -> str | None:
     """'...embedding_bags.<table>.weight' -> '<table>', else None."""
     parts = param_name.split(".")
     if len(parts) >= 3 and parts[-1] == "weight" and parts[-3] == "embedding_bags" and parts[-2] in tables:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import List
-
 import torch
 from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
@@ -83,10 +81,10 @@ class LRSchedule:
     def __init__(self, optimizer: torch.optim.Optimizer, cfg: ScheduleConfig) -> None:
         self.optimizer = optimizer
         self.cfg = cfg
-        self.base_lrs: List[float] = [group["lr"] for group in optimizer.param_groups]
+        self.base_lrs: list[float] = [group["lr"] for group in optimizer.param_groups]
 
     def apply(self, step: int) -> float:
         factor = lr_factor(step, self.cfg)
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             group["lr"] = base * factor
         return factor

@@ -27,9 +27,9 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 PHASES = (
     "data",
@@ -46,12 +46,15 @@ PHASES = (
 STEP_RANGE = "## dlrm:train_step ##"
 
 # (phase, pattern on the range name); first match wins.
-_RULES: List[Tuple[str, re.Pattern]] = [
+_RULES: list[tuple[str, re.Pattern]] = [
     (phase, re.compile(pattern))
     for phase, pattern in (
         ("data", r"^## (next_batch|load_batch|(inplace_)?copy_batch_to_gpu|wait_for_batch)\b"),
-        ("input_dist", r"^## (start|wait)_sparse_data_dist\b|^## all2all_data:|^## dist_init:|^\[(input_dist|splits_dist)\]_|"
-         r"^## (KJTAllToAllTensors|KJTList|FusedKJTListSplits|SplitsAllToAll)Awaitable wait\(\) ##"),
+        (
+            "input_dist",
+            r"^## (start|wait)_sparse_data_dist\b|^## all2all_data:|^## dist_init:|^\[(input_dist|splits_dist)\]_|"
+            r"^## (KJTAllToAllTensors|KJTList|FusedKJTListSplits|SplitsAllToAll)Awaitable wait\(\) ##",
+        ),
         ("emb_lookup", r"^\[lookup\]_"),
         ("grad_a2a", r"^(autograd::engine::evaluate_function: )?All2All_\w+Backward$|^## All2All_\w+_bwd ##"),
         ("emb_a2a_fwd", r"^\[output_dist(_wait)?\]_|^## All2All_\w+_fwd ##|^All2All_Pooled_(Req|Wait)$"),
@@ -98,8 +101,10 @@ def fitted_topology(topology, bench: dict, collective: str, ranks_per_node: int)
     from dlrm.comms.costmodel import CommsError, fit_alpha_beta
 
     rows = [
-        r for r in bench["results"]
-        if base_collective(r["collective"]) == collective and r["scope"] in ("intra", "world")
+        r
+        for r in bench["results"]
+        if base_collective(r["collective"]) == collective
+        and r["scope"] in ("intra", "world")
         and r["group_size"] == ranks_per_node
     ]
     if len({r["bytes"] for r in rows}) < 2:
@@ -107,13 +112,18 @@ def fitted_topology(topology, bench: dict, collective: str, ranks_per_node: int)
             f"the comms bench file has no {collective} times at two sizes among {ranks_per_node} ranks; rerun "
             f"`torchrun --nproc_per_node={ranks_per_node} -m dlrm.comms.bench` with {collective} in its collectives"
         )
-    fit = fit_alpha_beta(collective, topology.intra_node.fabric, ranks_per_node,
-                         [r["bytes"] for r in rows], [r["median_us"] * 1e-6 for r in rows])
+    fit = fit_alpha_beta(
+        collective,
+        topology.intra_node.fabric,
+        ranks_per_node,
+        [r["bytes"] for r in rows],
+        [r["median_us"] * 1e-6 for r in rows],
+    )
     link = replace(topology.intra_node, latency_us=fit.alpha_s * 1e6, bandwidth_GBps=fit.bandwidth_Bps / 1e9)
     return replace(topology, intra_node=link)
 
 
-def phase_of(name: str) -> Optional[str]:
+def phase_of(name: str) -> str | None:
     """The phase a range of this name stands for, or None (it belongs to its enclosing range)."""
     for phase, pattern in _RULES:
         if pattern.search(name):
@@ -121,8 +131,8 @@ def phase_of(name: str) -> Optional[str]:
     return None
 
 
-def _union(intervals: Iterable[Tuple[float, float]]) -> List[Tuple[float, float]]:
-    out: List[Tuple[float, float]] = []
+def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
     for a, b in sorted(intervals):
         if out and a <= out[-1][1]:
             out[-1] = (out[-1][0], max(out[-1][1], b))
@@ -131,7 +141,7 @@ def _union(intervals: Iterable[Tuple[float, float]]) -> List[Tuple[float, float]
     return out
 
 
-def _overlap(a: List[Tuple[float, float]], b: List[Tuple[float, float]]) -> float:
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
     """Total length of the intersection of two sorted, disjoint interval lists."""
     i = j = 0
     total = 0.0
@@ -157,7 +167,7 @@ class Span:
     device: bool = False
 
 
-def spans_of(prof) -> List[Span]:
+def spans_of(prof) -> list[Span]:
     """The events of a stopped `torch.profiler.profile`, read straight from its Kineto results
     (building torch's FunctionEvent tree with `prof.events()` costs several times more)."""
     return [
@@ -166,7 +176,7 @@ def spans_of(prof) -> List[Span]:
     ]
 
 
-def _collective_kind(span: Span) -> Optional[str]:
+def _collective_kind(span: Span) -> str | None:
     """alltoall, allreduce, ... for a collective that runs on the backend's thread or a GPU; else None."""
     if not (span.name.startswith("gloo:") or (span.device and "nccl" in span.name.lower())):
         return None
@@ -180,16 +190,23 @@ def _collective_kind(span: Span) -> Optional[str]:
 class _Node:
     span: Span
     phase: str
-    children: List["_Node"] = field(default_factory=list)
+    children: list[_Node] = field(default_factory=list)
 
 
-def _tree(step: Span, spans: List[Span]) -> _Node:
+def _tree(step: Span, spans: list[Span]) -> _Node:
     """The ranges of `step`'s thread within it, nested by containment; each takes the phase of its
     name, or else its parent's."""
     root = _Node(step, "other")
     inside = sorted(
-        (s for s in spans if s.thread == step.thread and not s.device and s is not step
-         and step.start <= s.start and s.end <= step.end),
+        (
+            s
+            for s in spans
+            if s.thread == step.thread
+            and not s.device
+            and s is not step
+            and step.start <= s.start
+            and s.end <= step.end
+        ),
         key=lambda s: (s.start, -s.end),
     )
     stack = [root]
@@ -203,7 +220,7 @@ def _tree(step: Span, spans: List[Span]) -> _Node:
     return root
 
 
-def step_breakdown(spans: List[Span]) -> List[Tuple[Dict[str, float], Dict[str, float]]]:
+def step_breakdown(spans: list[Span]) -> list[tuple[dict[str, float], dict[str, float]]]:
     """Per profiled step (each `STEP_RANGE` span): (seconds per phase, seconds per collective kind).
 
     Each instant of the step's thread counts for the innermost range that has a phase, so the phase
@@ -211,7 +228,7 @@ def step_breakdown(spans: List[Span]) -> List[Tuple[Dict[str, float], Dict[str, 
     while DDP's allreduce is in flight counts as `dense_allreduce`. Collective seconds: the union of
     the intervals, within the step, in which a collective of that kind ran on any backend thread or GPU.
     """
-    collectives: Dict[str, List[Tuple[float, float]]] = {}
+    collectives: dict[str, list[tuple[float, float]]] = {}
     for s in spans:
         kind = _collective_kind(s)
         if kind is not None:
@@ -219,7 +236,7 @@ def step_breakdown(spans: List[Span]) -> List[Tuple[Dict[str, float], Dict[str, 
     allreduce = _union(collectives.get("allreduce", []))
     out = []
     for step in (s for s in spans if s.name == STEP_RANGE):
-        phases: Dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        phases: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         todo = [_tree(step, spans)]
         while todo:
             node = todo.pop()

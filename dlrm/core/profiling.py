@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional, TypeVar
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -35,8 +35,9 @@ class StepProfiler:
     over this rank's profiled steps; `window_record` adds them over ranks at each log.
     """
 
-    def __init__(self, cfg: TrainerConfig, log_every: Every, device: torch.device, pg, world_size: int,
-                 trace_dir: Optional[Path]) -> None:
+    def __init__(
+        self, cfg: TrainerConfig, log_every: Every, device: torch.device, pg, world_size: int, trace_dir: Path | None
+    ) -> None:
         self.cfg, self.log_every, self.device, self.pg, self.world_size = cfg, log_every, device, pg, world_size
         self.activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         width = 3 + len(PHASES) + len(COMM_KINDS)
@@ -101,7 +102,7 @@ class StepProfiler:
         self.window.zero_()
         return record
 
-    def run_record(self) -> Optional[dict]:
+    def run_record(self) -> dict | None:
         """The run's breakdown (mean per profiled step), or None."""
         return self.record(self.run) if self.run[0] > 0 else None
 
@@ -120,8 +121,15 @@ class StepProfiler:
         }
 
 
-def comm_vs_model(cfg: Config, tables, world_size: int, local_world_size: int, dense_params: int,
-                  comms_bench: Optional[dict], measured: dict) -> dict:
+def comm_vs_model(
+    cfg: Config,
+    tables,
+    world_size: int,
+    local_world_size: int,
+    dense_params: int,
+    comms_bench: dict | None,
+    measured: dict,
+) -> dict:
     """Measured seconds per step of the embedding exchange (alltoall, and reduce-scatter/allgather
     of row-wise shards) and of the dense allreduce, beside the cost model's for the same plan (`tables`,
     `dlrm.core.sharding.table_plans`), batch and topology; ratio = measured / modelled (None where the
@@ -137,8 +145,11 @@ def comm_vs_model(cfg: Config, tables, world_size: int, local_world_size: int, d
 
     out = {}
     for name, seconds, modelled in (
-        ("embedding_exchange", measured["alltoall"] + measured["reduce_scatter"] + measured["allgather"],
-         model("alltoall")["alltoall_s"]),
+        (
+            "embedding_exchange",
+            measured["alltoall"] + measured["reduce_scatter"] + measured["allgather"],
+            model("alltoall")["alltoall_s"],
+        ),
         ("dense_allreduce", measured["allreduce"], model("allreduce")["allreduce_s"]),
     ):
         out[name] = {"measured_s": seconds, "model_s": modelled, "ratio": seconds / modelled if modelled else None}

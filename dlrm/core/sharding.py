@@ -6,8 +6,9 @@ reduce-scatter/allgather) and wraps the dense layers in DDP (gradients are allre
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -15,7 +16,13 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Proposer, Topology
-from torchrec.distributed.types import ModuleSharder, ShardingEnv, ShardingPlan
+from torchrec.distributed.types import (
+    EmbeddingModuleShardingPlan,
+    ModuleSharder,
+    ParameterSharding,
+    ShardingEnv,
+    ShardingPlan,
+)
 
 from dlrm.config import Config, ModelConfig, ShardingConfig
 from dlrm.core.memory import planner_refusal
@@ -29,21 +36,21 @@ class AnyDeviceEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     model). This sharder offers the CUDA list everywhere, so CPU runs can use and test them.
     """
 
-    def sharding_types(self, compute_device_type: str) -> List[str]:
+    def sharding_types(self, compute_device_type: str) -> list[str]:
         return super().sharding_types("cuda")
 
 
-def _sharders() -> List[ModuleSharder[torch.nn.Module]]:
+def _sharders() -> list[ModuleSharder[torch.nn.Module]]:
     """The sharders of the planner and of DMP (TorchRec types them for any module)."""
     return [cast(ModuleSharder[torch.nn.Module], AnyDeviceEmbeddingBagCollectionSharder())]
 
 
-def table_sharding(cfg: ShardingConfig, model: ModelConfig) -> Dict[str, Optional[str]]:
+def table_sharding(cfg: ShardingConfig, model: ModelConfig) -> dict[str, str | None]:
     """Each table's pinned sharding type (None: the planner chooses). See ShardingConfig."""
     return {t.name: cfg.pinned(t) for t in model.tables}
 
 
-def constraints(cfg: Config) -> Dict[str, ParameterConstraints]:
+def constraints(cfg: Config) -> dict[str, ParameterConstraints]:
     """Planner constraints per table: its sharding type (if pinned) and pooling factor."""
     pinned = table_sharding(cfg.sharding, cfg.model)
     return {
@@ -55,7 +62,7 @@ def constraints(cfg: Config) -> Dict[str, ParameterConstraints]:
     }
 
 
-def make_planner(cfg: Config, topology: Topology, proposer: Optional[Proposer] = None) -> EmbeddingShardingPlanner:
+def make_planner(cfg: Config, topology: Topology, proposer: Proposer | None = None) -> EmbeddingShardingPlanner:
     """TorchRec's planner for this topology, with per-rank batch size and table constraints.
 
     proposer: one TorchRec proposer instead of its default four (faster with 100+ ranks; the plan may differ).
@@ -72,8 +79,8 @@ def plan_sharding(
     cfg: Config,
     model: torch.nn.Module,
     topology: Topology,
-    pg: Optional[dist.ProcessGroup],
-    proposer: Optional[Proposer] = None,
+    pg: dist.ProcessGroup | None,
+    proposer: Proposer | None = None,
 ) -> ShardingPlan:
     """Plan on rank 0 and broadcast (pg given), or plan locally (pg None: no process group needed).
 
@@ -102,20 +109,23 @@ def shard_model(
     )
 
 
-def describe_plan(plan: ShardingPlan) -> List[dict]:
-    """One dict per table: name, sharding type, compute kernel, ranks holding it."""
-    rows = []
+def _parameter_plans(plan: ShardingPlan) -> Iterator[tuple[str, ParameterSharding]]:
+    """(table name, its ParameterSharding) of every sharded module of `plan`."""
     for module_plan in plan.plan.values():
-        for table, ps in module_plan.items():  # type: ignore[union-attr]
-            rows.append(
-                {
-                    "table": table,
-                    "sharding_type": ps.sharding_type,
-                    "compute_kernel": ps.compute_kernel,
-                    "ranks": list(ps.ranks or []),
-                }
-            )
-    return rows
+        yield from cast(EmbeddingModuleShardingPlan, module_plan).items()
+
+
+def describe_plan(plan: ShardingPlan) -> list[dict]:
+    """One dict per table: name, sharding type, compute kernel, ranks holding it."""
+    return [
+        {
+            "table": table,
+            "sharding_type": ps.sharding_type,
+            "compute_kernel": ps.compute_kernel,
+            "ranks": list(ps.ranks or []),
+        }
+        for table, ps in _parameter_plans(plan)
+    ]
 
 
 @dataclass(frozen=True)
@@ -144,21 +154,22 @@ class TablePlan:
     pooling: int
     sharding_type: str
     compute_kernel: str
-    cache_load_factor: Optional[float]
-    ranks: List[int]
-    shards: List[Shard] = field(default_factory=list)
+    cache_load_factor: float | None
+    ranks: list[int]
+    shards: list[Shard] = field(default_factory=list)
 
 
-def table_plans(plan: ShardingPlan, model: ModelConfig, world_size: int) -> List[TablePlan]:
+def table_plans(plan: ShardingPlan, model: ModelConfig, world_size: int) -> list[TablePlan]:
     """The plan of every table of `model`, in config order."""
-    by_name = {name: ps for module_plan in plan.plan.values() for name, ps in module_plan.items()}  # type: ignore[union-attr]
+    by_name = dict(_parameter_plans(plan))
     out = []
     for t in model.tables:
         ps = by_name[t.name]
         if ps.sharding_spec is None:  # data_parallel: a full replica on every rank
             shards = [Shard(r, 0, 0, t.rows, t.dim) for r in (ps.ranks or range(world_size))]
         else:
-            shards = [Shard(md.placement.rank(), *md.shard_offsets, *md.shard_sizes) for md in ps.sharding_spec.shards]
+            spec: Any = ps.sharding_spec  # TorchRec's plans hold an EnumerableShardingSpec: its ShardMetadata list
+            shards = [Shard(md.placement.rank(), *md.shard_offsets, *md.shard_sizes) for md in spec.shards]
         out.append(
             TablePlan(
                 table=t.name,

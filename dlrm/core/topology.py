@@ -41,7 +41,7 @@ class World:
         return self.rank == 0
 
     @classmethod
-    def from_env(cls) -> "World":
+    def from_env(cls) -> World:
         """torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; a single process without them."""
         env = os.environ
         world_size = int(env.get("WORLD_SIZE", 1))
@@ -69,8 +69,7 @@ def device_for(cfg: TopologyConfig, world: World, tf32: bool = False) -> torch.d
     if cfg.device == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeError(
-                f"topology '{cfg.name}' wants device=cuda but torch sees no GPU; "
-                "use topology=cpu on this machine"
+                f"topology '{cfg.name}' wants device=cuda but torch sees no GPU; use topology=cpu on this machine"
             )
         torch.cuda.set_device(world.local_rank)
         torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -123,7 +122,11 @@ def build_process_groups(device: torch.device, nodes: int, ranks_per_node: int) 
     A collective call: every rank must make it. Built from a 2-D (node, local) device mesh.
     """
     mesh = init_device_mesh(device.type, (nodes, ranks_per_node), mesh_dim_names=("node", "local"))
-    return ProcessGroups(world=cast(dist.ProcessGroup, dist.group.WORLD), intra_node=mesh.get_group("local"), inter_node=mesh.get_group("node"))
+    return ProcessGroups(
+        world=cast(dist.ProcessGroup, dist.group.WORLD),
+        intra_node=mesh.get_group("local"),
+        inter_node=mesh.get_group("node"),
+    )
 
 
 def planner_topology(cfg: TopologyConfig, world_size: int, local_world_size: int) -> Topology:

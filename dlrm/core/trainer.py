@@ -8,9 +8,10 @@ import json
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, List, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -85,7 +86,7 @@ class Trainer:
             set. None: no files, and no checkpoints unless checkpoint.dir is set.
     """
 
-    def __init__(self, cfg: Config, world: World, run_dir: Optional[Path] = None) -> None:
+    def __init__(self, cfg: Config, world: World, run_dir: Path | None = None) -> None:
         self.cfg = cfg
         self.world = world
         self.comms_bench = None  # a comms bench result to fit the cost model to (trainer.comms_bench)
@@ -106,7 +107,9 @@ class Trainer:
         self.plan = plan_sharding(cfg, model, topology, self.pg)
         self.model = shard_model(model, self.plan, self.pg, self.device)
         if cfg.trainer.dense_allreduce == "hierarchical":  # the node x local groups exist only for it
-            groups = build_process_groups(self.device, world.world_size // world.local_world_size, world.local_world_size)
+            groups = build_process_groups(
+                self.device, world.world_size // world.local_world_size, world.local_world_size
+            )
             if not use_hierarchical_allreduce(self.model, groups):
                 raise RuntimeError("trainer.dense_allreduce=hierarchical, but the model has no DDP module to hook")
         initialize(self.model, cfg.model, cfg.seed)
@@ -118,8 +121,8 @@ class Trainer:
             else None
         )
         self.step = 0
-        self.losses: List[float] = []  # the global mean loss of every logged window; summary's final_loss
-        self.skipped_steps: List[int] = []  # steps dropped for a non-finite loss (on_nonfinite=skip)
+        self.losses: list[float] = []  # the global mean loss of every logged window; summary's final_loss
+        self.skipped_steps: list[int] = []  # steps dropped for a non-finite loss (on_nonfinite=skip)
         # The loop's components and their cadences.
         tr, ck = cfg.trainer, cfg.checkpoint
         self.log_every, self.eval_every = Every(tr.log_every_steps), Every(tr.eval_every_steps)
@@ -197,7 +200,7 @@ class Trainer:
             steps = min(steps, max(1, tr.max_samples // self.cfg.data.global_batch_size))
         return steps
 
-    def _batches(self, split: str, start_step: int, count: Optional[int]) -> Iterator:
+    def _batches(self, split: str, start_step: int, count: int | None) -> Iterator:
         batches = self.source.batches(split, self.world.rank, self.world.world_size, start_step)
         batches = itertools.islice(batches, count) if count is not None else batches
         if not prefetch_pays(self.device, self.world.local_world_size):
@@ -210,7 +213,7 @@ class Trainer:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
             return self.model(batch)
 
-    def train_step(self, batch) -> Optional[torch.Tensor]:
+    def train_step(self, batch) -> torch.Tensor | None:
         """One step without the pipeline: forward, backward (fused embedding update), dense step.
 
         With trainer.on_nonfinite=skip, a batch whose loss is not finite on any rank is dropped by
@@ -234,7 +237,7 @@ class Trainer:
             self.optimizer.step()
         return loss.detach()
 
-    def _one_step(self, batches: Iterator) -> Optional[torch.Tensor]:
+    def _one_step(self, batches: Iterator) -> torch.Tensor | None:
         """One training step at this step's learning rate, labelled STEP_RANGE for the profiler; its
         loss (None: skipped)."""
         self.schedule.apply(self.step)
@@ -304,7 +307,11 @@ class Trainer:
         lr = lr_factor(self.step - 1, self.cfg.optim.schedule) * self.cfg.optim.dense.lr
         samples_per_s = len(losses) * self.cfg.data.global_batch_size / seconds
         record: dict[str, Any] = dict(
-            step=self.step, loss=mean_loss, lr=lr, samples_per_s=samples_per_s, step_s=seconds / len(losses),
+            step=self.step,
+            loss=mean_loss,
+            lr=lr,
+            samples_per_s=samples_per_s,
+            step_s=seconds / len(losses),
             peak_rss_mb=peak_rss_mb(),
         )
         if self.device.type == "cuda":
@@ -333,7 +340,7 @@ class Trainer:
         return self._finish(self.step - run.first_step, run.window.train_seconds, wall, run.evaluation, breakdown)
 
     def _finish(
-        self, steps: int, train_seconds: float, wall_seconds: float, evaluation: dict, breakdown: Optional[dict]
+        self, steps: int, train_seconds: float, wall_seconds: float, evaluation: dict, breakdown: dict | None
     ) -> dict:
         """The summary of the run: written to summary.json and its closing lines logged (rank 0)."""
         summary = self._summary(steps, train_seconds, wall_seconds, evaluation)
@@ -341,14 +348,22 @@ class Trainer:
             summary["step_breakdown"] = breakdown
             world = self.world
             summary["comm_vs_model"] = comm_vs_model(
-                self.cfg, table_plans(self.plan, self.cfg.model, world.world_size), world.world_size,
-                world.local_world_size, self.dense_params, self.comms_bench, breakdown["comm_s"],
+                self.cfg,
+                table_plans(self.plan, self.cfg.model, world.world_size),
+                world.world_size,
+                world.local_world_size,
+                self.dense_params,
+                self.comms_bench,
+                breakdown["comm_s"],
             )
         if self.run_dir is not None:
             write_json_atomic(self.run_dir / "summary.json", summary)
         if self.world.is_main:
             lines = console.end_lines(
-                summary, self.cfg.data.global_batch_size, self.world.world_size, self.run_dir,
+                summary,
+                self.cfg.data.global_batch_size,
+                self.world.world_size,
+                self.run_dir,
                 self.cfg.trainer.tensorboard,
             )
             for line in lines:
@@ -387,7 +402,7 @@ class Trainer:
         dist.all_gather(parts, t, group=self.pg)
         return torch.cat(parts).cpu()
 
-    def _global_mean(self, losses: List[torch.Tensor]) -> float:
+    def _global_mean(self, losses: list[torch.Tensor]) -> float:
         """Mean over steps and ranks of per-rank losses (each rank's loss is over its slice)."""
         total = torch.stack(losses).sum()
         dist.all_reduce(total, group=self.pg)

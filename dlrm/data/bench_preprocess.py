@@ -57,14 +57,19 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--dir", default=None, help="parent of the private work directory (default: the temp dir)")
-    ap.add_argument("--sample", default=os.environ.get("CRITEO_SAMPLE"),
-                    help="real Criteo TSV rows to perturb (default: $CRITEO_SAMPLE)")
+    ap.add_argument(
+        "--sample",
+        default=os.environ.get("CRITEO_SAMPLE"),
+        help="real Criteo TSV rows to perturb (default: $CRITEO_SAMPLE)",
+    )
     ap.add_argument("--skip-torchrec", action="store_true")
     ap.add_argument("--batch", type=int, default=8192, help="global batch size of the loader benchmark")
     a = ap.parse_args(argv)
     if not a.sample or not os.path.isfile(a.sample):
-        print(f"error: Criteo sample {a.sample!r} not found: pass --sample FILE (Criteo TSV rows) or set "
-              f"CRITEO_SAMPLE", file=sys.stderr)
+        print(
+            f"error: Criteo sample {a.sample!r} not found: pass --sample FILE (Criteo TSV rows) or set CRITEO_SAMPLE",
+            file=sys.stderr,
+        )
         sys.exit(2)
     if a.dir is not None and not os.path.isdir(a.dir):
         print(f"error: --dir {a.dir!r} is not a directory: create it, or leave --dir out", file=sys.stderr)
@@ -91,8 +96,10 @@ def run(a: argparse.Namespace, work: str) -> None:
     m = preprocess([tsv], out, opts, workers=a.workers, progress_every=1e9)
     ours, ours_cpu = time.time() - t, _cpu() - c
     rows = m["total_rows"]
-    print(f"ours     ({a.workers} workers): {rows:,} rows in {ours:.2f}s = {rows / ours:,.0f} rows/s; "
-          f"{ours_cpu:.2f} CPU-s = {rows / ours_cpu:,.0f} rows per CPU-s")
+    print(
+        f"ours     ({a.workers} workers): {rows:,} rows in {ours:.2f}s = {rows / ours:,.0f} rows/s; "
+        f"{ours_cpu:.2f} CPU-s = {rows / ours_cpu:,.0f} rows per CPU-s"
+    )
 
     if not a.skip_torchrec:
         from torchrec.datasets.criteo import BinaryCriteoUtils
@@ -102,10 +109,15 @@ def run(a: argparse.Namespace, work: str) -> None:
         t, c = time.time(), _cpu()
         BinaryCriteoUtils.tsv_to_npys(tsv, *(os.path.join(tr, f"day_0_{k}.npy") for k in ("dense", "sparse", "labels")))
         theirs, theirs_cpu = time.time() - t, _cpu() - c
-        print(f"torchrec tsv_to_npys:     {a.rows:,} rows in {theirs:.2f}s = {a.rows / theirs:,.0f} rows/s; "
-              f"{theirs_cpu:.2f} CPU-s = {a.rows / theirs_cpu:,.0f} rows per CPU-s")
-        print(f"speed-up: {theirs / ours:.1f}x wall clock, {theirs_cpu / ours_cpu:.1f}x per CPU-second "
-              f"(wall clock needs {a.workers} idle cores; check `uptime`: load {os.getloadavg()[0]:.1f})")
+        print(
+            f"torchrec tsv_to_npys:     {a.rows:,} rows in {theirs:.2f}s = {a.rows / theirs:,.0f} rows/s; "
+            f"{theirs_cpu:.2f} CPU-s = {a.rows / theirs_cpu:,.0f} rows per CPU-s"
+        )
+        print(
+            f"speed-up: {theirs / ours:.1f}x wall clock, {theirs_cpu / ours_cpu:.1f}x per CPU-second "
+            f"(wall clock needs {a.workers} idle cores; check `uptime`: load {os.getloadavg()[0]:.1f})"
+        )
+
         def same(kind, mod=None):
             theirs = np.load(os.path.join(tr, f"day_0_{kind}.npy"))
             ours_ = np.load(os.path.join(out, f"day_0_{kind}.npy"))
@@ -132,8 +144,10 @@ def run(a: argparse.Namespace, work: str) -> None:
                 next(it)
         dt = time.time() - t
         kind = "multi-hot" if multi_hot else "one-hot  "
-        print(f"loader {kind} 2 ranks: {(steps - 1) * a.batch / dt:,.0f} samples/s "
-              f"(global batch {a.batch}, both ranks in one process)")
+        print(
+            f"loader {kind} 2 ranks: {(steps - 1) * a.batch / dt:,.0f} samples/s "
+            f"(global batch {a.batch}, both ranks in one process)"
+        )
         for it in its:
             it.close()
 

@@ -15,13 +15,12 @@ command, in parallel over files and ranges).
 
 from __future__ import annotations
 
-from dlrm.errors import UserError
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from dlrm.errors import UserError
 
 NUM_DENSE = 13
 NUM_SPARSE = 26
@@ -72,8 +71,8 @@ class ParseOptions:
 
     policy: str = "fail"
     id_map: str = "none"
-    table_sizes: Optional[Tuple[int, ...]] = None
-    shuffle_seed: Optional[int] = None
+    table_sizes: tuple[int, ...] | None = None
+    shuffle_seed: int | None = None
 
     def __post_init__(self):
         if self.policy not in ("fail", "skip"):
@@ -82,9 +81,7 @@ class ParseOptions:
             raise ValueError(f"id_map {self.id_map!r}: use modulo or none")
         if self.table_sizes is not None:
             if len(self.table_sizes) != NUM_SPARSE or not all(1 <= int(s) < 2**63 for s in self.table_sizes):
-                raise ValueError(
-                    f"--table-sizes needs {NUM_SPARSE} sizes in [1, 2^63), got {list(self.table_sizes)}"
-                )
+                raise ValueError(f"--table-sizes needs {NUM_SPARSE} sizes in [1, 2^63), got {list(self.table_sizes)}")
         elif self.id_map == "modulo":
             raise ValueError("id_map=modulo needs table_sizes (--table-sizes)")
         if self.shuffle_seed is not None and self.shuffle_seed < 0:
@@ -117,7 +114,7 @@ class Parsed:
     sparse: np.ndarray
     labels: np.ndarray
     lines: int
-    bad: List[BadLine] = field(default_factory=list)  # all bad lines of the block, in order
+    bad: list[BadLine] = field(default_factory=list)  # all bad lines of the block, in order
 
 
 _U64 = np.dtype("<u8")
@@ -302,5 +299,5 @@ def parse_block(buf: bytes, opts: ParseOptions, first_line: int = 1) -> Parsed:
     )
 
 
-def day_paths(directory: str, day: int) -> Dict[str, str]:
+def day_paths(directory: str, day: int) -> dict[str, str]:
     return {k: os.path.join(directory, f"day_{day}_{k}.npy") for k in KINDS}

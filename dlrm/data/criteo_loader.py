@@ -9,7 +9,7 @@ order, one pass. `batches(..., start_step=k)` continues exactly where step k wou
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Sequence, Tuple
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -28,14 +28,14 @@ SPLITS = ("train", "eval")
 __all__ = ["CriteoDataError", "CriteoSource", "load_manifest", "multi_hot_offsets"]
 
 
-def multi_hot_offsets(sizes: Sequence[int], table_rows: Sequence[int]) -> List[np.ndarray]:
+def multi_hot_offsets(sizes: Sequence[int], table_rows: Sequence[int]) -> list[np.ndarray]:
     """Per column c: int64 [sizes[c]] offsets, the first 0; sample ids are (id + offset) % table_rows[c].
 
     Like MLPerf DLRM-DCNv2's synthesis, extra ids are a fixed pseudo-random function of the one-hot id.
     """
     rng = np.random.default_rng(MULTI_HOT_SEED)
     out = []
-    for m, rows in zip(sizes, table_rows):
+    for m, rows in zip(sizes, table_rows, strict=True):
         extra = rng.integers(1, rows, m - 1) if rows > 1 else np.zeros(m - 1, np.int64)
         out.append(np.concatenate([[0], extra]).astype(np.int64))
     return out
@@ -44,15 +44,15 @@ def multi_hot_offsets(sizes: Sequence[int], table_rows: Sequence[int]) -> List[n
 class _Split:
     """Rows of some days seen as one array: segments (day, lo, hi) in order."""
 
-    def __init__(self, segments: List[Tuple[int, int, int]], arrays: Dict[int, Dict[str, np.ndarray]]):
+    def __init__(self, segments: list[tuple[int, int, int]], arrays: dict[int, dict[str, np.ndarray]]):
         self.segments = [s for s in segments if s[2] > s[1]]
         self.arrays = arrays
         self.starts = np.cumsum([0] + [hi - lo for _, lo, hi in self.segments])
         self.rows = int(self.starts[-1])
 
-    def read(self, start: int, count: int) -> Dict[str, np.ndarray]:
+    def read(self, start: int, count: int) -> dict[str, np.ndarray]:
         """Rows [start, start + count) as dense [n, 13], sparse [n, 26], labels [n, 1] (copies)."""
-        parts: Dict[str, List[np.ndarray]] = {"dense": [], "sparse": [], "labels": []}
+        parts: dict[str, list[np.ndarray]] = {"dense": [], "sparse": [], "labels": []}
         i = int(np.searchsorted(self.starts, start, side="right")) - 1
         while count > 0:
             day, lo, hi = self.segments[i]
@@ -74,8 +74,8 @@ class CriteoSource:
     def __init__(
         self,
         cfg: CriteoConfig,
-        feature_names: List[str],
-        table_rows: List[int],
+        feature_names: list[str],
+        table_rows: list[int],
         global_batch_size: int,
         seed: int,
     ):
@@ -113,7 +113,7 @@ class CriteoSource:
                 train.append((d, 0, take))
                 evals.append((d, take, n))
                 left -= take
-        self.arrays: Dict[int, Dict[str, np.ndarray]] = {}  # filled below, once verified
+        self.arrays: dict[int, dict[str, np.ndarray]] = {}  # filled below, once verified
         self.splits = {"train": _Split(train, self.arrays), "eval": _Split(evals, self.arrays)}
         if self.splits["train"].rows < self.global_batch_size:
             raise CriteoDataError(
@@ -148,7 +148,7 @@ class CriteoSource:
             return np.random.default_rng([self.seed, epoch]).permutation(n)
         return np.arange(n)
 
-    def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Iterator[Batch]:
+    def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Prefetcher[Batch]:
         """This rank's slices of global batches start_step, start_step + 1, ... (train: endless; eval: one pass)."""
         self.num_batches(split)  # checks the split's name
         if self.global_batch_size % world_size or not 0 <= rank < world_size:
@@ -171,7 +171,7 @@ class CriteoSource:
             yield self.make_batch(self.splits[split].read(int(order[j]) * self.global_batch_size + rank * b, b))
             step += 1
 
-    def make_batch(self, rows: Dict[str, np.ndarray]) -> Batch:
+    def make_batch(self, rows: dict[str, np.ndarray]) -> Batch:
         """Arrays of b rows -> Batch; KJT values are key-major (all of feature 0, then feature 1, ...)."""
         ids = rows["sparse"].astype(np.int64)  # [b, 26]
         b = ids.shape[0]

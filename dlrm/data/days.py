@@ -79,7 +79,7 @@ def finish_day(out: str, day: int, path: str, results: list[RangeResult], opts: 
     for r in results:
         offsets.append(base)
         base += r.lines
-    for r, off in zip(results, offsets):
+    for r, off in zip(results, offsets, strict=True):
         for b in r.bad + ([r.error] if r.error else []):
             if b.line > 0:
                 b.line += off

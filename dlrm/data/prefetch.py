@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import Iterator, Optional, TypeVar
+from collections.abc import Iterator
+from typing import TypeVar, cast
 
 import torch
 
@@ -36,7 +37,7 @@ class _Raised:
         self.error = error
 
 
-def _produce(items: Iterator, out: "queue.Queue[object]", stop: threading.Event, pin_memory: bool) -> None:
+def _produce(items: Iterator, out: queue.Queue[object], stop: threading.Event, pin_memory: bool) -> None:
     """The producer thread: put each item (pinned if asked), then _END or the exception raised."""
 
     def put(item: object) -> bool:  # wait for room; False once stopped
@@ -69,7 +70,7 @@ class Prefetcher(Iterator[T]):
         self._stop = threading.Event()
         if depth < 1:
             raise ValueError(f"prefetch depth must be >= 1, got {depth}")
-        self._queue: "queue.Queue[object]" = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
         self._done = False
         self._thread = threading.Thread(
             target=_produce,
@@ -79,7 +80,7 @@ class Prefetcher(Iterator[T]):
         )
         self._thread.start()
 
-    def __iter__(self) -> "Prefetcher[T]":
+    def __iter__(self) -> Prefetcher[T]:
         return self
 
     def __next__(self) -> T:
@@ -93,15 +94,15 @@ class Prefetcher(Iterator[T]):
         if isinstance(item, _Raised):
             self._done = True
             raise item.error
-        return item  # type: ignore[return-value]
+        return cast(T, item)
 
-    def close(self, timeout: Optional[float] = 5.0) -> None:
+    def close(self, timeout: float | None = 5.0) -> None:
         """Stop the producer thread (items it has not yet handed over are dropped)."""
         self._done = True
         self._stop.set()
         self._thread.join(timeout)
 
-    def __enter__(self) -> "Prefetcher[T]":
+    def __enter__(self) -> Prefetcher[T]:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -32,8 +32,8 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence
-
+from collections.abc import Sequence
+from typing import Any
 
 from dlrm.data.criteo import (
     DENSE_TRANSFORM,
@@ -56,13 +56,13 @@ from dlrm.data.days import (
 )
 from dlrm.data.id_remap import remap_contiguous
 from dlrm.data.ranges import RangeResult, convert_range, set_progress_counter
-from dlrm.io import write_json_atomic
 from dlrm.errors import UserError
+from dlrm.io import write_json_atomic
 
 FORMAT_VERSION = 1
 
 
-def parse_table_sizes(text: Optional[str]) -> Optional[List[int]]:
+def parse_table_sizes(text: str | None) -> list[int] | None:
     """'kaggle' | '1tb' | 'N' (all tables) | 'n1,...,n26' -> 26 sizes (None stays None)."""
     if text is None:
         return None
@@ -110,7 +110,7 @@ def check_inputs(files: Sequence[str], out: str) -> None:
     """Refuse before any work: no file, a missing, unreadable or repeated input, a directory, --out a file."""
     if not files:
         raise CriteoDataError("give at least one input file (Criteo TSV, plain or .gz)")
-    seen: Dict[tuple, int] = {}
+    seen: dict[tuple, int] = {}
     for i, p in enumerate(files):
         if os.path.isdir(p):
             raise CriteoDataError(f"input {p!r} is a directory: give the Criteo files inside it (one per day)")
@@ -138,7 +138,7 @@ def check_inputs(files: Sequence[str], out: str) -> None:
         raise CriteoDataError(f"--out {out!r} is a file: give a directory (it is created if missing)")
 
 
-def check_numbers(workers: int, block_bytes: int, progress_every: float, min_count: Optional[int]) -> None:
+def check_numbers(workers: int, block_bytes: int, progress_every: float, min_count: int | None) -> None:
     """Refuse flag values that would do nothing, spin or fail later."""
     if workers < 1:
         raise CriteoDataError(f"--workers {workers}: give at least 1 (processes that convert files)")
@@ -192,8 +192,8 @@ def preprocess(
     block_bytes: int = 8 << 20,
     min_range_bytes: int = 16 << 20,
     progress_every: float = 5.0,
-    contiguous_min_count: Optional[int] = None,
-) -> Dict:
+    contiguous_min_count: int | None = None,
+) -> dict:
     """Convert `files` (day i = files[i]) into `out`; returns the manifest (also written to manifest.json).
 
     contiguous_min_count: remap raw ids to contiguous rows afterwards (see `remap_contiguous`); all days
@@ -205,7 +205,7 @@ def preprocess(
     check_numbers(workers, block_bytes, progress_every, contiguous_min_count)
     if contiguous_min_count is not None and (opts.id_map != "none" or opts.table_sizes is not None):
         raise CriteoDataError("--id-map contiguous builds ids from raw ids: drop --table-sizes")
-    kw: Dict[str, Any] = dict(
+    kw: dict[str, Any] = dict(
         workers=workers, block_bytes=block_bytes, min_range_bytes=min_range_bytes, progress_every=progress_every
     )
     try:
@@ -215,11 +215,14 @@ def preprocess(
                 return _convert(files, out, opts, force=force, **kw)
             old = read_manifest(out)
             try:
-                reuse = not force and old is not None and old["id_map"].get("min_count") == contiguous_min_count and [
-                    d["input"] for d in old["days"]
-                ] == [input_stamp(p) for p in files] and old["options"]["policy"] == opts.policy and old[
-                    "options"
-                ].get("shuffle_seed") == opts.shuffle_seed
+                reuse = (
+                    not force
+                    and old is not None
+                    and old["id_map"].get("min_count") == contiguous_min_count
+                    and [d["input"] for d in old["days"]] == [input_stamp(p) for p in files]
+                    and old["options"]["policy"] == opts.policy
+                    and old["options"].get("shuffle_seed") == opts.shuffle_seed
+                )
             except (KeyError, TypeError, AttributeError):  # a damaged manifest: redo
                 reuse = False
             if reuse and old is not None:
@@ -230,8 +233,16 @@ def preprocess(
         raise _os_error(e, out) from None
 
 
-def _convert(files: Sequence[str], out: str, opts: ParseOptions, workers: int, force: bool, block_bytes: int,
-             min_range_bytes: int, progress_every: float) -> Dict:
+def _convert(
+    files: Sequence[str],
+    out: str,
+    opts: ParseOptions,
+    workers: int,
+    force: bool,
+    block_bytes: int,
+    min_range_bytes: int,
+    progress_every: float,
+) -> dict:
     """The conversion of `preprocess` (arguments checked, `out` locked)."""
     for stale in glob.glob(os.path.join(out, ".tmp_day_*")):  # leftovers of a killed run
         os.remove(stale)
@@ -241,8 +252,8 @@ def _convert(files: Sequence[str], out: str, opts: ParseOptions, workers: int, f
     total_bytes = sum(os.path.getsize(files[d]) for d in todo)
     tasks = [t for d in todo for t in plan[d]]
     day_of = {id(t): d for d in todo for t in plan[d]}
-    pending: Dict[int, List[RangeResult]] = {d: [] for d in todo}
-    done_meta: Dict[int, Dict] = {}
+    pending: dict[int, list[RangeResult]] = {d: [] for d in todo}
+    done_meta: dict[int, dict] = {}
 
     # fork is cheapest, but unsafe once torch (and its thread pools) is loaded in this process
     ctx = mp.get_context("fork" if "torch" not in sys.modules and sys.platform == "linux" else "spawn")
@@ -258,14 +269,17 @@ def _convert(files: Sequence[str], out: str, opts: ParseOptions, workers: int, f
             results = pool.imap(convert_range, tasks)
         progress.start()  # after the fork: the children never hold this thread's locks
         try:
-            for t, r in zip(tasks, results):
+            for t, r in zip(tasks, results, strict=True):
                 d = day_of[id(t)]
                 pending[d].append(r)
                 if len(pending[d]) == len(plan[d]):
                     done_meta[d] = finish_day(out, d, files[d], pending.pop(d), opts)
                     m = done_meta[d]
-                    print(f"preprocess: day {d} ({files[d]}): {m['rows']:,} rows, {m['skipped']:,} skipped",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"preprocess: day {d} ({files[d]}): {m['rows']:,} rows, {m['skipped']:,} skipped",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         finally:
             if pool is not None:
                 pool.terminate()
@@ -277,7 +291,7 @@ def _convert(files: Sequence[str], out: str, opts: ParseOptions, workers: int, f
             os.remove(stale)
     elapsed = time.time() - t0
     days = []
-    for d, p in enumerate(files):
+    for d in range(len(files)):
         with open(day_json(out, d)) as f:
             days.append(json.load(f))
     new_rows = sum(done_meta[d]["rows"] for d in done_meta)
@@ -299,8 +313,12 @@ def _convert(files: Sequence[str], out: str, opts: ParseOptions, workers: int, f
             else "int(hex, 16); missing -> 0" + ("; checked < table_sizes[c]" if opts.table_sizes else ""),
         },
         "options": {**options_stamp(opts), "workers": workers, "block_bytes": block_bytes},
-        "last_run": {"days_converted": sorted(done_meta), "rows": new_rows, "seconds": round(elapsed, 3),
-                     "rows_per_s": round(new_rows / elapsed) if elapsed > 0 else None},
+        "last_run": {
+            "days_converted": sorted(done_meta),
+            "rows": new_rows,
+            "seconds": round(elapsed, 3),
+            "rows_per_s": round(new_rows / elapsed) if elapsed > 0 else None,
+        },
     }
     write_json_atomic(os.path.join(out, MANIFEST), manifest)
     return manifest
@@ -313,7 +331,7 @@ class _Parser(argparse.ArgumentParser):
         raise CriteoDataError(f"{message} (see `{self.prog} --help`)")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     ap = _Parser(prog="python -m dlrm.data.preprocess", description=(__doc__ or "").split("\n")[0])
     ap.add_argument("files", nargs="+", help="Criteo TSV files (plain or .gz); file i becomes day_i")
     ap.add_argument("--out", required=True, help="output directory")
@@ -321,9 +339,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--policy", choices=("fail", "skip"), default="fail", help="on a bad line: stop, or drop and count it"
     )
     ap.add_argument("--table-sizes", default=None, help="kaggle | 1tb | N | n1,...,n26 (rows of each table)")
-    ap.add_argument("--id-map", choices=("modulo", "none", "contiguous"), default=None,
-                    help="modulo: id %% table size (default with --table-sizes); none: raw ids, checked < table "
-                    "size; contiguous: ids seen >= --min-count times -> rows 1..K, others -> 0 (MLPerf-style)")
+    ap.add_argument(
+        "--id-map",
+        choices=("modulo", "none", "contiguous"),
+        default=None,
+        help="modulo: id %% table size (default with --table-sizes); none: raw ids, checked < table "
+        "size; contiguous: ids seen >= --min-count times -> rows 1..K, others -> 0 (MLPerf-style)",
+    )
     ap.add_argument("--min-count", type=int, default=1, help="frequency threshold of --id-map contiguous")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--block-mb", type=float, default=8.0, help="text parsed per block (bounds memory per worker)")
@@ -346,15 +368,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             opts = ParseOptions(a.policy, parse_map, tuple(sizes) if sizes else None, a.shuffle_seed)
         except ValueError as e:
             raise CriteoDataError(str(e)) from None
-        m = preprocess(a.files, a.out, opts, workers=a.workers, force=a.force, block_bytes=int(a.block_mb * (1 << 20)),
-                       progress_every=a.progress_every, contiguous_min_count=contiguous)
+        m = preprocess(
+            a.files,
+            a.out,
+            opts,
+            workers=a.workers,
+            force=a.force,
+            block_bytes=int(a.block_mb * (1 << 20)),
+            progress_every=a.progress_every,
+            contiguous_min_count=contiguous,
+        )
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     lr = m["last_run"]
-    print(f"preprocess: wrote {a.out}/{MANIFEST}: {m['total_rows']:,} rows in {len(m['days'])} day(s), "
-          f"{m['total_skipped']:,} skipped; this run {lr['rows']:,} rows in {lr['seconds']:.1f}s "
-          f"({lr['rows_per_s'] or 0:,} rows/s)", file=sys.stderr)
+    print(
+        f"preprocess: wrote {a.out}/{MANIFEST}: {m['total_rows']:,} rows in {len(m['days'])} day(s), "
+        f"{m['total_skipped']:,} skipped; this run {lr['rows']:,} rows in {lr['seconds']:.1f}s "
+        f"({lr['rows_per_s'] or 0:,} rows/s)",
+        file=sys.stderr,
+    )
     return 0
 
 

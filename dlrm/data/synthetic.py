@@ -12,7 +12,7 @@ hash); a label drawn from a hidden logistic model of the features, so AUC above 
 from __future__ import annotations
 
 import math
-from typing import Iterator, List, Optional, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -67,7 +67,7 @@ class SyntheticSource:
         # Hidden model: fixed dense weights; per-id weights come from a hash of (feature, id).
         self._dense_w = np.cos(np.arange(dense_features) * 2.399963) / math.sqrt(dense_features / 2)
 
-    def num_batches(self, split: str) -> Optional[int]:
+    def num_batches(self, split: str) -> int | None:
         """Global batches in one pass: None (endless) for train, `eval_batches` for eval."""
         return None if split == "train" else self.eval_batches
 
@@ -93,7 +93,7 @@ class SyntheticSource:
 
         dense = _box_muller(u[:, : self._dense_draws])[:, : self.dense_features]
         col = self._dense_draws
-        ids_per_feature: List[np.ndarray] = []
+        ids_per_feature: list[np.ndarray] = []
         for f, pool in enumerate(self.pooling):
             ids_per_feature.append(self._zipf_ids(u[:, col : col + pool], self.rows[f]))
             col += pool
@@ -122,7 +122,7 @@ class SyntheticSource:
         rank = np.clip(np.floor(x) - 1.0, 0, n - 1).astype(np.uint64)
         return (rank * _HASH + np.uint64(12345)) % rows
 
-    def _hidden_logit(self, dense: np.ndarray, ids: List[np.ndarray]) -> np.ndarray:
+    def _hidden_logit(self, dense: np.ndarray, ids: list[np.ndarray]) -> np.ndarray:
         """The labels' true logit: a dense linear term plus a weight in [-1, 1] per (feature, id)."""
         sparse = np.zeros(dense.shape[0])
         for f, feature_ids in enumerate(ids):

@@ -15,9 +15,9 @@ import functools
 import hashlib
 import json
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -59,7 +59,9 @@ def read_npy_header(path: str, kind: str) -> NpyHeader:
                 raise ValueError(f".npy format version {version} (only 1.0 and 2.0 hold plain arrays)")
             offset = f.tell()
     except OSError as e:
-        raise CriteoDataError(f"{path} cannot be read ({e.strerror or e}); check the file and its permissions")
+        raise CriteoDataError(
+            f"{path} cannot be read ({e.strerror or e}); check the file and its permissions"
+        ) from None
     except Exception as e:  # numpy's header parser raises ValueError, SyntaxError, tokenize.TokenError, ...
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]  # numpy's first line, not its advice
         raise CriteoDataError(f"{path} is not a valid .npy file ({reason}); {RERUN}") from None
@@ -98,7 +100,7 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def load_manifest(directory: str) -> Dict:
+def load_manifest(directory: str) -> dict:
     """manifest.json of a finished preprocessing run, its structure checked (days, rows, files)."""
     path = os.path.join(directory, "manifest.json")
     if not os.path.isfile(path):
@@ -110,7 +112,9 @@ def load_manifest(directory: str) -> Dict:
         with open(path, "rb") as f:
             m = json.loads(f.read(64 << 20).decode("utf-8"))
     except OSError as e:
-        raise CriteoDataError(f"{path} cannot be read ({e.strerror or e}); check the file and its permissions")
+        raise CriteoDataError(
+            f"{path} cannot be read ({e.strerror or e}); check the file and its permissions"
+        ) from None
     except (ValueError, RecursionError) as e:
         raise CriteoDataError(f"{path} is not valid JSON ({str(e).splitlines()[0][:120]}); {RERUN}") from None
     _need(isinstance(m, dict) and isinstance(m.get("days"), list), path, "no list 'days'")
@@ -143,8 +147,9 @@ def _col_max(x: np.ndarray, k: int = 64) -> np.ndarray:
     return np.maximum(out, x[m:].max(0)) if m < n else out
 
 
-def _scan(path: str, head: NpyHeader, sha256: Optional[str], check: Callable[[np.ndarray, int], None],
-          chunk_bytes: int) -> None:
+def _scan(
+    path: str, head: NpyHeader, sha256: str | None, check: Callable[[np.ndarray, int], None], chunk_bytes: int
+) -> None:
     """Read `path` once, `chunk_bytes` at a time: check(rows [n, cols], first row) and hash the bytes."""
     h = hashlib.sha256() if sha256 else None
     rows, cols = head.shape
@@ -177,10 +182,10 @@ def _scan(path: str, head: NpyHeader, sha256: Optional[str], check: Callable[[np
         )
 
 
-def day_headers(directory: str, meta: Dict, sparse_dtype: str) -> Dict[str, NpyHeader]:
+def day_headers(directory: str, meta: dict, sparse_dtype: str) -> dict[str, NpyHeader]:
     """The cheap checks of one day (no data read): files present, headers valid, rows and sizes as listed."""
     day, rows = meta["day"], meta["rows"]
-    heads: Dict[str, NpyHeader] = {}
+    heads: dict[str, NpyHeader] = {}
     for k, p in day_paths(directory, day).items():
         if not os.path.isfile(p):
             raise CriteoDataError(f"{p} is missing although manifest.json lists day {day}; {RERUN}")
@@ -199,13 +204,13 @@ def day_headers(directory: str, meta: Dict, sparse_dtype: str) -> Dict[str, NpyH
 
 def day_scans(
     directory: str,
-    meta: Dict,
-    heads: Dict[str, NpyHeader],
+    meta: dict,
+    heads: dict[str, NpyHeader],
     feature_names: Sequence[str],
     table_rows: Sequence[int],
     checksums: bool = True,
     chunk_bytes: int = CHUNK_BYTES,
-) -> List[Callable[[], None]]:
+) -> list[Callable[[], None]]:
     """One scan per file of the day (labels, sparse, dense), each raising CriteoDataError on bad content.
 
     table_rows[c]: rows of the table serving column C{c+1} (feature feature_names[c]).
@@ -257,13 +262,13 @@ def day_scans(
 
 def verify_days(
     directory: str,
-    manifest: Dict,
-    days: List[int],
+    manifest: dict,
+    days: list[int],
     feature_names: Sequence[str],
     table_rows: Sequence[int],
     checksums: bool = True,
-    threads: Optional[int] = None,
-) -> Dict[int, Dict[str, np.ndarray]]:
+    threads: int | None = None,
+) -> dict[int, dict[str, np.ndarray]]:
     """Verify `days` of a `load_manifest` result; {day: {kind: array [rows, cols], memory-mapped}}.
 
     All headers first (a bad file of the last day is refused at once), then the content scans, on
@@ -271,9 +276,7 @@ def verify_days(
     """
     metas = {d["day"]: d for d in manifest["days"]}
     heads = {d: day_headers(directory, metas[d], manifest["sparse_dtype"]) for d in days}
-    scans = [
-        f for d in days for f in day_scans(directory, metas[d], heads[d], feature_names, table_rows, checksums)
-    ]
+    scans = [f for d in days for f in day_scans(directory, metas[d], heads[d], feature_names, table_rows, checksums)]
     workers = max(1, min(len(scans), threads or min(os.cpu_count() or 1, 8)))
     with ThreadPoolExecutor(workers, thread_name_prefix="verify") as pool:
         for done in [pool.submit(f) for f in scans]:

@@ -47,29 +47,59 @@ def parse_args(argv):
         prog="launch/k8s/render.py",
         description="Render a Kubeflow PyTorchJob that runs launch/run_multinode.sh on every node.",
     )
-    p.add_argument("--name", default="dlrm", help="job name: pod names, rendezvous id, run dir outputs/NAME (default dlrm)")
+    p.add_argument(
+        "--name", default="dlrm", help="job name: pod names, rendezvous id, run dir outputs/NAME (default dlrm)"
+    )
     p.add_argument("--namespace", default=None, help="metadata.namespace (default: kubectl's current one)")
-    p.add_argument("--image", default="dlrm:latest", help="image built from the repository's Dockerfile (default dlrm:latest)")
+    p.add_argument(
+        "--image", default="dlrm:latest", help="image built from the repository's Dockerfile (default dlrm:latest)"
+    )
     p.add_argument("--nodes", type=int, default=None, help="pods (= nodes); must equal the topology's nodes")
-    p.add_argument("--nproc-per-node", type=int, default=None,
-                   help="ranks per pod; must equal topology.ranks_per_node (required when that is null)")
-    p.add_argument("--fabric-env", default=None,
-                   help="launch/env/NAME.sh sourced before torchrun (default nccl_ib on GPUs, gloo_cpu on CPUs)")
-    p.add_argument("--gpu-resource", default="nvidia.com/gpu",
-                   help="device plugin resource of one GPU (default nvidia.com/gpu; amd.com/gpu on ROCm clusters)")
-    p.add_argument("--rdma-resource", default=RDMA_RESOURCE,
-                   help=f"RDMA device plugin resource to request, or none (default {RDMA_RESOURCE})")
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        help="ranks per pod; must equal topology.ranks_per_node (required when that is null)",
+    )
+    p.add_argument(
+        "--fabric-env",
+        default=None,
+        help="launch/env/NAME.sh sourced before torchrun (default nccl_ib on GPUs, gloo_cpu on CPUs)",
+    )
+    p.add_argument(
+        "--gpu-resource",
+        default="nvidia.com/gpu",
+        help="device plugin resource of one GPU (default nvidia.com/gpu; amd.com/gpu on ROCm clusters)",
+    )
+    p.add_argument(
+        "--rdma-resource",
+        default=RDMA_RESOURCE,
+        help=f"RDMA device plugin resource to request, or none (default {RDMA_RESOURCE})",
+    )
     p.add_argument("--rdma-count", type=int, default=1, help="units of --rdma-resource per pod (default 1)")
-    p.add_argument("--max-restarts", type=int, default=3,
-                   help="torchrun restarts of the whole job after a rank fails (elasticPolicy.maxRestarts; default 3)")
-    p.add_argument("--host-network", action="store_true",
-                   help="pods use the node's network (RDMA NICs without a CNI plugin; one job per node)")
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="torchrun restarts of the whole job after a rank fails (elasticPolicy.maxRestarts; default 3)",
+    )
+    p.add_argument(
+        "--host-network",
+        action="store_true",
+        help="pods use the node's network (RDMA NICs without a CNI plugin; one job per node)",
+    )
     p.add_argument("--shm-size", default="64Gi", help="size of the /dev/shm memory volume (default 64Gi)")
-    p.add_argument("--pvc", default=None,
-                   help="PersistentVolumeClaim mounted at outputs/ (checkpoints survive pod restarts; needed for resume)")
-    p.add_argument("--log-dir", default=None,
-                   help="torchrun --log-dir (PET_LOG_DIR) with --tee=3: every rank's stdout/stderr in files there "
-                        "(under outputs/ with --pvc to keep them)")
+    p.add_argument(
+        "--pvc",
+        default=None,
+        help="PersistentVolumeClaim mounted at outputs/ (checkpoints survive pod restarts; needed for resume)",
+    )
+    p.add_argument(
+        "--log-dir",
+        default=None,
+        help="torchrun --log-dir (PET_LOG_DIR) with --tee=3: every rank's stdout/stderr in files there "
+        "(under outputs/ with --pvc to keep them)",
+    )
     p.add_argument("--out", default=None, help="write the manifest here (atomically) instead of stdout")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for dlrm.train, e.g. topology=dgx_h100_multinode")
     return p.parse_args(argv)
@@ -223,8 +253,11 @@ def manifest(args) -> dict:
     name = args.name
     replicas = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": pod_template(name, args, r)}}
     if r["nodes"] > 1:
-        replicas["Worker"] = {"replicas": r["nodes"] - 1, "restartPolicy": "OnFailure",
-                              "template": pod_template(name, args, r)}
+        replicas["Worker"] = {
+            "replicas": r["nodes"] - 1,
+            "restartPolicy": "OnFailure",
+            "template": pod_template(name, args, r),
+        }
     metadata = {"name": name, "labels": {"app": "dlrm"}}
     if args.namespace:
         metadata["namespace"] = args.namespace
@@ -279,7 +312,9 @@ def main(argv=None) -> int:
         text = render(args, argv)
         if args.out:
             if not Path(args.out).parent.is_dir():
-                raise RenderError(f"--out={args.out}: directory {Path(args.out).parent} does not exist; create it first")
+                raise RenderError(
+                    f"--out={args.out}: directory {Path(args.out).parent} does not exist; create it first"
+                )
             write_atomic(args.out, text)
         else:
             sys.stdout.write(text)

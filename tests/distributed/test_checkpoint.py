@@ -22,8 +22,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 def ckpt_config(make_config, tmp_path, *overrides):
     # Default optimizers (row-wise Adagrad + Adagrad, with state) and a warmup across the resume point.
-    return config(make_config, "optim=rowwise_adagrad", "optim.schedule.warmup_steps=8",
-                  f"checkpoint.dir={tmp_path}", "checkpoint.every_steps=4", "trainer.max_steps=12", *overrides)
+    return config(
+        make_config,
+        "optim=rowwise_adagrad",
+        "optim.schedule.warmup_steps=8",
+        f"checkpoint.dir={tmp_path}",
+        "checkpoint.every_steps=4",
+        "trainer.max_steps=12",
+        *overrides,
+    )
 
 
 def gather(results):
@@ -37,9 +44,12 @@ def gather(results):
 
 @pytest.mark.slow
 def test_resume_equals_uninterrupted(make_config, tmp_path):
-    whole = launch(train_and_report, 2, ckpt_config(make_config, tmp_path / "a", "sharding=table_wise", "checkpoint.keep=3"))
-    resumed_cfg = ckpt_config(make_config, tmp_path / "b", "sharding=table_wise",
-                              f"trainer.resume={tmp_path / 'a' / 'step_00000004'}")
+    whole = launch(
+        train_and_report, 2, ckpt_config(make_config, tmp_path / "a", "sharding=table_wise", "checkpoint.keep=3")
+    )
+    resumed_cfg = ckpt_config(
+        make_config, tmp_path / "b", "sharding=table_wise", f"trainer.resume={tmp_path / 'a' / 'step_00000004'}"
+    )
     resumed = launch(train_and_report, 2, resumed_cfg)
     assert resumed[0]["losses"] == whole[0]["losses"][4:]  # bit-exact: same maths, same order
     a, b = gather(whole), gather(resumed)
@@ -54,8 +64,14 @@ def test_resharding_keeps_the_eval_loss(make_config, tmp_path):
     last = tmp_path / "tw" / "step_00000012"
     for nnodes, nproc, sharding in ((1, 1, "row_wise"), (2, 2, "row_wise"), (1, 2, "column_wise")):
         topology = "topology=cpu_2x2" if nnodes == 2 else "topology=cpu"
-        cfg = ckpt_config(make_config, tmp_path / f"r{nnodes}{nproc}", f"sharding={sharding}", topology,
-                          f"trainer.resume={last}", "trainer.eval_only=true")
+        cfg = ckpt_config(
+            make_config,
+            tmp_path / f"r{nnodes}{nproc}",
+            f"sharding={sharding}",
+            topology,
+            f"trainer.resume={last}",
+            "trainer.eval_only=true",
+        )
         loaded = launch(train_summary, nproc, cfg, nnodes=nnodes)[0]
         assert loaded["eval_logloss"] == pytest.approx(saved["eval_logloss"], rel=1e-6), (nnodes, nproc, sharding)
         assert loaded["eval_auc"] == pytest.approx(saved["eval_auc"], rel=1e-6)
@@ -81,8 +97,18 @@ def test_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path):
     """SIGKILL the whole job while DCP writes a 170 MB checkpoint; resume=auto takes the one before."""
     run_dir, root = tmp_path / "run", tmp_path / "run" / "checkpoints"
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    args = [torchrun, "--standalone", "--nproc_per_node=2", "-m", "dlrm.train", "model=bench_cpu",
-            f"hydra.run.dir={run_dir}", "trainer.max_steps=20", "checkpoint.every_steps=5", "trainer.progress=none"]
+    args = [
+        torchrun,
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "dlrm.train",
+        "model=bench_cpu",
+        f"hydra.run.dir={run_dir}",
+        "trainer.max_steps=20",
+        "checkpoint.every_steps=5",
+        "trainer.progress=none",
+    ]
     with open(tmp_path / "killed.log", "w") as log:
         job = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 240
@@ -127,8 +153,9 @@ def test_incompatible_checkpoint_is_refused(make_config, tmp_path):
 @pytest.mark.slow
 def test_nonfinite_loss_stops_and_names_the_checkpoint(make_config, tmp_path):
     launch(train_summary, 1, ckpt_config(make_config, tmp_path, "optim=sgd", "trainer.max_steps=4"))
-    cfg = ckpt_config(make_config, tmp_path, "optim=sgd", "optim.dense.lr=1e30", "optim.embedding.lr=1e30",
-                      "trainer.resume=auto")
+    cfg = ckpt_config(
+        make_config, tmp_path, "optim=sgd", "optim.dense.lr=1e30", "optim.embedding.lr=1e30", "trainer.resume=auto"
+    )
     with pytest.raises(Exception, match=r"loss is (nan|inf) in steps 6\.\.6; last good checkpoint: .*step_00000004"):
         launch(train_summary, 1, cfg)
 
@@ -138,11 +165,26 @@ def _torchrun(run_dir: Path, port: int, *overrides: str) -> subprocess.Popen:
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     log = open(f"{run_dir}.log", "w")
     return subprocess.Popen(
-        [torchrun, "--nproc_per_node=2", "--max-restarts=1", "--rdzv-backend=c10d",
-         f"--rdzv-endpoint=127.0.0.1:{port}", "-m", "dlrm.train", f"hydra.run.dir={run_dir}",
-         "trainer.max_steps=60", "checkpoint.every_steps=10", "trainer.resume=auto", "trainer.progress=lines",
-         "trainer.log_every_steps=1", *overrides],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
+        [
+            torchrun,
+            "--nproc_per_node=2",
+            "--max-restarts=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            "-m",
+            "dlrm.train",
+            f"hydra.run.dir={run_dir}",
+            "trainer.max_steps=60",
+            "checkpoint.every_steps=10",
+            "trainer.resume=auto",
+            "trainer.progress=lines",
+            "trainer.log_every_steps=1",
+            *overrides,
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 

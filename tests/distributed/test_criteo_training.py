@@ -18,12 +18,21 @@ pytestmark = needs_sample
 def test_training_on_preprocessed_sample(make_config, tmp_path):
     subprocess.run(
         [sys.executable, "-m", "dlrm.data.preprocess", "--out", str(tmp_path), "--table-sizes", "2000", str(SAMPLE)],
-        check=True, capture_output=True, timeout=120,
+        check=True,
+        capture_output=True,
+        timeout=120,
     )
     cfg = make_config(
-        "data=criteo_kaggle", f"data.criteo.dir={tmp_path}", "data.criteo.eval_fraction=0.2",
-        "data.global_batch_size=16", "data.eval_batches=1", "optim=sgd",
-        "trainer.max_steps=8", "trainer.log_every_steps=1", "trainer.progress=none", "sharding=row_wise",
+        "data=criteo_kaggle",
+        f"data.criteo.dir={tmp_path}",
+        "data.criteo.eval_fraction=0.2",
+        "data.global_batch_size=16",
+        "data.eval_batches=1",
+        "optim=sgd",
+        "trainer.max_steps=8",
+        "trainer.log_every_steps=1",
+        "trainer.progress=none",
+        "sharding=row_wise",
     )
     ref_losses, ref_weights = train_unsharded(cfg)
     assert_matches_reference(launch(train_and_report, 2, cfg), ref_losses, ref_weights)

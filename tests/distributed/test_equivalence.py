@@ -43,7 +43,9 @@ def test_non_pipelined_two_ranks_equal_one_process(make_config):
 @pytest.mark.slow
 def test_bf16_dense_precision_trains_close_to_fp32(make_config):
     fp32 = launch(train_and_report, 2, config(make_config, "sharding=table_wise"))[0]["losses"]
-    bf16 = launch(train_and_report, 2, config(make_config, "sharding=table_wise", "trainer.dense_precision=bf16"))[0]["losses"]
+    bf16 = launch(train_and_report, 2, config(make_config, "sharding=table_wise", "trainer.dense_precision=bf16"))[0][
+        "losses"
+    ]
     assert bf16 != fp32, "autocast must change the arithmetic"
     assert bf16 == pytest.approx(fp32, rel=2e-2)
 

@@ -13,7 +13,10 @@ REPO = Path(__file__).resolve().parents[2]
 def test_readme_main_command(tmp_path):
     result = subprocess.run(
         ["bash", "launch/run_cpu.sh", f"hydra.run.dir={tmp_path}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -23,23 +23,39 @@ def test_two_nodes_on_loopback_through_run_multinode(tmp_path):
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
     env.update(
-        NNODES="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), NPROC_PER_NODE="2",
-        RDZV_ID=f"test-{uuid.uuid4().hex[:8]}", DLRM_ACCEL="cpu", FABRIC_ENV="gloo_cpu", DRY_RUN="0",
+        NNODES="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        NPROC_PER_NODE="2",
+        RDZV_ID=f"test-{uuid.uuid4().hex[:8]}",
+        DLRM_ACCEL="cpu",
+        FABRIC_ENV="gloo_cpu",
+        DRY_RUN="0",
     )
     for var in ("RDZV_ENDPOINT", "RUN_DIR", "NODE_RANK", "TORCHRUN", "NGPU"):
         env.pop(var, None)
     overrides = [
-        "topology=cpu_2x2", "trainer.max_steps=5", "model=tiny", "data.global_batch_size=64",
-        "trainer.progress=lines", f"hydra.run.dir={run_dir}",
+        "topology=cpu_2x2",
+        "trainer.max_steps=5",
+        "model=tiny",
+        "data.global_batch_size=64",
+        "trainer.progress=lines",
+        f"hydra.run.dir={run_dir}",
     ]
     nodes, logs = [], []
     for rank in (0, 1):
         log = open(tmp_path / f"node{rank}.log", "w")
         logs.append(log)
-        nodes.append(subprocess.Popen(
-            ["bash", str(ROOT / "launch/run_multinode.sh"), *overrides], cwd=tmp_path,
-            env={**env, "NODE_RANK": str(rank)}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        ))
+        nodes.append(
+            subprocess.Popen(
+                ["bash", str(ROOT / "launch/run_multinode.sh"), *overrides],
+                cwd=tmp_path,
+                env={**env, "NODE_RANK": str(rank)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
     try:
         codes = [node.wait(timeout=TIMEOUT_S) for node in nodes]
     except subprocess.TimeoutExpired:

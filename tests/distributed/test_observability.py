@@ -17,10 +17,23 @@ REPO = Path(__file__).resolve().parents[2]
 def test_two_ranks_breakdown_comm_vs_model_and_trace(tmp_path):
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     result = subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node=2", "-m", "dlrm.train", "trainer.max_steps=12",
-         "trainer.log_every_steps=4", "data.eval_batches=2", "trainer.profile=[2,3]", "checkpoint.at_end=false",
-         f"hydra.run.dir={tmp_path}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        [
+            torchrun,
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "dlrm.train",
+            "trainer.max_steps=12",
+            "trainer.log_every_steps=4",
+            "data.eval_batches=2",
+            "trainer.profile=[2,3]",
+            "checkpoint.at_end=false",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[rank 1]" not in result.stderr and "USDT" not in result.stderr, result.stderr[-3000:]

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from dlrm.compose import compose
 from dlrm.core.checkpoint import file_digest, open_checkpoint, write_manifest
 from dlrm.export import main as export_main
-from dlrm.compose import compose
 
 OLD, NEW = "step_00000002", "step_00000004"
 
@@ -26,16 +26,27 @@ def saved_checkpoints(tmp_path_factory) -> Path:
     return _train_once(tmp_path_factory.getbasetemp())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _train_once(basetemp: Path) -> Path:
     """Once per session, although each test module that imports the fixture gets its own copy of it."""
     from tests.helpers.harness import launch
     from tests.helpers.workers import train_summary
 
     root = basetemp / "saved_checkpoints"
-    cfg = compose(["model=tiny", "optim=rowwise_adagrad", "sharding=table_wise", "data.global_batch_size=96",
-                   "data.eval_batches=1", "trainer.max_steps=4", "trainer.progress=none",
-                   f"checkpoint.dir={root}", "checkpoint.every_steps=2", "checkpoint.keep=2"])
+    cfg = compose(
+        [
+            "model=tiny",
+            "optim=rowwise_adagrad",
+            "sharding=table_wise",
+            "data.global_batch_size=96",
+            "data.eval_batches=1",
+            "trainer.max_steps=4",
+            "trainer.progress=none",
+            f"checkpoint.dir={root}",
+            "checkpoint.every_steps=2",
+            "checkpoint.keep=2",
+        ]
+    )
     launch(train_summary, 2, cfg)
     assert sorted(p.name for p in root.iterdir()) == [OLD, NEW]
     return root
@@ -84,8 +95,19 @@ def assert_refused(rc: int, err: str, *names: str, out: Path | None = None) -> s
     assert "Traceback" not in err
     for name in names:
         assert name in err, (name, err)
-    assert any(fix in err for fix in ("trainer.resume=", "use another checkpoint", "give ", "same optim",
-                                       "re-create", "pick ", "export a checkpoint", "choose another")), err
+    assert any(
+        fix in err
+        for fix in (
+            "trainer.resume=",
+            "use another checkpoint",
+            "give ",
+            "same optim",
+            "re-create",
+            "pick ",
+            "export a checkpoint",
+            "choose another",
+        )
+    ), err
     if out is not None:
         assert not out.exists() and not any(out.parent.glob(f".{out.name}.tmp")), "an output was left behind"
     return lines[0]

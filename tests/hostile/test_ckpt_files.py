@@ -19,7 +19,17 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 
 from dlrm.core.checkpoint import METADATA, CheckpointError, load_checkpoint, write_manifest
 from tests.helpers.checkpoints import (
-    NEW, OLD, assert_refused, ckpts, digests, flip, real_metadata, resign, run_export, saved_checkpoints, step_file,
+    NEW,
+    OLD,
+    assert_refused,
+    ckpts,
+    digests,
+    flip,
+    real_metadata,
+    resign,
+    run_export,
+    saved_checkpoints,
+    step_file,
 )
 
 __all__ = ["ckpts", "saved_checkpoints"]  # fixtures
@@ -48,10 +58,25 @@ def _manifest_with_outside_file(ckpt: Path) -> None:
 
 # (case, damage(ckpt), what the message must name besides the file)
 DAMAGED = [
-    ("distcp_byte_flipped", "__0_0.distcp", lambda c: flip(c / "__0_0.distcp", (c / "__0_0.distcp").stat().st_size // 2), "sha256"),
-    ("distcp_truncated", "__1_0.distcp", lambda c: _truncate(c / "__1_0.distcp", (c / "__1_0.distcp").stat().st_size // 2), "bytes"),
+    (
+        "distcp_byte_flipped",
+        "__0_0.distcp",
+        lambda c: flip(c / "__0_0.distcp", (c / "__0_0.distcp").stat().st_size // 2),
+        "sha256",
+    ),
+    (
+        "distcp_truncated",
+        "__1_0.distcp",
+        lambda c: _truncate(c / "__1_0.distcp", (c / "__1_0.distcp").stat().st_size // 2),
+        "bytes",
+    ),
     ("distcp_empty", "__0_0.distcp", lambda c: _truncate(c / "__0_0.distcp", 0), "has 0 bytes"),
-    ("distcp_grown", "__1_0.distcp", lambda c: (c / "__1_0.distcp").write_bytes((c / "__1_0.distcp").read_bytes() + b"\0"), "bytes"),
+    (
+        "distcp_grown",
+        "__1_0.distcp",
+        lambda c: (c / "__1_0.distcp").write_bytes((c / "__1_0.distcp").read_bytes() + b"\0"),
+        "bytes",
+    ),
     ("distcp_missing", "__1_0.distcp", lambda c: (c / "__1_0.distcp").unlink(), "missing"),
     ("metadata_missing", METADATA, lambda c: (c / METADATA).unlink(), "missing"),
     ("metadata_byte_flipped", METADATA, lambda c: flip(c / METADATA, 100), "corrupt"),
@@ -59,10 +84,25 @@ DAMAGED = [
     ("metadata_of_another_step", METADATA, lambda c: shutil.copy(c.parent / OLD / METADATA, c / METADATA), ""),
     ("manifest_missing", "manifest.json", lambda c: (c / "manifest.json").unlink(), "not a complete checkpoint"),
     ("manifest_empty", "manifest.json", lambda c: _truncate(c / "manifest.json", 0), "damaged"),
-    ("manifest_binary_garbage", "manifest.json", lambda c: (c / "manifest.json").write_bytes(os.urandom(300)), "damaged"),
+    (
+        "manifest_binary_garbage",
+        "manifest.json",
+        lambda c: (c / "manifest.json").write_bytes(os.urandom(300)),
+        "damaged",
+    ),
     ("manifest_truncated", "manifest.json", lambda c: _truncate(c / "manifest.json", 200), "damaged"),
-    ("manifest_step_edited", "manifest.json", lambda c: _manifest_edit(c, lambda t: t.replace('"step": 4', '"step": 9')), "damaged"),
-    ("manifest_reformatted", "manifest.json", lambda c: _manifest_edit(c, lambda t: json.dumps(json.loads(t), indent=4)), "damaged"),
+    (
+        "manifest_step_edited",
+        "manifest.json",
+        lambda c: _manifest_edit(c, lambda t: t.replace('"step": 4', '"step": 9')),
+        "damaged",
+    ),
+    (
+        "manifest_reformatted",
+        "manifest.json",
+        lambda c: _manifest_edit(c, lambda t: json.dumps(json.loads(t), indent=4)),
+        "damaged",
+    ),
     ("manifest_without_checksum", "manifest.json", _unsigned_manifest, "older version"),
     ("manifest_names_a_file_outside", "manifest.json", _manifest_with_outside_file, "damaged"),
 ]
@@ -138,8 +178,9 @@ class _Shell:
         return (os.system, (self.cmd,))
 
 
-@pytest.mark.parametrize("payload, says", [(_dotted_system, "os.system"), (_eval, "builtins.eval"),
-                                           (_posix_system, "posix.system")])
+@pytest.mark.parametrize(
+    "payload, says", [(_dotted_system, "os.system"), (_eval, "builtins.eval"), (_posix_system, "posix.system")]
+)
 def test_code_in_metadata_does_not_run(ckpts, tmp_path, capsys, payload, says):
     control = tmp_path / "control"
     pickle.loads(payload(f"touch {control}"))  # the payload is live: plain pickle runs it
@@ -163,13 +204,16 @@ def test_pickled_object_entry_does_not_run(ckpts, tmp_path, capsys):
     for cmd in (f"touch {control}", f"touch {marker}"):
         evil = pickle.dumps(_Shell(cmd))
         md.storage_data[MetadataIndex("progress.step")] = dataclasses.replace(
-            info, relative_path="__2_0.distcp", offset=0, length=len(evil))
+            info, relative_path="__2_0.distcp", offset=0, length=len(evil)
+        )
         (ckpt / "__2_0.distcp").write_bytes(evil)
         (ckpt / METADATA).write_bytes(pickle.dumps(md))
         resign(ckpt)
         if cmd.endswith("control"):  # DCP's own reader runs it
             with pytest.raises(CheckpointException, match="magic number"):  # raised after the payload ran
-                dcp.load({"progress": {"step": torch.zeros(1, dtype=torch.int64)}}, checkpoint_id=str(ckpt), no_dist=True)
+                dcp.load(
+                    {"progress": {"step": torch.zeros(1, dtype=torch.int64)}}, checkpoint_id=str(ckpt), no_dist=True
+                )
             assert control.exists()
     rc, err = run_export(ckpt, tmp_path / "model.pt", capsys)
     assert_refused(rc, err, str(ckpt / METADATA), "BytesStorageMetadata", out=tmp_path / "model.pt")
@@ -195,16 +239,46 @@ def _write_metadata(ckpt: Path, data: bytes) -> None:
 CRAFTED = [
     ("memo_bomb", lambda c: _write_metadata(c, b"\x80\x04Nr\xff\xff\xff\x7f."), "memo index"),
     ("not_metadata", lambda c: _write_metadata(c, pickle.dumps({"state_dict_metadata": {}})), "not a DCP Metadata"),
-    ("path_outside", lambda c: _rewrite_metadata(c, lambda md: md.storage_data.update(
-        {_first(md): dataclasses.replace(md.storage_data[_first(md)], relative_path=f"../{OLD}/__0_0.distcp")})),
-     "does not list"),
-    ("data_beyond_the_file", lambda c: _rewrite_metadata(c, lambda md: md.storage_data.update(
-        {_first(md): dataclasses.replace(md.storage_data[_first(md)], offset=10**9)})), "lies outside"),
-    ("stream_transform", lambda c: _rewrite_metadata(c, lambda md: md.storage_data.update(
-        {_first(md): dataclasses.replace(md.storage_data[_first(md)], transform_descriptors=["zstd"])})), "transforms"),
-    ("metadata_is_the_manifest", lambda c: _rewrite_metadata(c, lambda md: md.storage_data.update(
-        {_first(md): dataclasses.replace(md.storage_data[_first(md)], relative_path="manifest.json")})),
-     "does not list"),
+    (
+        "path_outside",
+        lambda c: _rewrite_metadata(
+            c,
+            lambda md: md.storage_data.update(
+                {_first(md): dataclasses.replace(md.storage_data[_first(md)], relative_path=f"../{OLD}/__0_0.distcp")}
+            ),
+        ),
+        "does not list",
+    ),
+    (
+        "data_beyond_the_file",
+        lambda c: _rewrite_metadata(
+            c,
+            lambda md: md.storage_data.update(
+                {_first(md): dataclasses.replace(md.storage_data[_first(md)], offset=10**9)}
+            ),
+        ),
+        "lies outside",
+    ),
+    (
+        "stream_transform",
+        lambda c: _rewrite_metadata(
+            c,
+            lambda md: md.storage_data.update(
+                {_first(md): dataclasses.replace(md.storage_data[_first(md)], transform_descriptors=["zstd"])}
+            ),
+        ),
+        "transforms",
+    ),
+    (
+        "metadata_is_the_manifest",
+        lambda c: _rewrite_metadata(
+            c,
+            lambda md: md.storage_data.update(
+                {_first(md): dataclasses.replace(md.storage_data[_first(md)], relative_path="manifest.json")}
+            ),
+        ),
+        "does not list",
+    ),
 ]
 
 
@@ -233,7 +307,12 @@ def test_export_command_refuses_a_payload(ckpts, tmp_path):
     ckpt, marker = ckpts / NEW, tmp_path / "pwned"
     (ckpt / METADATA).write_bytes(_dotted_system(f"touch {marker}"))
     resign(ckpt)
-    result = subprocess.run([sys.executable, "-m", "dlrm.export", str(ckpt), str(tmp_path / "model.pt")],
-                            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "dlrm.export", str(ckpt), str(tmp_path / "model.pt")],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert_refused(result.returncode, result.stderr, str(ckpt / METADATA), "os.system", out=tmp_path / "model.pt")
     assert not marker.exists()

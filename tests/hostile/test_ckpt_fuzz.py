@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from dlrm.core.checkpoint import METADATA, CheckpointError, load_checkpoint, step_tensor
-from dlrm.export import model_config_of
 from dlrm.core.model import build_model
+from dlrm.export import model_config_of
 from tests.helpers.checkpoints import NEW, resign, saved_checkpoints
 
 __all__ = ["saved_checkpoints"]  # fixture
@@ -71,8 +71,10 @@ def fuzz_target(saved_checkpoints, tmp_path_factory):
     """(a working copy of the newest checkpoint, its pristine files, a state to load into)."""
     work = Path(shutil.copytree(saved_checkpoints / NEW, tmp_path_factory.mktemp("fuzz") / NEW))
     pristine = {p.name: p.read_bytes() for p in work.iterdir()}
-    state = {"model": build_model(model_config_of(work), torch.device("cpu")).state_dict(),
-             "progress": {"step": step_tensor(-1)}}
+    state = {
+        "model": build_model(model_config_of(work), torch.device("cpu")).state_dict(),
+        "progress": {"step": step_tensor(-1)},
+    }
     load_checkpoint(work, state)  # the intact checkpoint loads
     assert state["progress"]["step"].item() == 4
     return work, pristine, state

@@ -10,21 +10,32 @@ from pathlib import Path
 import pytest
 
 from dlrm.compose import compose
+from tests.helpers.checkpoints import NEW, OLD, ckpts, digests, flip, saved_checkpoints
 from tests.helpers.harness import launch
 from tests.helpers.workers import resume_error
-from tests.helpers.checkpoints import NEW, OLD, ckpts, digests, flip, saved_checkpoints
 
 __all__ = ["ckpts", "saved_checkpoints"]  # fixtures
 
 REPO = Path(__file__).resolve().parents[2]
-RUN = ["model=tiny", "sharding=table_wise", "data.global_batch_size=96", "data.eval_batches=1", "trainer.max_steps=6",
-       "trainer.progress=none"]
+RUN = [
+    "model=tiny",
+    "sharding=table_wise",
+    "data.global_batch_size=96",
+    "data.eval_batches=1",
+    "trainer.max_steps=6",
+    "trainer.progress=none",
+]
 
 
 def train_cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     """`python -m dlrm.train` in one process (no torchrun)."""
-    return subprocess.run([sys.executable, "-m", "dlrm.train", *RUN, f"hydra.run.dir={tmp_path / 'run'}", *overrides],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "dlrm.train", *RUN, f"hydra.run.dir={tmp_path / 'run'}", *overrides],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def assert_one_error(result: subprocess.CompletedProcess, run_dir: Path, *names: str) -> None:
@@ -49,8 +60,13 @@ def test_resume_from_a_corrupt_checkpoint_is_refused(ckpts, tmp_path):
 @pytest.mark.slow
 def test_resume_with_another_optimizer_is_refused(ckpts, tmp_path):
     result = train_cli(tmp_path, "optim=sgd", f"trainer.resume={ckpts / NEW}")
-    assert_one_error(result, tmp_path / "run", "optim.embedding.name: rowwise_adagrad in the checkpoint, sgd in this run",
-                     "optim.dense.name: adagrad in the checkpoint, sgd in this run", "resume with the same optim")
+    assert_one_error(
+        result,
+        tmp_path / "run",
+        "optim.embedding.name: rowwise_adagrad in the checkpoint, sgd in this run",
+        "optim.dense.name: adagrad in the checkpoint, sgd in this run",
+        "resume with the same optim",
+    )
 
 
 @pytest.mark.slow

@@ -51,30 +51,44 @@ def main_in_process(monkeypatch, capsys, *args, env=None):
 
 # (overrides, words the one error line must hold: the key or value, and the fix)
 CASES = {
-    "misspelt key": (["trainer.max_step=50"], ["unknown config key 'trainer.max_step'",
-                                                "did you mean 'trainer.max_steps'?"]),
+    "misspelt key": (
+        ["trainer.max_step=50"],
+        ["unknown config key 'trainer.max_step'", "did you mean 'trainer.max_steps'?"],
+    ),
     "misspelt section": (["trainr.max_steps=5"], ["'trainr.max_steps'", "did you mean 'trainer.max_steps'?"]),
-    "misspelt nested key": (["topology.intra_node.bandwith_GBps=3"],
-                            ["did you mean 'topology.intra_node.bandwidth_GBps'?"]),
+    "misspelt nested key": (
+        ["topology.intra_node.bandwith_GBps=3"],
+        ["did you mean 'topology.intra_node.bandwidth_GBps'?"],
+    ),
     "misspelt key added with +": (["+trainer.max_stepz=1"], ["did you mean 'trainer.max_steps'?"]),
-    "unknown key, nothing close": (["trainer.colour=red"], ["'trainer.colour'", "the keys under 'trainer' are",
-                                                            "max_steps"]),
-    "unknown group option": (["model=dlrm_smal"], ["unknown option 'dlrm_smal' for config group 'model'",
-                                                   "did you mean 'dlrm_small'?"]),
+    "unknown key, nothing close": (
+        ["trainer.colour=red"],
+        ["'trainer.colour'", "the keys under 'trainer' are", "max_steps"],
+    ),
+    "unknown group option": (
+        ["model=dlrm_smal"],
+        ["unknown option 'dlrm_smal' for config group 'model'", "did you mean 'dlrm_small'?"],
+    ),
     "unknown optimizer option": (["optim=lamb"], ["'lamb'", "config group 'optim'", "rowwise_adagrad"]),
     "wrong type": (["trainer.max_steps=many"], ["'trainer.max_steps'", "'many'", "Integer"]),
     "override without =": (["trainer.max_steps"], ["'trainer.max_steps'", "key=value"]),
-    "new dict entry without +": (["sharding.per_table.t_C1=row_wise"],
-                                 ["'sharding.per_table.t_C1'", "'+sharding.per_table.t_C1=VALUE'"]),
+    "new dict entry without +": (
+        ["sharding.per_table.t_C1=row_wise"],
+        ["'sharding.per_table.t_C1'", "'+sharding.per_table.t_C1=VALUE'"],
+    ),
     "nan embedding lr": (["optim.embedding.lr=nan"], ["'optim.embedding.lr' = nan", "positive, finite"]),
     "inf dense lr": (["optim.dense.lr=inf"], ["'optim.dense.lr' = inf", "positive, finite"]),
     "negative lr": (["optim.embedding.lr=-0.1"], ["'optim.embedding.lr' = -0.1", "positive"]),
     "nan eps": (["optim.dense.eps=nan"], ["'optim.dense.eps' = nan"]),
     "infinite memory": (["topology.ddr_GB=inf"], ["'topology.ddr_GB' = inf", "finite"]),
-    "dim fbgemm cannot use": (["model=tiny", "model.tables.0.dim=6"],
-                              ["'model.tables[0].dim' = 6", "multiple of 4", "use 8"]),
-    "adam on cpu": (["optim=adam"], ["'optim.embedding.name' = 'adam'", "optim=rowwise_adagrad",
-                                     "sharding=data_parallel"]),
+    "dim fbgemm cannot use": (
+        ["model=tiny", "model.tables.0.dim=6"],
+        ["'model.tables[0].dim' = 6", "multiple of 4", "use 8"],
+    ),
+    "adam on cpu": (
+        ["optim=adam"],
+        ["'optim.embedding.name' = 'adam'", "optim=rowwise_adagrad", "sharding=data_parallel"],
+    ),
     "unknown sharding": (["sharding.strategy=diagonal"], ["'sharding.strategy' = 'diagonal'", "row_wise"]),
     "zero batch": (["data.global_batch_size=0"], ["'data.global_batch_size' = 0"]),
     "nan latency": (["topology.inter_node.latency_us=nan"], ["'topology.inter_node.latency_us' = nan", ">= 0"]),
@@ -121,13 +135,23 @@ def test_planner_refusal_is_a_plan_error_naming_tables_and_fix():
     from dlrm.core.memory import PlanError, planner_refusal
 
     cfg = compose(["model=mlperf_dcnv2", "topology=dgx_h100", "topology.hbm_GB=1"])
-    e = planner_refusal(cfg, 8, PlannerError("Unable to find a plan for this model because of insufficient storage.\n"
-                                             "Planner evaluated 136 proposals."))
+    e = planner_refusal(
+        cfg,
+        8,
+        PlannerError(
+            "Unable to find a plan for this model because of insufficient storage.\nPlanner evaluated 136 proposals."
+        ),
+    )
     assert isinstance(e, PlanError) and isinstance(e, UserError) and e.same_on_all_ranks
     text = str(e)
     assert "\n" not in text
-    for word in ("8 ranks with 1.00 GB each (topology.hbm_GB)", "26 tables", "largest: t_C", "topology.nodes=2",
-                 "insufficient storage"):
+    for word in (
+        "8 ranks with 1.00 GB each (topology.hbm_GB)",
+        "26 tables",
+        "largest: t_C",
+        "topology.nodes=2",
+        "insufficient storage",
+    ):
         assert word in text, text
 
 
@@ -186,20 +210,32 @@ def test_quiet_torchrun_hides_only_user_errors():
 def launcher(script, *args, **env):
     full = {k: v for k, v in os.environ.items() if k not in ("NPROC", "NGPU", "TOPOLOGY", "TORCHRUN")}
     full.update(DRY_RUN="1", TORCHRUN="torchrun", DLRM_ACCEL="cpu", **env)
-    r = subprocess.run(["bash", str(ROOT / "launch" / script), *args], env=full, capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        ["bash", str(ROOT / "launch" / script), *args], env=full, capture_output=True, text=True, timeout=60
+    )
     return r
 
 
-@pytest.mark.parametrize("script,args,env,words", [
-    ("run_cpu.sh", ["topology=cpu_2x2"], {"NPROC": "2"},
-     ["topology 'cpu_2x2' has 2 nodes x 2 ranks", "NPROC=2", "run_multinode.sh", "topology.nodes=1"]),
-    ("run_cpu.sh", ["topology=cpu_2x2", "topology.nodes=1"], {"NPROC": "3"},
-     ["NPROC=3", "2 ranks per node", "set NPROC=2", "topology.ranks_per_node=3"]),
-    ("run_cpu.sh", ["topology=dgx_h10"], {}, ["topology=dgx_h10", "dgx_h100"]),
-    ("run_cpu.sh", [], {"NPROC": "0"}, ["NPROC=0 is below 1"]),
-    ("run_node.sh", ["topology=dgx_h100"], {"NGPU": "4"}, ["NGPU=4", "8 ranks per node", "set NGPU=8"]),
-])
+@pytest.mark.parametrize(
+    "script,args,env,words",
+    [
+        (
+            "run_cpu.sh",
+            ["topology=cpu_2x2"],
+            {"NPROC": "2"},
+            ["topology 'cpu_2x2' has 2 nodes x 2 ranks", "NPROC=2", "run_multinode.sh", "topology.nodes=1"],
+        ),
+        (
+            "run_cpu.sh",
+            ["topology=cpu_2x2", "topology.nodes=1"],
+            {"NPROC": "3"},
+            ["NPROC=3", "2 ranks per node", "set NPROC=2", "topology.ranks_per_node=3"],
+        ),
+        ("run_cpu.sh", ["topology=dgx_h10"], {}, ["topology=dgx_h10", "dgx_h100"]),
+        ("run_cpu.sh", [], {"NPROC": "0"}, ["NPROC=0 is below 1"]),
+        ("run_node.sh", ["topology=dgx_h100"], {"NGPU": "4"}, ["NGPU=4", "8 ranks per node", "set NGPU=8"]),
+    ],
+)
 def test_launcher_refuses_before_torchrun(script, args, env, words):
     r = launcher(script, *args, **env)
     assert_one_error(r.returncode, r.stdout, r.stderr, *words)
@@ -210,8 +246,13 @@ def test_launcher_refuses_before_torchrun(script, args, env, words):
 
 
 def test_python_m_dlrm_train_typo():
-    r = subprocess.run([sys.executable, "-m", "dlrm.train", "trainer.max_step=50"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "dlrm.train", "trainer.max_step=50"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     line = assert_one_error(r.returncode, r.stdout, r.stderr)
     assert line == "error: unknown config key 'trainer.max_step'; did you mean 'trainer.max_steps'?"
 
@@ -219,17 +260,37 @@ def test_python_m_dlrm_train_typo():
 def test_run_cpu_user_error_is_one_line_under_torchrun():
     """Two ranks under the launcher: rank 0 prints the error, rank 1 nothing, torchrun nothing."""
     env = {k: v for k, v in os.environ.items() if k not in ("NPROC", "TORCHRUN", "DRY_RUN")}
-    r = subprocess.run(["bash", "launch/run_cpu.sh", "optim.dense.lr=nan"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        ["bash", "launch/run_cpu.sh", "optim.dense.lr=nan"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert_one_error(r.returncode, r.stdout, r.stderr, "'optim.dense.lr' = nan")
     assert "failed (exitcode" not in r.stderr and "SIGTERM" not in r.stderr
 
 
 def test_quiet_torchrun_still_reports_a_crash():
     """Not a user error (a child exits 1): torchrun's failure summary and status stay."""
-    r = subprocess.run([sys.executable, "-m", "dlrm.torchrun", "--nnodes=1", "--rdzv-backend=c10d",
-                        "--rdzv-endpoint=127.0.0.1:0", "--nproc_per_node=1", "-m", "no_such_module_dlrm"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dlrm.torchrun",
+            "--nnodes=1",
+            "--rdzv-backend=c10d",
+            "--rdzv-endpoint=127.0.0.1:0",
+            "--nproc_per_node=1",
+            "-m",
+            "no_such_module_dlrm",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1
     assert "ChildFailedError" in r.stderr and "no_such_module_dlrm" in r.stderr
 
@@ -237,15 +298,36 @@ def test_quiet_torchrun_still_reports_a_crash():
 @pytest.mark.slow
 def test_run_cpu_model_too_large_under_torchrun():
     env = {k: v for k, v in os.environ.items() if k not in ("NPROC", "TORCHRUN", "DRY_RUN")}
-    r = subprocess.run(["bash", "launch/run_cpu.sh", "model=mlperf_dcnv2"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = subprocess.run(
+        ["bash", "launch/run_cpu.sh", "model=mlperf_dcnv2"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert_one_error(r.returncode, r.stdout, r.stderr, "topology.ddr_GB", "at least 14 such ranks")
 
 
 @pytest.mark.slow
 def test_non_finite_loss_names_both_causes(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "dlrm.train", "model=tiny", "optim=sgd", "optim.dense.lr=1e30",
-                        "optim.embedding.lr=1e30", "trainer.max_steps=6", "trainer.log_every_steps=1",
-                        "trainer.pipeline=false", f"hydra.run.dir={tmp_path}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dlrm.train",
+            "model=tiny",
+            "optim=sgd",
+            "optim.dense.lr=1e30",
+            "optim.embedding.lr=1e30",
+            "trainer.max_steps=6",
+            "trainer.log_every_steps=1",
+            "trainer.pipeline=false",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert_one_error(r.returncode, r.stdout, r.stderr, "loss is", "optim.dense.lr", "NaN/inf values")

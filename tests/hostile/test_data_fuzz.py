@@ -34,14 +34,16 @@ def data(tmp_path_factory):
 
 def mutate(raw: bytes, rng: np.random.Generator, header_bytes: int) -> bytes:
     """One random alteration of `raw` (never a no-op)."""
-    kind = rng.choice(["flip", "flips", "header", "truncate", "insert", "append"], p=[.35, .15, .2, .15, .075, .075])
+    kind = rng.choice(
+        ["flip", "flips", "header", "truncate", "insert", "append"], p=[0.35, 0.15, 0.2, 0.15, 0.075, 0.075]
+    )
     b = bytearray(raw)
     if kind in ("flip", "flips", "header"):
         hi = min(header_bytes, len(b)) if kind == "header" else len(b)
         for pos in rng.integers(0, hi, 1 if kind != "flips" else rng.integers(2, 6)):
             b[pos] ^= int(rng.integers(1, 256))
     elif kind == "truncate":
-        del b[int(rng.integers(0, len(b))):]
+        del b[int(rng.integers(0, len(b))) :]
     elif kind == "insert":
         pos = int(rng.integers(0, len(b)))
         b[pos:pos] = rng.integers(0, 256, int(rng.integers(1, 9)), dtype=np.uint8).tobytes()
@@ -115,7 +117,7 @@ def check_accepted(src: CriteoSource, ref_arrays: dict, name: str, checksums: bo
             for k, v in arrays.items():
                 assert np.array_equal(np.asarray(src.arrays[d][k]), v), (case, d, k)
         return
-    for d, a in src.arrays.items():  # without checksums: whatever is accepted is valid data
+    for a in src.arrays.values():  # without checksums: whatever is accepted is valid data
         labels, sparse, dense = (np.asarray(a[k]) for k in ("labels", "sparse", "dense"))
         assert labels.shape[1] == 1 and sparse.shape[1] == 26 and dense.shape[1] == 13
         assert np.isin(labels, [0, 1]).all() and (sparse >= 0).all() and (sparse < ROWS).all()

@@ -20,7 +20,16 @@ from dlrm.data.criteo_loader import CriteoDataError, CriteoSource
 from dlrm.errors import UserError
 from tests.helpers.criteo import ROOT, SAMPLE
 from tests.helpers.criteo_data import (
-    GBS, NAMES, TABLE_ROWS, copy, edit_manifest, load, make_dataset, rewrite, set_file_in_manifest, snapshot,
+    GBS,
+    NAMES,
+    TABLE_ROWS,
+    copy,
+    edit_manifest,
+    load,
+    make_dataset,
+    rewrite,
+    set_file_in_manifest,
+    snapshot,
 )
 
 pytestmark = pytest.mark.skipif(not SAMPLE.exists(), reason=f"{SAMPLE} not found")
@@ -100,8 +109,15 @@ def test_non_finite_dense(data, value):
 # ------------------------------------------------------------------ dtypes and layout
 @pytest.mark.parametrize(
     "kind,dtype",
-    [("sparse", np.float32), ("sparse", np.float64), ("labels", np.float32), ("labels", np.int64),
-     ("dense", np.float64), ("dense", np.float16), ("sparse", ">i4")],
+    [
+        ("sparse", np.float32),
+        ("sparse", np.float64),
+        ("labels", np.float32),
+        ("labels", np.int64),
+        ("dense", np.float64),
+        ("dense", np.float16),
+        ("sparse", ">i4"),
+    ],
 )
 def test_wrong_dtype_is_not_cast(data, kind, dtype):
     p = rewrite(data, 0, kind, load(data, 0, kind).astype(dtype))
@@ -145,7 +161,8 @@ def test_padded_file(data):
 
 
 @pytest.mark.parametrize(
-    "content", [b"", b"NOTNUMPY" + b"\0" * 200, b"\x93NUMPY\x03\x00" + b"\0" * 200, b"\x93NUMPY\x01\x00\xff\xff{"],
+    "content",
+    [b"", b"NOTNUMPY" + b"\0" * 200, b"\x93NUMPY\x03\x00" + b"\0" * 200, b"\x93NUMPY\x01\x00\xff\xff{"],
     ids=["empty", "bad-magic", "version-3", "header-longer-than-file"],
 )
 def test_not_an_npy_file(data, content):
@@ -219,8 +236,16 @@ def test_size_differs_from_manifest(data):
         (lambda m: m["days"][0]["files"]["sparse"].update(sha256="zz"), ["sha256 = 'zz'"]),
         (lambda m: m.update(sparse_dtype="float32"), ["sparse_dtype 'float32'"]),
     ],
-    ids=["days-not-list", "duplicate-day", "negative-rows", "string-rows", "wrong-rows", "no-labels-file",
-         "bad-digest", "bad-sparse-dtype"],
+    ids=[
+        "days-not-list",
+        "duplicate-day",
+        "negative-rows",
+        "string-rows",
+        "wrong-rows",
+        "no-labels-file",
+        "bad-digest",
+        "bad-sparse-dtype",
+    ],
 )
 def test_damaged_manifest(data, damage, words):
     edit_manifest(data, damage)
@@ -241,10 +266,18 @@ def test_too_few_rows_for_one_global_batch_is_refused_when_built(data):
 def train_config(directory, *extra):
     from dlrm.compose import compose
 
-    return compose([
-        "data=criteo_kaggle", f"data.criteo.dir={directory}", "data.criteo.eval_fraction=0", "data.global_batch_size=8",
-        "optim=sgd", "trainer.max_steps=2", "trainer.progress=none", *extra,
-    ])
+    return compose(
+        [
+            "data=criteo_kaggle",
+            f"data.criteo.dir={directory}",
+            "data.criteo.eval_fraction=0",
+            "data.global_batch_size=8",
+            "optim=sgd",
+            "trainer.max_steps=2",
+            "trainer.progress=none",
+            *extra,
+        ]
+    )
 
 
 def test_train_refuses_before_building_tables(data, monkeypatch):
@@ -274,10 +307,22 @@ def test_train_cli_exits_2_with_one_line(data, tmp_path):
     s[10, 0] = 5000
     p = rewrite(data, 0, "sparse", s)
     r = subprocess.run(
-        [sys.executable, "-m", "dlrm.train", "data=criteo_kaggle", f"data.criteo.dir={data}",
-         "data.criteo.eval_fraction=0", "data.global_batch_size=8", "trainer.max_steps=2", "trainer.progress=none",
-         f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "dlrm.train",
+            "data=criteo_kaggle",
+            f"data.criteo.dir={data}",
+            "data.criteo.eval_fraction=0",
+            "data.global_batch_size=8",
+            "trainer.max_steps=2",
+            "trainer.progress=none",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 2, r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]

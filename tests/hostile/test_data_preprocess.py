@@ -30,8 +30,9 @@ def out(tmp_path):
 
 
 def run_cli(args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "dlrm.data.preprocess", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "dlrm.data.preprocess", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 def one_error(stderr: str, *words) -> str:
@@ -99,10 +100,26 @@ def test_bad_flag_cli(out, args, words):
         (["--bogus", S], ["unrecognized arguments: --bogus"]),
         ([], ["the following arguments are required: files"]),
     ],
-    ids=["block-mb-neg", "block-mb-nan", "block-mb-tiny", "block-mb-huge", "workers-neg", "workers-text",
-         "min-count-0", "table-sizes-0", "table-sizes-neg", "table-sizes-text", "table-sizes-2^63",
-         "table-sizes-25", "contiguous-with-sizes", "shuffle-seed-neg", "progress-0", "policy-choice",
-         "unknown-flag", "no-files"],
+    ids=[
+        "block-mb-neg",
+        "block-mb-nan",
+        "block-mb-tiny",
+        "block-mb-huge",
+        "workers-neg",
+        "workers-text",
+        "min-count-0",
+        "table-sizes-0",
+        "table-sizes-neg",
+        "table-sizes-text",
+        "table-sizes-2^63",
+        "table-sizes-25",
+        "contiguous-with-sizes",
+        "shuffle-seed-neg",
+        "progress-0",
+        "policy-choice",
+        "unknown-flag",
+        "no-files",
+    ],
 )
 def test_bad_flag(capsys, out, args, words):
     refused_in_process(capsys, out, args, *words)
@@ -174,8 +191,9 @@ def test_concurrent_run_on_one_out_cli(out):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.ftruncate(fd, 0)
         os.write(fd, b"4242\n")
-        msg = refused_cli(out, [S, "--force"], str(out), "in use by another preprocess run", "pid 4242",
-                          "another --out")
+        msg = refused_cli(
+            out, [S, "--force"], str(out), "in use by another preprocess run", "pid 4242", "another --out"
+        )
         assert "wait" in msg
     finally:
         os.close(fd)
@@ -211,8 +229,14 @@ def disk_full(monkeypatch, after: int):
 @pytest.mark.parametrize("after", [0, 2])
 def test_full_disk(capsys, out, monkeypatch, after):
     disk_full(monkeypatch, after)
-    msg = refused_in_process(capsys, out, [S, "--force", "--workers", "1", "--table-sizes", "2000"],
-                             "No space left on device", "free space", "another --out")
+    msg = refused_in_process(
+        capsys,
+        out,
+        [S, "--force", "--workers", "1", "--table-sizes", "2000"],
+        "No space left on device",
+        "free space",
+        "another --out",
+    )
     assert ".tmp_day_0" in msg, "names the file being written"
     assert not list(Path(out).glob(".tmp*")), "no partial files left behind"
 
@@ -265,8 +289,9 @@ def test_bench_uses_a_private_directory_and_removes_it(tmp_path, capsys):
     keep = tmp_path / "ours"  # a name the old benchmark would have rmtree'd under --dir
     keep.mkdir()
     (keep / "precious").write_text("x")
-    bench_preprocess.main(["--rows", "300", "--workers", "1", "--dir", str(tmp_path), "--sample", S,
-                           "--skip-torchrec", "--batch", "64"])
+    bench_preprocess.main(
+        ["--rows", "300", "--workers", "1", "--dir", str(tmp_path), "--sample", S, "--skip-torchrec", "--batch", "64"]
+    )
     assert (keep / "precious").read_text() == "x"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ours"], "the private directory is gone"
     assert "samples/s" in capsys.readouterr().out

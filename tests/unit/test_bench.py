@@ -27,7 +27,9 @@ def test_max_table_rows_caps_every_table():
     assert min(t.rows for t in cfg.model.tables) == 3  # smaller tables keep their size
 
 
-@pytest.mark.parametrize("args", [["--windows", "0"], ["--window", "0"], ["--warmup", "-1"], ["--max-table-rows", "-5"]])
+@pytest.mark.parametrize(
+    "args", [["--windows", "0"], ["--window", "0"], ["--warmup", "-1"], ["--max-table-rows", "-5"]]
+)
 def test_bad_options_exit_2(args, capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(args)
@@ -43,8 +45,23 @@ def test_bad_override_is_a_user_error(capsys):
 @pytest.mark.slow
 def test_small_run_reports_median_windows_and_memory(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    bench.main(["model=tiny", "data.global_batch_size=32", "trainer.progress=none", "--warmup", "2",
-                "--window", "2", "--windows", "3", "--profile", "1", "--out", str(out)])
+    bench.main(
+        [
+            "model=tiny",
+            "data.global_batch_size=32",
+            "trainer.progress=none",
+            "--warmup",
+            "2",
+            "--window",
+            "2",
+            "--windows",
+            "3",
+            "--profile",
+            "1",
+            "--out",
+            str(out),
+        ]
+    )
     result = json.loads(out.read_text())
     rates = result["samples_per_s_windows"]
     assert len(rates) == 3 and all(r > 0 for r in rates)

@@ -19,9 +19,20 @@ from dlrm.comms.costmodel import COLLECTIVES, Link, busbw_factor, collective_tim
 
 PUBLISHED = Path(__file__).resolve().parents[2] / "conf" / "calibration" / "published.yaml"
 MIN_BYTES = 64 * 1024
-REQUIRED = {"id": str, "collective": str, "system": str, "topology": str, "nodes": int, "ranks": int,
-            "message_bytes": int, "busbw_GBps": (int, float), "algorithm": str, "source_url": str,
-            "source_title": str, "note": str}
+REQUIRED = {
+    "id": str,
+    "collective": str,
+    "system": str,
+    "topology": str,
+    "nodes": int,
+    "ranks": int,
+    "message_bytes": int,
+    "busbw_GBps": (int, float),
+    "algorithm": str,
+    "source_url": str,
+    "source_title": str,
+    "note": str,
+}
 
 
 def load_published(path: Path = PUBLISHED) -> dict:
@@ -51,9 +62,17 @@ def errors() -> list[dict]:
         if e["message_bytes"] < MIN_BYTES:
             continue
         model = model_busbw_GBps(e)
-        rows.append({"id": e["id"], "system": e["system"], "ranks": e["ranks"], "algorithm": e["algorithm"],
-                     "published": float(e["busbw_GBps"]), "model": model,
-                     "error": model / e["busbw_GBps"] - 1.0})
+        rows.append(
+            {
+                "id": e["id"],
+                "system": e["system"],
+                "ranks": e["ranks"],
+                "algorithm": e["algorithm"],
+                "published": float(e["busbw_GBps"]),
+                "model": model,
+                "error": model / e["busbw_GBps"] - 1.0,
+            }
+        )
     return rows
 
 
@@ -82,12 +101,15 @@ def test_model_error_per_published_entry_is_reported():
     print(f"\n{'entry':40s} {'ranks':>5s} {'algo':>7s} {'published':>9s} {'model':>7s} {'error':>7s}")
     for r in rows:
         assert math.isfinite(r["model"]) and r["model"] > 0 and math.isfinite(r["error"])
-        print(f"{r['id']:40s} {r['ranks']:5d} {r['algorithm']:>7s} {r['published']:9.0f} {r['model']:7.0f} "
-              f"{100 * r['error']:+6.1f}%")
+        print(
+            f"{r['id']:40s} {r['ranks']:5d} {r['algorithm']:>7s} {r['published']:9.0f} {r['model']:7.0f} "
+            f"{100 * r['error']:+6.1f}%"
+        )
     by_system: dict = {}
     for r in rows:
         by_system.setdefault((r["ranks"], r["algorithm"] == "nvls"), []).append(abs(r["error"]))
     for (ranks, nvls), errs in sorted(by_system.items()):
         geo = math.exp(sum(math.log(max(x, 1e-12)) for x in errs) / len(errs))
-        print(f"geomean |error| at {ranks} ranks{' (NVLS)' if nvls else ''}: {100 * geo:.1f}% over {len(errs)} figure(s)")
-
+        print(
+            f"geomean |error| at {ranks} ranks{' (NVLS)' if nvls else ''}: {100 * geo:.1f}% over {len(errs)} figure(s)"
+        )

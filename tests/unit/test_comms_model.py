@@ -81,8 +81,15 @@ def test_two_level_one_node_equals_one_level_and_two_nodes_by_hand():
     assert two_level_time("allreduce", intra, inter, 2, 8, n) == pytest.approx(2 * rs + 2 * 5e-6 + (n / 8) / 50e9)
 
 
-@pytest.mark.parametrize("collective,fabric,p", [("allreduce", "ring", 8), ("alltoall", "fully_connected", 8),
-                                                 ("reduce_scatter", "switch", 4), ("alltoall", "ring", 2)])
+@pytest.mark.parametrize(
+    "collective,fabric,p",
+    [
+        ("allreduce", "ring", 8),
+        ("alltoall", "fully_connected", 8),
+        ("reduce_scatter", "switch", 4),
+        ("alltoall", "ring", 2),
+    ],
+)
 def test_fit_recovers_alpha_and_beta(collective, fabric, p):
     truth = Link(fabric, 23e-6, 3.7e9)
     sizes = [2**k for k in range(10, 27)]
@@ -155,10 +162,21 @@ def _bench_file(tmp_path, **change):
     from dlrm.comms.bench import SCHEMA, summarize
 
     truth = Link("switch", 50e-6, 2e9)
-    rows = [summarize(c, "world", 2, n, [collective_time(c, truth, 2, n)] * 3)
-            for c in ("allreduce", "alltoall") for n in (1024, 4096, 16384, 65536)]
-    data = {"schema": SCHEMA, "backend": "gloo", "world_size": 2, "nodes": 1,
-            "intra_fabric": "switch", "inter_fabric": "switch", "results": rows, **change}
+    rows = [
+        summarize(c, "world", 2, n, [collective_time(c, truth, 2, n)] * 3)
+        for c in ("allreduce", "alltoall")
+        for n in (1024, 4096, 16384, 65536)
+    ]
+    data = {
+        "schema": SCHEMA,
+        "backend": "gloo",
+        "world_size": 2,
+        "nodes": 1,
+        "intra_fabric": "switch",
+        "inter_fabric": "switch",
+        "results": rows,
+        **change,
+    }
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(data))
     return path
@@ -167,19 +185,23 @@ def _bench_file(tmp_path, **change):
 def test_report_model_and_bench(tmp_path):
     from dlrm.comms import report
 
-    text = report.main(["--bench", str(_bench_file(tmp_path)), "--out", str(tmp_path / "r"),
-                        "--max-bytes", "64K", "--max-nodes", "4"])
+    text = report.main(
+        ["--bench", str(_bench_file(tmp_path)), "--out", str(tmp_path / "r"), "--max-bytes", "64K", "--max-nodes", "4"]
+    )
     assert "alltoall/fully_connected" in text and "| 4 |" in text
     assert "| allreduce | world | 2 | switch | 50.0 | 2.000 |" in text  # fitted back from the model
     for name in ("report.md", "report.png", "bench_vs_model.png"):
         assert (tmp_path / "r" / name).stat().st_size > 0
 
 
-@pytest.mark.parametrize("change,match", [
-    ({"schema": "other/1"}, "schema 'other/1'"),
-    ({"results": []}, "no 'results'"),
-    ({"results": [{"collective": "allreduce"}]}, r"results\[0\] lacks scope"),
-])
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"schema": "other/1"}, "schema 'other/1'"),
+        ({"results": []}, "no 'results'"),
+        ({"results": [{"collective": "allreduce"}]}, r"results\[0\] lacks scope"),
+    ],
+)
 def test_report_rejects_a_bench_file_of_the_wrong_shape(tmp_path, change, match):
     from dlrm.comms.report import load_bench
 
@@ -198,11 +220,14 @@ def test_report_rejects_missing_and_non_json_files(tmp_path):
         load_bench(str(bad))
 
 
-@pytest.mark.parametrize("sizes,times", [
-    ([1024, 2048], [1e-4, 1e-4]),  # LAPACK may return beta ~ +-1e-23 here, depending on the CPU
-    ([1024, 2048, 4096, 8192], [1e-4, 1e-4 * (1 + 1e-15), 1e-4, 1e-4 * (1 - 1e-15)]),
-    ([2**k for k in range(10, 20)], [1e-4 * (1 + 1e-12 * k) for k in range(10)]),  # share ~1e-12: rounding
-])
+@pytest.mark.parametrize(
+    "sizes,times",
+    [
+        ([1024, 2048], [1e-4, 1e-4]),  # LAPACK may return beta ~ +-1e-23 here, depending on the CPU
+        ([1024, 2048, 4096, 8192], [1e-4, 1e-4 * (1 + 1e-15), 1e-4, 1e-4 * (1 - 1e-15)]),
+        ([2**k for k in range(10, 20)], [1e-4 * (1 + 1e-12 * k) for k in range(10)]),  # share ~1e-12: rounding
+    ],
+)
 def test_inf_bandwidth_when_sizes_too_small(sizes, times):
     fit = fit_alpha_beta("alltoall", "switch", 2, sizes, times)
     assert math.isinf(fit.bandwidth_Bps)

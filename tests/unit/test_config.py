@@ -109,7 +109,9 @@ def test_one_source_of_defaults(make_config):
             ((group, option),) = entry.items()
             if option is not None and (CONF_DIR / group).is_dir():  # not Hydra's own groups
                 keys = set(OmegaConf.load(CONF_DIR / group / f"{option}.yaml") or {})
-                assert keys <= ({"tables"} if group == "model" else set()), f"conf/{group}/{option}.yaml restates {keys}"
+                assert keys <= ({"tables"} if group == "model" else set()), (
+                    f"conf/{group}/{option}.yaml restates {keys}"
+                )
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -137,7 +139,10 @@ def test_topology_must_match_launcher(make_config):
 def _train(*args, launcher=(sys.executable, "-m")):
     return subprocess.run(
         [*launcher, "dlrm.train", *args, "hydra.run.dir=/tmp/dlrm-bad-config"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

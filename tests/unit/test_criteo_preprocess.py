@@ -64,7 +64,7 @@ def test_sample_read_back_row_by_row(tmp_path):
     assert m["table_sizes"] == KAGGLE_TABLE_SIZES and m["id_map"]["kind"] == "modulo"
     assert "log(1 + max(x, 0))" in m["dense_transform"]
     assert day["max_ids"] == got["sparse"].max(0).tolist()
-    for k, f in day["files"].items():
+    for f in day["files"].values():
         data = (tmp_path / f["name"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == f["sha256"] and len(data) == f["bytes"]
     assert json.loads((tmp_path / "manifest.json").read_text()) == m
@@ -95,9 +95,23 @@ def test_parallel_files_and_cli(tmp_path):
     a = write_lines(tmp_path / "a.tsv", SAMPLE.read_text().split("\n")[:40])
     out = tmp_path / "out"
     r = subprocess.run(
-        [sys.executable, "-m", "dlrm.data.preprocess", "--out", str(out), "--table-sizes", "kaggle",
-         "--workers", "2", a, str(SAMPLE)],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "dlrm.data.preprocess",
+            "--out",
+            str(out),
+            "--table-sizes",
+            "kaggle",
+            "--workers",
+            "2",
+            a,
+            str(SAMPLE),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert r.returncode == 0, r.stderr
     assert "rows/s" in r.stderr
@@ -291,7 +305,7 @@ def test_deterministic_shuffle(tmp_path):
     for k in a:
         assert np.array_equal(a[k], r[k][perm]), k
     assert not np.array_equal(a["sparse"], r["sparse"])
-    for k, f in m1["days"][0]["files"].items():
+    for f in m1["days"][0]["files"].values():
         assert hashlib.sha256((tmp_path / "s1" / f["name"]).read_bytes()).hexdigest() == f["sha256"]
 
 

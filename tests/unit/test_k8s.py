@@ -92,7 +92,7 @@ def test_manifest_matches_the_topology_config(nodes):
         assert option(cmd, "--rdzv_endpoint") == "dcn-master-0:29500"
         assert option(cmd, "--rdzv_id") == "dcn"
         assert option(cmd, "--max-restarts") == "3"
-        assert cmd[cmd.index("-m") + 1:] == ["dlrm.train", *overrides, "hydra.run.dir=outputs/dcn"]
+        assert cmd[cmd.index("-m") + 1 :] == ["dlrm.train", *overrides, "hydra.run.dir=outputs/dcn"]
 
 
 def test_pods_source_the_fabric_env_file():
@@ -101,7 +101,11 @@ def test_pods_source_the_fabric_env_file():
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["FABRIC_ENV"] == "nccl_socket" and env["DLRM_ACCEL"] == "cuda"
     r = subprocess.run(
-        c["command"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        c["command"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, **env, "DRY_RUN": "1", "RANK": "1", "MASTER_ADDR": "m", "MASTER_PORT": "29500"},
     )
     assert r.returncode == 0, r.stderr
@@ -127,9 +131,22 @@ def test_launcher_sized_topology_takes_nproc_per_node_and_one_node_has_no_worker
 
 
 def test_options_host_network_pvc_rdma_and_gpu_resource():
-    job = job_for("--host-network", "--pvc", "dlrm-outputs", "--rdma-resource", "nvidia.com/rdma_vf",
-                  "--rdma-count", "8", "--gpu-resource", "amd.com/gpu", "--namespace", "ml",
-                  "--log-dir", "outputs/logs", "topology=dgx_h100_multinode")
+    job = job_for(
+        "--host-network",
+        "--pvc",
+        "dlrm-outputs",
+        "--rdma-resource",
+        "nvidia.com/rdma_vf",
+        "--rdma-count",
+        "8",
+        "--gpu-resource",
+        "amd.com/gpu",
+        "--namespace",
+        "ml",
+        "--log-dir",
+        "outputs/logs",
+        "topology=dgx_h100_multinode",
+    )
     pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert {"name": "outputs", "persistentVolumeClaim": {"claimName": "dlrm-outputs"}} in pod["volumes"]
@@ -153,20 +170,27 @@ def test_cli_writes_the_manifest(tmp_path):
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["--nodes", "3", "topology=dgx_h100_multinode"],
-     "--nodes=3 but topology 'dgx_h100_multinode' has 2 node.*pass topology.nodes=3 or --nodes=2"),
-    (["--nodes", "4", "topology=dgx_h100_multinode", "topology.nodes=2"], "pass topology.nodes=4 or --nodes=2"),
-    (["--nproc-per-node", "4", "topology=dgx_h100_multinode"],
-     "--nproc-per-node=4 but .* 8 ranks per node.*topology.ranks_per_node=4 or --nproc-per-node=8"),
-    (["topology=cpu"], "ranks_per_node=null.*pass --nproc-per-node=N or topology.ranks_per_node=N"),
-    (["topology=dgx_h100_multinode", "topology.nodes=0"], "topology.nodes=0 must be at least 1"),
-    (["topology=dgx_h100_multinode", "topology.nodes=two"], "topology.nodes=two is not an integer"),
-    (["topology=nope"], "topology=nope: no file conf/topology/nope.yaml; choose one of: .*dgx_h100"),
-    (["--fabric-env", "nccl_xx", "topology=dgx_h100"], "--fabric-env=nccl_xx: .*choose one of: .*nccl_ib"),
-    (["--name", "DLRM_job", "topology=dgx_h100"], "--name=DLRM_job is not a DNS-1123 label"),
-    (["--max-restarts", "-1", "topology=dgx_h100"], "--max-restarts=-1 is negative"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (
+            ["--nodes", "3", "topology=dgx_h100_multinode"],
+            "--nodes=3 but topology 'dgx_h100_multinode' has 2 node.*pass topology.nodes=3 or --nodes=2",
+        ),
+        (["--nodes", "4", "topology=dgx_h100_multinode", "topology.nodes=2"], "pass topology.nodes=4 or --nodes=2"),
+        (
+            ["--nproc-per-node", "4", "topology=dgx_h100_multinode"],
+            "--nproc-per-node=4 but .* 8 ranks per node.*topology.ranks_per_node=4 or --nproc-per-node=8",
+        ),
+        (["topology=cpu"], "ranks_per_node=null.*pass --nproc-per-node=N or topology.ranks_per_node=N"),
+        (["topology=dgx_h100_multinode", "topology.nodes=0"], "topology.nodes=0 must be at least 1"),
+        (["topology=dgx_h100_multinode", "topology.nodes=two"], "topology.nodes=two is not an integer"),
+        (["topology=nope"], "topology=nope: no file conf/topology/nope.yaml; choose one of: .*dgx_h100"),
+        (["--fabric-env", "nccl_xx", "topology=dgx_h100"], "--fabric-env=nccl_xx: .*choose one of: .*nccl_ib"),
+        (["--name", "DLRM_job", "topology=dgx_h100"], "--name=DLRM_job is not a DNS-1123 label"),
+        (["--max-restarts", "-1", "topology=dgx_h100"], "--max-restarts=-1 is negative"),
+    ],
+)
 def test_refusals_name_the_key_and_the_fix_and_write_nothing(tmp_path, argv, match):
     out = tmp_path / "job.yaml"
     out.write_text("previous: manifest\n")  # a refused render leaves an existing file alone

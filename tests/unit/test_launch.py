@@ -57,7 +57,12 @@ LOCAL = ["--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--
 def test_run_cpu_prints_the_loopback_command():
     r = launch("run_cpu.sh", "trainer.max_steps=5", "model.bottom_mlp=[64,16]")
     assert torchrun_command(r) == [
-        "torchrun", *LOCAL, "--nproc_per_node=2", "-m", "dlrm.train", "trainer.max_steps=5",
+        "torchrun",
+        *LOCAL,
+        "--nproc_per_node=2",
+        "-m",
+        "dlrm.train",
+        "trainer.max_steps=5",
         "model.bottom_mlp=[64,16]",
     ]
     assert "fabric env: none" in r.stderr
@@ -75,7 +80,12 @@ def test_run_cpu_uses_the_venv_quiet_torchrun(tmp_path):
 def test_run_node_on_cpu_passes_overrides_through():
     r = launch("run_node.sh", "experiment=dcn_small", "sharding=row_wise", NGPU="4")
     assert torchrun_command(r) == [
-        "torchrun", *LOCAL, "--nproc_per_node=4", "-m", "dlrm.train", "experiment=dcn_small",
+        "torchrun",
+        *LOCAL,
+        "--nproc_per_node=4",
+        "-m",
+        "dlrm.train",
+        "experiment=dcn_small",
         "sharding=row_wise",
     ]
     assert "fabric env: launch/env/gloo_cpu.sh" in r.stderr
@@ -84,7 +94,12 @@ def test_run_node_on_cpu_passes_overrides_through():
 def test_run_node_on_gpus_defaults_to_8_ranks_and_dgx_h100():
     r = launch("run_node.sh", "experiment=dcn_small", DLRM_ACCEL="cuda")
     assert torchrun_command(r) == [
-        "torchrun", *LOCAL, "--nproc_per_node=8", "-m", "dlrm.train", "experiment=dcn_small",
+        "torchrun",
+        *LOCAL,
+        "--nproc_per_node=8",
+        "-m",
+        "dlrm.train",
+        "experiment=dcn_small",
         "topology=dgx_h100",
     ]
     assert "fabric env: launch/env/nccl_base.sh" in r.stderr
@@ -107,9 +122,18 @@ NODE1 = dict(NNODES="2", NODE_RANK="1", MASTER_ADDR="10.0.0.1", MASTER_PORT="296
 def test_run_multinode_prints_the_c10d_command():
     r = launch("run_multinode.sh", "topology=cpu_2x2", "trainer.max_steps=5", RDZV_ID="job42", **NODE1)
     assert torchrun_command(r) == [
-        "torchrun", "--nnodes=2", "--nproc_per_node=2", "--node_rank=1", "--rdzv_backend=c10d",
-        "--rdzv_endpoint=10.0.0.1:29600", "--rdzv_id=job42", "-m", "dlrm.train", "topology=cpu_2x2",
-        "trainer.max_steps=5", "hydra.run.dir=outputs/job42",
+        "torchrun",
+        "--nnodes=2",
+        "--nproc_per_node=2",
+        "--node_rank=1",
+        "--rdzv_backend=c10d",
+        "--rdzv_endpoint=10.0.0.1:29600",
+        "--rdzv_id=job42",
+        "-m",
+        "dlrm.train",
+        "topology=cpu_2x2",
+        "trainer.max_steps=5",
+        "hydra.run.dir=outputs/job42",
     ]
     assert "fabric env: launch/env/gloo_cpu.sh" in r.stderr
 
@@ -129,9 +153,7 @@ def test_run_multinode_run_dir_choices():
 
 
 def test_run_multinode_endpoint_and_gpu_defaults():
-    r = launch(
-        "run_multinode.sh", NNODES="2", NODE_RANK="0", RDZV_ENDPOINT="head:1234", RDZV_ID="r", DLRM_ACCEL="cuda"
-    )
+    r = launch("run_multinode.sh", NNODES="2", NODE_RANK="0", RDZV_ENDPOINT="head:1234", RDZV_ID="r", DLRM_ACCEL="cuda")
     cmd = torchrun_command(r)
     assert {"--nproc_per_node=8", "--rdzv_endpoint=head:1234", "--node_rank=0"} <= set(cmd)
     assert "fabric env: launch/env/nccl_ib.sh" in r.stderr
@@ -144,18 +166,34 @@ def test_slurm_sbatch_runs_one_torchrun_per_node(tmp_path):
     scontrol.write_text('#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && printf "gpu-a01\\ngpu-a02\\n"\n')
     scontrol.chmod(0o755)
     r = launch(
-        "slurm.sbatch", "topology=dgx_h100_multinode", "trainer.max_steps=10",
-        path_prefix=tmp_path, DLRM_ACCEL="cuda", SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="gpu-a[01-02]",
-        SLURM_JOB_NUM_NODES="2", SLURM_GPUS_ON_NODE="8", SLURM_SUBMIT_DIR=str(ROOT),
+        "slurm.sbatch",
+        "topology=dgx_h100_multinode",
+        "trainer.max_steps=10",
+        path_prefix=tmp_path,
+        DLRM_ACCEL="cuda",
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NODELIST="gpu-a[01-02]",
+        SLURM_JOB_NUM_NODES="2",
+        SLURM_GPUS_ON_NODE="8",
+        SLURM_SUBMIT_DIR=str(ROOT),
     )
     assert r.returncode == 0, r.stderr
     srun = [c for c in commands(r) if c[0] == "srun"]
     assert len(srun) == 1 and srun[0][-2:] == ["topology=dgx_h100_multinode", "trainer.max_steps=10"]
     assert {"--nodes=2", "--ntasks-per-node=1"} <= set(srun[0])
     assert torchrun_command(r) == [
-        "torchrun", "--nnodes=2", "--nproc_per_node=8", "--node_rank=0", "--rdzv_backend=c10d",
-        "--rdzv_endpoint=gpu-a01:29500", "--rdzv_id=4242", "-m", "dlrm.train", "topology=dgx_h100_multinode",
-        "trainer.max_steps=10", "hydra.run.dir=outputs/slurm-4242",
+        "torchrun",
+        "--nnodes=2",
+        "--nproc_per_node=8",
+        "--node_rank=0",
+        "--rdzv_backend=c10d",
+        "--rdzv_endpoint=gpu-a01:29500",
+        "--rdzv_id=4242",
+        "-m",
+        "dlrm.train",
+        "topology=dgx_h100_multinode",
+        "trainer.max_steps=10",
+        "hydra.run.dir=outputs/slurm-4242",
     ]
 
 
@@ -179,7 +217,12 @@ def test_slurm_sbatch_runs_one_torchrun_per_node(tmp_path):
         ("run_multinode.sh", [], dict(NODE1, FABRIC_ENV="nope"), "FABRIC_ENV=nope: no file launch/env/nope.sh"),
         ("run_node.sh", [], dict(NGPU="0"), "NGPU=0 is below 1"),
         ("run_node.sh", [], dict(NGPU="8x"), "NGPU=8x is not an integer"),
-        ("run_node.sh", ["topology=cpu_2x2"], {}, "topology 'cpu_2x2' has 2 nodes x 2 ranks but this launcher runs one node of NGPU=2"),
+        (
+            "run_node.sh",
+            ["topology=cpu_2x2"],
+            {},
+            "topology 'cpu_2x2' has 2 nodes x 2 ranks but this launcher runs one node of NGPU=2",
+        ),
         ("run_node.sh", ["topology=dgx_h100"], dict(NGPU="4"), "NGPU=4 but topology 'dgx_h100' has 8 ranks"),
         ("run_node.sh", [], dict(DLRM_ACCEL="tpu"), "DLRM_ACCEL=tpu is not cpu, cuda or rocm"),
         ("run_node.sh", [], dict(DRY_RUN="yes"), "DRY_RUN=yes"),
@@ -210,11 +253,13 @@ def test_env_file_documents_every_default_and_the_user_wins(path):
     defaults = re.findall(r': "\$\{(\w+):=([^}]*)\}"; export \1', text)
     for var, _ in defaults:
         assert var in comments, f"{path.name}: {var} is set but not documented"
-    script = f'set -euo pipefail; source {shlex.quote(str(path))}; env'
+    script = f"set -euo pipefail; source {shlex.quote(str(path))}; env"
     base = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "GLOO_", "TORCH_NCCL_", "OMP_"))}
     plain = subprocess.run(["bash", "-c", script], env=base, capture_output=True, text=True, check=True).stdout
     mine = {var: "user-value" for var, _ in defaults}
-    user = subprocess.run(["bash", "-c", script], env={**base, **mine}, capture_output=True, text=True, check=True).stdout
+    user = subprocess.run(
+        ["bash", "-c", script], env={**base, **mine}, capture_output=True, text=True, check=True
+    ).stdout
     for var, default in defaults:
         assert f"\n{var}={default}\n" in f"\n{plain}", f"{path.name}: {var} not exported as {default}"
         assert f"\n{var}=user-value\n" in f"\n{user}", f"{path.name}: {var} overrides the user's value"
@@ -262,8 +307,11 @@ def test_dockerfile_pins_agree_with_pyproject_and_setup():
 def test_max_restarts_is_passed_to_torchrun_and_checked():
     cmd = torchrun_command(launch("run_node.sh", "trainer.resume=auto", MAX_RESTARTS="2"))
     assert "--max-restarts=2" in cmd and cmd.index("--max-restarts=2") < cmd.index("-m")
-    multi = torchrun_command(launch("run_multinode.sh", NNODES="2", NODE_RANK="1", MASTER_ADDR="10.0.0.1",
-                                    NPROC_PER_NODE="2", MAX_RESTARTS="1"))
+    multi = torchrun_command(
+        launch(
+            "run_multinode.sh", NNODES="2", NODE_RANK="1", MASTER_ADDR="10.0.0.1", NPROC_PER_NODE="2", MAX_RESTARTS="1"
+        )
+    )
     assert "--max-restarts=1" in multi
     bad = launch("run_node.sh", MAX_RESTARTS="many")
     assert bad.returncode == 2 and "MAX_RESTARTS=many" in bad.stderr

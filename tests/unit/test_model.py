@@ -5,9 +5,9 @@ import torch
 from torchrec.models.dlrm import InteractionArch
 
 from dlrm.config import ScheduleConfig
-from dlrm.data.loader import make_source
 from dlrm.core.model import DotInteraction, build_model, initialize, table_rows_init
 from dlrm.core.optim import lr_factor
+from dlrm.data.loader import make_source
 
 
 @pytest.mark.parametrize("model", ["tiny", "dcn_small"])
@@ -62,8 +62,10 @@ def test_initial_weights_depend_on_seed_and_names_only(make_config):
     for name in sa:
         assert torch.equal(sa[name], sb[name]), name
     initialize(b, cfg.model, seed=4)
-    assert not torch.equal(sa["model.sparse_arch.embedding_bag_collection.embedding_bags.t_C1.weight"],
-                           b.state_dict()["model.sparse_arch.embedding_bag_collection.embedding_bags.t_C1.weight"])
+    assert not torch.equal(
+        sa["model.sparse_arch.embedding_bag_collection.embedding_bags.t_C1.weight"],
+        b.state_dict()["model.sparse_arch.embedding_bag_collection.embedding_bags.t_C1.weight"],
+    )
 
 
 def test_table_init_is_the_same_whatever_the_row_range():

@@ -11,9 +11,9 @@ import pytest
 from dlrm import plan as dplan
 from dlrm.comms import load_topology
 from dlrm.comms.costmodel import Link, collective_time, step_comm_time
+from dlrm.compose import compose
 from dlrm.config import validate
 from dlrm.core.topology import backend_for, planner_topology
-from dlrm.compose import compose
 
 MLPERF = ["model=mlperf_dcnv2", "data.global_batch_size=65536", "topology=oam_mi300x"]
 GB = 1e9
@@ -57,8 +57,9 @@ def test_step_traffic_of_the_plan_on_fully_connected_vs_switch_vs_ring(oam_plan)
     tp = load_topology("oam_mi300x")
     cm = oam_plan["comms"]
     t = {
-        f: step_comm_time(_with_fabric(tp, f), cm["alltoall_bytes_intra_max"], 0.0, cm["allreduce_bytes"],
-                          alltoall_count=3)
+        f: step_comm_time(
+            _with_fabric(tp, f), cm["alltoall_bytes_intra_max"], 0.0, cm["allreduce_bytes"], alltoall_count=3
+        )
         for f in ("fully_connected", "switch", "ring")
     }
     # alltoall: a byte crosses one link on fc/switch, p/2 = 4 on a ring; fc pays 1 latency per alltoall, switch 7
@@ -83,23 +84,31 @@ def _times(collective, n):
     return {f: collective_time(collective, Link(f, 2e-6, 448e9), 8, n) for f in ("fully_connected", "switch", "ring")}
 
 
-@pytest.mark.parametrize("collective,small_ratios", [
-    # latency-bound: time ratio = ratio of steps (fc 1 per phase, switch log2 8 = 3, ring 7)
-    ("allreduce", {"switch": 3.0, "ring": 7.0}),
-    ("reduce_scatter", {"switch": 3.0, "ring": 7.0}),
-    ("allgather", {"switch": 3.0, "ring": 7.0}),
-    ("alltoall", {"switch": 7.0, "ring": 7.0}),
-])
+@pytest.mark.parametrize(
+    "collective,small_ratios",
+    [
+        # latency-bound: time ratio = ratio of steps (fc 1 per phase, switch log2 8 = 3, ring 7)
+        ("allreduce", {"switch": 3.0, "ring": 7.0}),
+        ("reduce_scatter", {"switch": 3.0, "ring": 7.0}),
+        ("allgather", {"switch": 3.0, "ring": 7.0}),
+        ("alltoall", {"switch": 7.0, "ring": 7.0}),
+    ],
+)
 def test_small_messages_fully_connected_wins_by_the_step_count(collective, small_ratios):
     t = _times(collective, SMALL)
     for fabric, ratio in small_ratios.items():
         assert t[fabric] / t["fully_connected"] == pytest.approx(ratio, rel=0.01)
 
 
-@pytest.mark.parametrize("collective,large_ring_ratio", [
-    ("allreduce", 1.0), ("reduce_scatter", 1.0), ("allgather", 1.0),  # bandwidth-optimal on every fabric
-    ("alltoall", 4.0),  # ring: (p-1)/2 n / B against (p-1)/p n / B = 4x at p = 8
-])
+@pytest.mark.parametrize(
+    "collective,large_ring_ratio",
+    [
+        ("allreduce", 1.0),
+        ("reduce_scatter", 1.0),
+        ("allgather", 1.0),  # bandwidth-optimal on every fabric
+        ("alltoall", 4.0),  # ring: (p-1)/2 n / B against (p-1)/p n / B = 4x at p = 8
+    ],
+)
 def test_large_messages_fabrics_converge_except_the_ring_alltoall(collective, large_ring_ratio):
     t = _times(collective, LARGE)
     assert t["switch"] / t["fully_connected"] == pytest.approx(1.0, rel=0.01)

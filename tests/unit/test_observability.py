@@ -20,9 +20,20 @@ def short_run(tmp_path_factory):
     """One single-process training run of the default model: (CompletedProcess, run dir)."""
     run_dir = tmp_path_factory.mktemp("run")
     result = subprocess.run(
-        [sys.executable, "-m", "dlrm.train", f"trainer.max_steps={STEPS}", f"trainer.log_every_steps={EVERY}",
-         "data.eval_batches=2", "trainer.progress=lines", f"hydra.run.dir={run_dir}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "dlrm.train",
+            f"trainer.max_steps={STEPS}",
+            f"trainer.log_every_steps={EVERY}",
+            "data.eval_batches=2",
+            "trainer.progress=lines",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result, run_dir
@@ -31,8 +42,17 @@ def short_run(tmp_path_factory):
 def test_console_has_no_library_noise(short_run):
     result, run_dir = short_run
     out, err = result.stdout, result.stderr
-    for noise in ("INFO", "[TBE=", "AMD FP16", "TopologyFactory", "dense_tensor_estimate", "is_fx_tracing",
-                  "USDT", "FutureWarning", "warning"):
+    for noise in (
+        "INFO",
+        "[TBE=",
+        "AMD FP16",
+        "TopologyFactory",
+        "dense_tensor_estimate",
+        "is_fx_tracing",
+        "USDT",
+        "FutureWarning",
+        "warning",
+    ):
         assert noise not in out and noise not in err, noise
     lines = out.splitlines()
     assert len(lines) <= 20, out  # config (4), plan (2), 3 step lines, eval, 4 closing lines, done
@@ -136,7 +156,7 @@ def test_breakdown_of_a_profiled_toy_step():
     with kineto_quiet():
         prof.stop()
     spans = spans_of(prof)
-    (phases, comm), = step_breakdown(spans)
+    ((phases, comm),) = step_breakdown(spans)
     step = next(s.end - s.start for s in spans if s.name == STEP_RANGE)
     assert sum(phases.values()) == pytest.approx(step, rel=1e-6)
     assert phases["emb_lookup"] > 0 and phases["dense_fwd"] > 0 and phases["backward"] > 0
@@ -151,9 +171,15 @@ def test_fitted_topology_recovers_the_bench_links(make_config):
     topology = make_config("topology=cpu").topology
     true = Link(topology.intra_node.fabric, 30e-6, 2e9)
     rows = [
-        {"collective": c, "scope": "world", "group_size": 2, "bytes": n,
-         "median_us": collective_time(c, true, 2, n) * 1e6}
-        for c in ("alltoall", "allreduce") for n in (2**10, 2**16, 2**20, 2**24)
+        {
+            "collective": c,
+            "scope": "world",
+            "group_size": 2,
+            "bytes": n,
+            "median_us": collective_time(c, true, 2, n) * 1e6,
+        }
+        for c in ("alltoall", "allreduce")
+        for n in (2**10, 2**16, 2**20, 2**24)
     ]
     for collective in ("alltoall", "allreduce"):
         fitted = fitted_topology(topology, {"results": rows}, collective, 2)
@@ -166,8 +192,10 @@ def test_fitted_topology_needs_the_collective_at_this_size(make_config):
     from dlrm.comms.costmodel import CommsError
     from dlrm.core.phases import fitted_topology
 
-    rows = [{"collective": "allreduce", "scope": "world", "group_size": 4, "bytes": n, "median_us": 10.0 + n / 1e3}
-            for n in (1024, 4096)]
+    rows = [
+        {"collective": "allreduce", "scope": "world", "group_size": 4, "bytes": n, "median_us": 10.0 + n / 1e3}
+        for n in (1024, 4096)
+    ]
     with pytest.raises(CommsError, match="no alltoall times at two sizes among 2 ranks"):
         fitted_topology(make_config().topology, {"results": rows}, "alltoall", 2)
 
@@ -182,16 +210,31 @@ def test_breakdown_nesting_and_exposed_allreduce():
 
     spans = [
         span(STEP_RANGE, 0, 10),
-        span("## forward ##", 0, 4), span("[lookup]_[t]", 1, 2), span("aten::mm", 2.5, 3.5),
-        span("## backward ##", 4, 9), span("aten::mm", 4, 5),
+        span("## forward ##", 0, 4),
+        span("[lookup]_[t]", 1, 2),
+        span("aten::mm", 2.5, 3.5),
+        span("## backward ##", 4, 9),
+        span("aten::mm", 4, 5),
         span("autograd::engine::evaluate_function: All2All_Pooled_ReqBackward", 5, 6),
         span("## optimizer ##", 9, 9.5),
-        span("gloo:all_reduce", 6.5, 8.5, thread=2), span("gloo:all_to_all", 1.5, 2.5, thread=3),
-        span("gloo:all_to_all", 1.8, 3.0, thread=2), span("aten::mm", 20, 21),  # outside the step
+        span("gloo:all_reduce", 6.5, 8.5, thread=2),
+        span("gloo:all_to_all", 1.5, 2.5, thread=3),
+        span("gloo:all_to_all", 1.8, 3.0, thread=2),
+        span("aten::mm", 20, 21),  # outside the step
     ]
-    (phases, comm), = step_breakdown(spans)
-    expected = {"emb_lookup": 1, "dense_fwd": 3, "backward": 2, "grad_a2a": 1, "dense_allreduce": 2,
-                "optimizer": 0.5, "other": 0.5, "data": 0, "input_dist": 0, "emb_a2a_fwd": 0}
+    ((phases, comm),) = step_breakdown(spans)
+    expected = {
+        "emb_lookup": 1,
+        "dense_fwd": 3,
+        "backward": 2,
+        "grad_a2a": 1,
+        "dense_allreduce": 2,
+        "optimizer": 0.5,
+        "other": 0.5,
+        "data": 0,
+        "input_dist": 0,
+        "emb_a2a_fwd": 0,
+    }
     assert phases == pytest.approx(expected)
     assert comm == pytest.approx({"allreduce": 2.0, "alltoall": 1.5})  # union of the two alltoall spans
 

@@ -116,9 +116,7 @@ def test_alltoall_bytes_row_sharded_by_hand(capsys, sharding):
     """2 nodes x 2 ranks. row_wise: every rank reduce-scatters B_l x F x D to each of the 3 others.
     table_row_wise (2 shards on one node): intra-node reduce-scatter of (B/2) x F x D to the node's
     other rank, then B_l x F x D to the same local rank of the other node, from each of the 2 shards."""
-    report = report_of(
-        capsys, "model=tiny", "topology=cpu_2x2", f"sharding={sharding}", "data.global_batch_size=64"
-    )
+    report = report_of(capsys, "model=tiny", "topology=cpu_2x2", f"sharding={sharding}", "data.global_batch_size=64")
     cfg = dplan.compose(["model=tiny"])
     b_local, world, batch = 16, 4, 64
     kinds = report["comms"]["alltoall_bytes_by_kind_mean"]
@@ -145,7 +143,11 @@ def test_json_from_a_subprocess():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
         [sys.executable, "-m", "dlrm.plan", "--json", "topology=dgx_h100", *MLPERF],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
@@ -201,7 +203,11 @@ def test_data_parallel_pin_too_big_to_replicate(capsys, no_planner):
 
 def test_table_wise_pin_too_big_for_one_rank(capsys, no_planner):
     code, _, err = run_main(
-        capsys, "topology=zion", "topology.hbm_GB=8", "topology.ddr_GB=8", "+sharding.per_table={t_C1: table_wise}",
+        capsys,
+        "topology=zion",
+        "topology.hbm_GB=8",
+        "topology.ddr_GB=8",
+        "+sharding.per_table={t_C1: table_wise}",
         *MLPERF,
     )
     assert code == 2

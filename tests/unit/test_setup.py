@@ -27,18 +27,26 @@ PYPI = "https://files.pythonhosted.org/packages/ab/cd/torch-2.13.0-cp311-cp311-m
 
 def report(version: str, url: str) -> dict:
     """The part of pip's --report that matters: one torch to install."""
-    return {"version": "1", "install": [{"metadata": {"name": "torch", "version": version},
-                                         "download_info": {"url": url}}]}
+    return {
+        "version": "1",
+        "install": [{"metadata": {"name": "torch", "version": version}, "download_info": {"url": url}}],
+    }
 
 
-@pytest.mark.parametrize("rep,args,said", [
-    (report("2.13.0+cpu", MIRROR), ["torch==2.13.0"], "from the configured indexes"),
-    (report("2.13.0+cpu", CPU_INDEX + "/torch-2.13.0%2Bcpu-cp311.whl"), ["torch==2.13.0"], "configured"),
-    (report("2.13.0", PYPI), ["--extra-index-url", CPU_INDEX, "torch==2.13.0+cpu"], "not a CPU build"),
-    (report("2.13.0+cu126", "https://download.pytorch.org/whl/cu126/torch-2.13.0%2Bcu126.whl"),
-     ["--extra-index-url", CPU_INDEX, "torch==2.13.0+cpu"], "not a CPU build"),
-    ({}, ["--extra-index-url", CPU_INDEX, "torch==2.13.0+cpu"], "offer no torch==2.13.0"),
-])
+@pytest.mark.parametrize(
+    "rep,args,said",
+    [
+        (report("2.13.0+cpu", MIRROR), ["torch==2.13.0"], "from the configured indexes"),
+        (report("2.13.0+cpu", CPU_INDEX + "/torch-2.13.0%2Bcpu-cp311.whl"), ["torch==2.13.0"], "configured"),
+        (report("2.13.0", PYPI), ["--extra-index-url", CPU_INDEX, "torch==2.13.0+cpu"], "not a CPU build"),
+        (
+            report("2.13.0+cu126", "https://download.pytorch.org/whl/cu126/torch-2.13.0%2Bcu126.whl"),
+            ["--extra-index-url", CPU_INDEX, "torch==2.13.0+cpu"],
+            "not a CPU build",
+        ),
+        ({}, ["--extra-index-url", CPU_INDEX, "torch==2.13.0+cpu"], "offer no torch==2.13.0"),
+    ],
+)
 def test_cpu_build_from_the_configured_indexes_else_from_pytorchs_cpu_index(rep, args, said):
     chosen, message = torch_wheel.choose(rep, "2.13.0")
     assert chosen == args
@@ -64,10 +72,16 @@ def run_setup(tmp_path: Path, rep: dict, pip_rc: int = 0) -> tuple[subprocess.Co
     python.write_text(FAKE_PYTHON)
     python.chmod(0o755)
     (tmp_path / "report.json").write_text(json.dumps(rep))
-    env = dict(os.environ, DLRM_VENV=str(venv), DLRM_ACCEL="cpu", FAKE_LOG=str(tmp_path / "log"),
-               FAKE_REPORT=str(tmp_path / "report.json"), REAL_PYTHON=sys.executable, FAKE_PIP_RC=str(pip_rc))
-    r = subprocess.run(["bash", str(ROOT / "launch" / "setup.sh")], env=env, capture_output=True, text=True,
-                       timeout=60)
+    env = dict(
+        os.environ,
+        DLRM_VENV=str(venv),
+        DLRM_ACCEL="cpu",
+        FAKE_LOG=str(tmp_path / "log"),
+        FAKE_REPORT=str(tmp_path / "report.json"),
+        REAL_PYTHON=sys.executable,
+        FAKE_PIP_RC=str(pip_rc),
+    )
+    r = subprocess.run(["bash", str(ROOT / "launch" / "setup.sh")], env=env, capture_output=True, text=True, timeout=60)
     return r, (tmp_path / "log").read_text().splitlines()
 
 
@@ -101,7 +115,8 @@ def test_test_script_uses_the_same_venv_as_setup(tmp_path):
     """launch/test.sh runs pytest with DLRM_VENV's python, after setting that venv up."""
     r, log = run_setup(tmp_path, report("2.13.0+cpu", MIRROR))
     env = dict(os.environ, DLRM_VENV=str(tmp_path / "venv"), DLRM_ACCEL="cpu", FAKE_LOG=str(tmp_path / "log"))
-    r = subprocess.run(["bash", str(ROOT / "launch" / "test.sh"), "-k", "nothing"], env=env, capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        ["bash", str(ROOT / "launch" / "test.sh"), "-k", "nothing"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "log").read_text().splitlines()[-1] == "-m pytest -q -k nothing"

@@ -16,4 +16,3 @@ def test_unknown_accel_is_refused_before_creating_the_venv(tmp_path):
         "error: DLRM_ACCEL=gpu is not cpu, cuda or rocm; unset it to detect, or set DLRM_ACCEL=cpu|cuda|rocm"
     )
     assert not venv.exists()
-

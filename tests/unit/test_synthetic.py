@@ -11,7 +11,9 @@ from dlrm.data.synthetic import SyntheticSource
 def _concat(batches):
     dense = torch.cat([b.dense_features for b in batches])
     labels = torch.cat([b.labels for b in batches])
-    per_key = {k: torch.cat([b.sparse_features[k].values() for b in batches]) for k in batches[0].sparse_features.keys()}
+    per_key = {
+        k: torch.cat([b.sparse_features[k].values() for b in batches]) for k in batches[0].sparse_features.keys()
+    }
     return dense, labels, per_key
 
 
@@ -21,12 +23,14 @@ def test_global_batch_is_the_same_for_any_world_size(make_config, split):
     source = make_source(cfg)
     reference = None
     for world in (1, 2, 3):
-        steps = [_concat([next(iter(source.batches(split, r, world, start_step=s))) for r in range(world)]) for s in (0, 3)]
+        steps = [
+            _concat([next(iter(source.batches(split, r, world, start_step=s))) for r in range(world)]) for s in (0, 3)
+        ]
         if reference is None:
             reference = steps
             continue
-        for (d, l, k), (rd, rl, rk) in zip(steps, reference):
-            assert torch.equal(d, rd) and torch.equal(l, rl)
+        for (dense, labels, k), (rd, rl, rk) in zip(steps, reference):
+            assert torch.equal(dense, rd) and torch.equal(labels, rl)
             assert all(torch.equal(k[f], rk[f]) for f in rk)
 
 
