@@ -1,101 +1,30 @@
 """The choices a config offers, as enums: OmegaConf refuses any other value while composing.
 
 StrEnum members are strings: they compare equal to their values, print and serialise as them.
+Each enum is written `StrEnum(name, "member member ...")`: a member's value is its name.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-
-class ShardingType(StrEnum):
-    """How TorchRec places one table (see README: every type runs on CPU and on GPU here)."""
-
-    table_wise = "table_wise"
-    row_wise = "row_wise"
-    column_wise = "column_wise"
-    table_row_wise = "table_row_wise"
-    table_column_wise = "table_column_wise"
-    grid_shard = "grid_shard"
-    data_parallel = "data_parallel"
-
-
-class ShardingStrategy(StrEnum):
-    """`auto` (TorchRec's planner chooses per table) or one ShardingType for every table."""
-
-    auto = "auto"
-    table_wise = "table_wise"
-    row_wise = "row_wise"
-    column_wise = "column_wise"
-    table_row_wise = "table_row_wise"
-    table_column_wise = "table_column_wise"
-    grid_shard = "grid_shard"
-    data_parallel = "data_parallel"
-
-
-class Interaction(StrEnum):
-    dot = "dot"
-    dcn = "dcn"
-
-
-class EmbeddingOptimizer(StrEnum):
-    rowwise_adagrad = "rowwise_adagrad"
-    adagrad = "adagrad"
-    sgd = "sgd"
-    adam = "adam"
-
-
-class DenseOptimizer(StrEnum):
-    sgd = "sgd"
-    adagrad = "adagrad"
-    adam = "adam"
-
-
-class Device(StrEnum):
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-class Backend(StrEnum):
-    """`auto`: NCCL on cuda, Gloo on cpu."""
-
-    auto = "auto"
-    gloo = "gloo"
-    nccl = "nccl"
-
-
-class Fabric(StrEnum):
-    """How the ranks of one level are wired (the cost model's formulas: dlrm.comms.costmodel)."""
-
-    ring = "ring"
-    fully_connected = "fully_connected"
-    switch = "switch"
-
-
-class DataSource(StrEnum):
-    synthetic = "synthetic"
-    criteo = "criteo"
-
-
-class ProgressMode(StrEnum):
-    """auto: a bar on a terminal, lines otherwise."""
-
-    auto = "auto"
-    bar = "bar"
-    lines = "lines"
-    none = "none"
-
-
-class DenseAllreduce(StrEnum):
-    flat = "flat"
-    hierarchical = "hierarchical"
-
-
-class DensePrecision(StrEnum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-
-
-class OnNonfinite(StrEnum):
-    stop = "stop"
-    skip = "skip"
+# How TorchRec places one table (every type runs on CPU and on GPU here: see README).
+ShardingType = StrEnum(
+    "ShardingType", "table_wise row_wise column_wise table_row_wise table_column_wise grid_shard data_parallel"
+)
+# `auto` (TorchRec's planner chooses per table) or one ShardingType for every table.
+ShardingStrategy = StrEnum(
+    "ShardingStrategy", "auto table_wise row_wise column_wise table_row_wise table_column_wise grid_shard data_parallel"
+)
+Interaction = StrEnum("Interaction", "dot dcn")
+EmbeddingOptimizer = StrEnum("EmbeddingOptimizer", "rowwise_adagrad adagrad sgd adam")
+DenseOptimizer = StrEnum("DenseOptimizer", "sgd adagrad adam")
+Device = StrEnum("Device", "cpu cuda")
+Backend = StrEnum("Backend", "auto gloo nccl")  # auto: NCCL on cuda, Gloo on cpu
+# How the ranks of one level are wired (the cost model's formulas: dlrm.comms.costmodel).
+Fabric = StrEnum("Fabric", "ring fully_connected switch")
+DataSource = StrEnum("DataSource", "synthetic criteo")
+ProgressMode = StrEnum("ProgressMode", "auto bar lines none")  # auto: a bar on a terminal, lines otherwise
+DenseAllreduce = StrEnum("DenseAllreduce", "flat hierarchical")
+DensePrecision = StrEnum("DensePrecision", "fp32 bf16")
+OnNonfinite = StrEnum("OnNonfinite", "stop skip")
