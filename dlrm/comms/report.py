@@ -192,10 +192,7 @@ def bench_plot(curves: dict[tuple, tuple]) -> bytes:
     return data
 
 
-def main(argv: Sequence[str] | None = None) -> str:
-    """Print and write the report; returns its markdown."""
-    from dlrm.comms import load_topology
-
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m dlrm.comms.report",
         description=(__doc__ or "").split("\n\n")[0],
@@ -212,24 +209,22 @@ def main(argv: Sequence[str] | None = None) -> str:
     args = ap.parse_args(argv)
     if args.ranks < 1 or args.max_nodes < 1:
         raise CommsError(f"--ranks={args.ranks} --max-nodes={args.max_nodes}: both must be at least 1")
+    return args
 
-    topo = load_topology(args.topology)
-    intra, inter = Link.from_config(topo.intra_node), Link.from_config(topo.inter_node)
-    sizes = sweep_sizes(parse_size(args.min_bytes), parse_size(args.max_bytes))
-    scale_bytes = parse_size(args.scale_bytes)
-    node_counts = sweep_sizes(1, args.max_nodes)
-    by_size = size_comparison(intra, args.ranks, sizes)
-    by_nodes = scale_comparison(intra, inter, args.ranks, node_counts, scale_bytes)
+
+def model_section(
+    name: str, intra: Link, inter: Link, ranks: int, sizes, by_size, node_counts, by_nodes, scale_bytes: int
+) -> list[str]:
+    """Markdown lines: ring vs fully connected by message size, and the scale-out by node count."""
     keys = list(by_size)
-
-    md = [
-        f"# Communication cost model: ring vs fully connected ({topo.name} links)",
+    return [
+        f"# Communication cost model: ring vs fully connected ({name} links)",
         "",
         f"Intra-node link: alpha = {intra.alpha_s * 1e6:g} us, B = {intra.bandwidth_Bps / 1e9:g} GB/s per rank; "
         f"inter-node: {inter.fabric}, alpha = {inter.alpha_s * 1e6:g} us, "
         f"B = {inter.bandwidth_Bps / 1e9:g} GB/s per rank.",
         "",
-        f"## Time (us) vs message size, {args.ranks} ranks",
+        f"## Time (us) vs message size, {ranks} ranks",
         "",
         table(
             [
@@ -241,11 +236,43 @@ def main(argv: Sequence[str] | None = None) -> str:
             ["size"] + keys + ["alltoall ring/fc"],
         ),
         "",
-        f"## Scale-out: time (us) at {fmt_bytes(scale_bytes)} per rank, nodes of {args.ranks} "
+        f"## Scale-out: time (us) at {fmt_bytes(scale_bytes)} per rank, nodes of {ranks} "
         "(intra-node fabric shown; inter-node as above)",
         "",
         table([[n] + [fmt_us(by_nodes[k][i]) for k in keys] for i, n in enumerate(node_counts)], ["nodes"] + keys),
     ]
+
+
+def bench_section(path: str, data: dict, fits: list, rows: list) -> list[str]:
+    """Markdown lines: alpha and B fitted to a benchmark, and measured vs predicted per size."""
+    return [
+        "",
+        f"## Benchmark {path} ({data.get('backend')}, {data.get('world_size')} ranks) vs model",
+        "",
+        table(fits, ["collective", "scope", "p", "fabric", "alpha (us)", "B (GB/s)", "rel. rms misfit"]),
+        "",
+        *(
+            ["B = inf: the sizes were too small for the bandwidth term to show; sweep larger sizes.", ""]
+            if any(f[5] == "inf" for f in fits)
+            else []
+        ),
+        table(rows, ["collective", "scope", "size", "measured (us)", "predicted (us)", "measured/predicted"]),
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> str:
+    """Print and write the report; returns its markdown."""
+    from dlrm.comms import load_topology
+
+    args = parse_args(argv)
+    topo = load_topology(args.topology)
+    intra, inter = Link.from_config(topo.intra_node), Link.from_config(topo.inter_node)
+    sizes = sweep_sizes(parse_size(args.min_bytes), parse_size(args.max_bytes))
+    scale_bytes = parse_size(args.scale_bytes)
+    node_counts = sweep_sizes(1, args.max_nodes)
+    by_size = size_comparison(intra, args.ranks, sizes)
+    by_nodes = scale_comparison(intra, inter, args.ranks, node_counts, scale_bytes)
+    md = model_section(topo.name, intra, inter, args.ranks, sizes, by_size, node_counts, by_nodes, scale_bytes)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     names = ["report.md", "report.png"] + (["bench_vs_model.png"] if args.bench else [])
@@ -254,19 +281,7 @@ def main(argv: Sequence[str] | None = None) -> str:
     if args.bench:
         data = load_bench(args.bench)
         fits, rows, curves = bench_vs_model(data)
-        md += [
-            "",
-            f"## Benchmark {args.bench} ({data.get('backend')}, {data.get('world_size')} ranks) vs model",
-            "",
-            table(fits, ["collective", "scope", "p", "fabric", "alpha (us)", "B (GB/s)", "rel. rms misfit"]),
-            "",
-            *(
-                ["B = inf: the sizes were too small for the bandwidth term to show; sweep larger sizes.", ""]
-                if any(f[5] == "inf" for f in fits)
-                else []
-            ),
-            table(rows, ["collective", "scope", "size", "measured (us)", "predicted (us)", "measured/predicted"]),
-        ]
+        md += bench_section(args.bench, data, fits, rows)
         write_atomic(out / "bench_vs_model.png", bench_plot(curves))
     text = "\n".join(md) + "\n"
     write_atomic(out / "report.md", text.encode())
