@@ -233,6 +233,43 @@ def preprocess(
         raise _os_error(e, out) from None
 
 
+def _manifest(
+    files: Sequence[str], out: str, opts: ParseOptions, workers: int, block_bytes: int, done_meta: dict, elapsed: float
+) -> dict:
+    """manifest.json: every day's json (this run's days in `done_meta`), the layout and the options."""
+    days = []
+    for d in range(len(files)):
+        with open(day_json(out, d)) as f:
+            days.append(json.load(f))
+    new_rows = sum(done_meta[d]["rows"] for d in done_meta)
+    manifest = {
+        "format": "torchrec-binary-criteo",
+        "version": FORMAT_VERSION,
+        "days": days,
+        "total_rows": sum(m["rows"] for m in days),
+        "total_skipped": sum(m["skipped"] for m in days),
+        "dense_transform": DENSE_TRANSFORM,
+        "labels": "int32 0/1, shape [rows, 1]",
+        "sparse_columns": SPARSE_NAMES,
+        "sparse_dtype": opts.sparse_dtype.name,
+        "table_sizes": list(opts.table_sizes) if opts.table_sizes else None,
+        "id_map": {
+            "kind": opts.id_map,
+            "rule": "int(hex, 16) % table_sizes[c]; missing -> 0"
+            if opts.id_map == "modulo"
+            else "int(hex, 16); missing -> 0" + ("; checked < table_sizes[c]" if opts.table_sizes else ""),
+        },
+        "options": {**options_stamp(opts), "workers": workers, "block_bytes": block_bytes},
+        "last_run": {
+            "days_converted": sorted(done_meta),
+            "rows": new_rows,
+            "seconds": round(elapsed, 3),
+            "rows_per_s": round(new_rows / elapsed) if elapsed > 0 else None,
+        },
+    }
+    return manifest
+
+
 def _convert(
     files: Sequence[str],
     out: str,
@@ -289,37 +326,7 @@ def _convert(
         set_progress_counter(None)
         for stale in glob.glob(os.path.join(out, ".tmp_day_*")):
             os.remove(stale)
-    elapsed = time.time() - t0
-    days = []
-    for d in range(len(files)):
-        with open(day_json(out, d)) as f:
-            days.append(json.load(f))
-    new_rows = sum(done_meta[d]["rows"] for d in done_meta)
-    manifest = {
-        "format": "torchrec-binary-criteo",
-        "version": FORMAT_VERSION,
-        "days": days,
-        "total_rows": sum(m["rows"] for m in days),
-        "total_skipped": sum(m["skipped"] for m in days),
-        "dense_transform": DENSE_TRANSFORM,
-        "labels": "int32 0/1, shape [rows, 1]",
-        "sparse_columns": SPARSE_NAMES,
-        "sparse_dtype": opts.sparse_dtype.name,
-        "table_sizes": list(opts.table_sizes) if opts.table_sizes else None,
-        "id_map": {
-            "kind": opts.id_map,
-            "rule": "int(hex, 16) % table_sizes[c]; missing -> 0"
-            if opts.id_map == "modulo"
-            else "int(hex, 16); missing -> 0" + ("; checked < table_sizes[c]" if opts.table_sizes else ""),
-        },
-        "options": {**options_stamp(opts), "workers": workers, "block_bytes": block_bytes},
-        "last_run": {
-            "days_converted": sorted(done_meta),
-            "rows": new_rows,
-            "seconds": round(elapsed, 3),
-            "rows_per_s": round(new_rows / elapsed) if elapsed > 0 else None,
-        },
-    }
+    manifest = _manifest(files, out, opts, workers, block_bytes, done_meta, time.time() - t0)
     write_json_atomic(os.path.join(out, MANIFEST), manifest)
     return manifest
 
