@@ -1,5 +1,6 @@
 """The package as pip installs it: every subpackage listed, conf/ inside the wheel and found there."""
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -17,9 +18,14 @@ def test_pyproject_lists_every_package():
 
 def test_a_plain_install_finds_the_configs(tmp_path):
     """A wheel (not an editable install) carries conf/ as dlrm/conf, and composes from it."""
+    src = tmp_path / "src"  # a copy: building writes build/ into the source tree
+    for name in ("dlrm", "conf"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run(
-        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(src)],
         check=True,
         capture_output=True,
         timeout=120,
