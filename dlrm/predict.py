@@ -44,6 +44,7 @@ from dlrm.metrics import auc_and_logloss
 from dlrm.model import build_model
 
 BLOCK_BYTES = 8 << 20  # TSV text parsed at a time
+QUANTIZE = {"int8": torch.qint8, "fp16": torch.float16}  # TorchRec's inference embedding dtypes
 
 
 def feature_layout(cfg: ModelConfig) -> Tuple[List[str], List[int]]:
@@ -216,6 +217,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the probabilities here (float32 [N] .npy); "
                     "default: print the metrics only")
     ap.add_argument("--batch-size", type=int, default=4096, help="rows per forward pass")
+    ap.add_argument("--quantize", choices=("none", *QUANTIZE), default="none",
+                    help="embedding tables for inference: TorchRec's row-wise quantized EmbeddingBagCollection")
     ap.add_argument("--days", default=None, help="directory: days to score, e.g. 0,1 (default: all, in order)")
     ap.add_argument("--eval-fraction", type=float, default=0.0,
                     help="directory: score only the held-out last fraction of --days' rows (data.criteo.eval_fraction)")
@@ -259,6 +262,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             batches = tsv_batches(a.data, opts, vocabs, names, rows, a.batch_size, counts, a.max_rows)
         model = build_model(cfg)
         model.load_state_dict(state, assign=True)
+        if a.quantize != "none":  # TorchRec's serving tables: row-wise quantized weights, fbgemm's inference kernels
+            from torchrec.inference.modules import quantize_embeddings
+
+            quantize_embeddings(model, dtype=QUANTIZE[a.quantize], inplace=True)
         t0 = time.perf_counter()
         logits, labels = score(model.eval(), batches)
         seconds = time.perf_counter() - t0
