@@ -1,17 +1,29 @@
-"""Export a checkpoint as one unsharded file: `python -m dlrm.export CHECKPOINT_DIR OUT.pt`.
+"""Export a checkpoint as one self-contained file: `python -m dlrm.export CHECKPOINT_DIR OUT.pt`.
 
 Runs in one process, no process group: the model described by the checkpoint's manifest is built
-whole on the CPU, DCP fills it from the shards, and its state dict is written with torch.save
-(plain tensors: `torch.load(OUT, weights_only=True)` reads it; `load_exported` rebuilds the model).
-The checkpoint is verified first (see dlrm.core.checkpoint; `--no-verify` skips the data files' sha256).
+whole on the CPU, DCP fills it from the shards, and one file is written atomically with torch.save:
+
+    {"format": "dlrm-export", "version": 1, "step": int,
+     "model": ModelConfig as a dict of primitives,
+     "tables": [{"name", "rows", "dim", "features"}, ...],
+     "state_dict": {name: tensor},   # the unsharded DLRMTrain state dict
+     "sha256": digest of all the above (canonical JSON of the metadata, then each tensor's name, dtype,
+               shape and bytes), so a damaged byte anywhere in the content is detected}
+
+Only tensors, dicts, lists, str, int, float, bool and None: `torch.load(OUT, weights_only=True)` reads
+it anywhere, and `load_exported(OUT)` rebuilds the model from it alone (checking keys, shapes and
+finite values). The checkpoint is verified first (see dlrm.core.checkpoint; `--no-verify` skips the data
+files' sha256).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import hashlib
+import json
 import sys
 from pathlib import Path
-from typing import cast
 
 import torch
 from omegaconf import OmegaConf
@@ -23,12 +35,14 @@ from dlrm.core.model import build_model
 from dlrm.errors import UserError
 from dlrm.io import atomic_path
 
+FORMAT, VERSION = "dlrm-export", 1
+
 
 def model_config_of(checkpoint: Path) -> ModelConfig:
     """The model config a checkpoint was written for (from its manifest)."""
     saved = read_manifest(checkpoint).get("model")
     try:
-        return cast(ModelConfig, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), saved)))
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), saved))
     except (OmegaConfBaseException, ValueError) as e:
         raise CheckpointError(
             f"{checkpoint / 'manifest.json'}: its model is not a valid model config ({e}); "
@@ -36,29 +50,118 @@ def model_config_of(checkpoint: Path) -> ModelConfig:
         ) from None
 
 
+def table_metadata(cfg: ModelConfig) -> list:
+    """[{name, rows, dim, features}] of the model's tables, in order."""
+    return [{"name": t.name, "rows": int(t.rows), "dim": int(t.dim), "features": list(t.features)} for t in cfg.tables]
+
+
+def content_sha256(payload: dict) -> str:
+    """sha256 of an export's metadata (canonical JSON) and every tensor (name, dtype, shape, bytes), in name order."""
+    h = hashlib.sha256()
+    meta = {k: payload.get(k) for k in ("format", "version", "step", "model", "tables")}
+    h.update(json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
+    for name in sorted(payload["state_dict"]):
+        t = payload["state_dict"][name].detach().contiguous().cpu()
+        h.update(f"\n{name}:{t.dtype}:{list(t.shape)}\n".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+    return h.hexdigest()
+
+
 def export(checkpoint: Path, out: Path, verify: bool = True) -> dict:
-    """Write the checkpoint's model, unsharded, to `out` (atomically); returns its state dict."""
+    """Write the checkpoint's model, unsharded and with its config, to `out` (atomically); returns its state dict."""
     if not out.parent.is_dir() or out.is_dir():
         raise UserError(
             f"cannot write {out}: {'it is a directory' if out.is_dir() else 'its directory does not exist'}; "
             "give a file path in an existing directory"
         )
-    model = build_model(model_config_of(checkpoint), torch.device("cpu"))
+    cfg = model_config_of(checkpoint)
+    model = build_model(cfg, torch.device("cpu"))
     state = {"model": model.state_dict(), "progress": {"step": step_tensor(-1)}}
     load_checkpoint(checkpoint, state, verify)
+    payload = {
+        "format": FORMAT,
+        "version": VERSION,
+        "step": int(state["progress"]["step"].item()),
+        "model": dataclasses.asdict(cfg),
+        "tables": table_metadata(cfg),
+        "state_dict": state["model"],
+    }
+    payload["sha256"] = content_sha256(payload)
     try:
         with atomic_path(out) as tmp:
-            torch.save(state["model"], tmp)
+            torch.save(payload, tmp)
     except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError
         raise UserError(f"cannot write {out}: {e}; free space or choose another path") from None
     return state["model"]
 
 
-def load_exported(checkpoint: Path, exported: Path) -> torch.nn.Module:
-    """The unsharded model (DLRMTrain) from an exported file, for evaluation or serving."""
-    model = build_model(model_config_of(checkpoint), torch.device("cpu"))
-    model.load_state_dict(torch.load(exported, weights_only=True))
-    return model
+def _refuse(path: Path, what: str) -> UserError:
+    return UserError(
+        f"{path} is not a usable dlrm export: {what}; re-export it with "
+        f"`python -m dlrm.export CHECKPOINT_DIR {path}` from an intact checkpoint"
+    )
+
+
+def read_exported(path: Path) -> tuple[ModelConfig, dict]:
+    """(model config, state dict) of an exported file, its structure checked; UserError naming the file and the fix."""
+    path = Path(path)
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise UserError(f"{path} does not exist; give the file written by `python -m dlrm.export`") from None
+    except IsADirectoryError:
+        raise UserError(
+            f"{path} is a directory; give the file written by `python -m dlrm.export` "
+            "(a checkpoint directory must be exported first)"
+        ) from None
+    except Exception as e:  # torch.load raises many kinds on damaged or crafted files; none runs code (weights_only)
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise _refuse(path, f"it cannot be read as a weights-only torch file ({reason})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        old = isinstance(data, dict) and all(isinstance(v, torch.Tensor) for v in data.values())
+        raise _refuse(
+            path,
+            "a bare state dict without its model config (an older export)"
+            if old and data
+            else f"no 'format': {FORMAT!r} entry",
+        )
+    if data.get("version") != VERSION:
+        raise _refuse(path, f"format version {data.get('version')!r}, this program reads {VERSION}")
+    try:
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), data.get("model")))
+    except (OmegaConfBaseException, ValueError, TypeError) as e:
+        raise _refuse(path, f"its 'model' is not a valid model config ({str(e).splitlines()[0]})") from None
+    if data.get("tables") != table_metadata(cfg):
+        raise _refuse(path, "its 'tables' disagree with its model config")
+    state = data.get("state_dict")
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise _refuse(path, "'state_dict' is not a dict of tensors")
+    if data.get("sha256") != content_sha256(data):
+        raise _refuse(path, "its content differs from its sha256 (a damaged or edited file)")
+    expected = build_model(cfg).state_dict()  # on the meta device: names and shapes, no memory
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise _refuse(
+            path, f"its state dict does not match its model config (missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )
+    for name, t in state.items():
+        want = expected[name]
+        if t.shape != want.shape or t.dtype != want.dtype:
+            raise _refuse(
+                path,
+                f"'{name}' is {t.dtype} {list(t.shape)} but the model config needs {want.dtype} {list(want.shape)}",
+            )
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise _refuse(path, f"'{name}' holds NaN or infinite values")
+    return cfg, state
+
+
+def load_exported(path: Path) -> torch.nn.Module:
+    """The unsharded model (DLRMTrain, eval mode) rebuilt from an exported file alone."""
+    cfg, state = read_exported(path)
+    model = build_model(cfg)  # meta: the file's tensors become the parameters
+    model.load_state_dict(state, assign=True)
+    return model.eval()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,7 +88,7 @@ def test_export_is_the_unsharded_model(make_config, tmp_path):
             full = exported[name]
             expected = full[r0 : r0 + piece.shape[0], c0 : c0 + piece.shape[1]] if full.dim() == 2 else full
             assert torch.equal(piece, expected), name
-    model = load_exported(checkpoint, tmp_path / "model.pt")
+    model = load_exported(tmp_path / "model.pt")
     assert set(model.state_dict()) == set(exported)
 
 

@@ -1,0 +1,360 @@
+"""Score Criteo rows with an exported model: `python -m dlrm.predict MODEL.pt --data DIR|FILE.tsv`.
+
+One process, no torchrun. MODEL is a file written by `python -m dlrm.export`. DATA is either
+- a directory written by `python -m dlrm.data.preprocess` (verified like the trainer's loader:
+  headers, row counts, ids within the model's tables, finite values, sha256): the rows of `--days`
+  (default all, in order) seen as one array, or its held-out last `--eval-fraction` (the rule of
+  `data.criteo.eval_fraction`), or
+- a raw Criteo TSV (plain or .gz; with a label column, or without one like Kaggle's test.txt),
+  parsed with the options recorded in `--options-from DIR`'s manifest.json or given by
+  `--table-sizes` (ids hashed `int(hex, 16) % size`, as preprocessing does).
+`--max-rows N` keeps the first N selected rows: the trainer's eval covers
+`data.eval_batches * data.global_batch_size` rows (the last partial batch is dropped).
+Writes the click probabilities, float32 [N] in row order, to `--out` (atomically); prints AUC and log
+loss when the rows have labels (AUC is missing when they hold one class).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from dlrm.config import CriteoConfig, ModelConfig
+from dlrm.core.logs import QUIET_LOGGERS
+from dlrm.core.metrics import auc_and_logloss
+from dlrm.core.model import build_model
+from dlrm.data.criteo import MULTI_HOT_SIZES, NUM_FIELDS, NUM_SPARSE, SPARSE_NAMES, ParseOptions, parse_block
+from dlrm.data.criteo_loader import CriteoSource
+from dlrm.data.id_remap import to_contiguous
+from dlrm.data.preprocess import parse_table_sizes
+from dlrm.data.verify import load_manifest
+from dlrm.errors import UserError
+from dlrm.export import read_exported
+
+BLOCK_BYTES = 8 << 20  # TSV text parsed at a time
+QUANTIZE = {"int8": torch.qint8, "fp16": torch.float16}  # TorchRec's inference embedding dtypes
+
+
+def feature_layout(cfg: ModelConfig) -> tuple[list[str], list[int]]:
+    """(feature names in KJT key order, rows of each feature's table); Criteo needs 26 features."""
+    names = [f for t in cfg.tables for f in t.features]
+    rows = [int(t.rows) for t in cfg.tables for _ in t.features]
+    if len(names) != NUM_SPARSE:
+        raise UserError(
+            f"the model has {len(names)} sparse features ({names[:5]}...) but Criteo rows have "
+            f"{NUM_SPARSE} (C1..C26); score it with data of its own shape"
+        )
+    return names, rows
+
+
+def to_batch(dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray, names: list[str]) -> Batch:
+    """Arrays of b one-hot rows (dense [b, 13], ids [b, 26], labels [b, 1]) -> Batch; KJT values key-major."""
+    b = sparse.shape[0]
+    return Batch(
+        dense_features=torch.from_numpy(np.ascontiguousarray(dense, np.float32)),
+        sparse_features=KeyedJaggedTensor(
+            keys=names,
+            values=torch.from_numpy(np.ascontiguousarray(sparse.T, np.int64).reshape(-1)),
+            lengths=torch.ones(NUM_SPARSE * b, dtype=torch.int32),
+        ),
+        labels=torch.from_numpy(labels.reshape(-1).astype(np.float32)),
+    )
+
+
+# ---------------------------------------------------------------- a preprocessed directory
+def directory_batches(
+    directory: str,
+    names: list[str],
+    rows: list[int],
+    batch_size: int,
+    days: list[int] | None = None,
+    eval_fraction: float = 0.0,
+    max_rows: int | None = None,
+    multi_hot_sizes: list[int] | None = None,
+    checksums: bool = True,
+) -> Iterator[Batch]:
+    """Batches of the selected rows, in order, verified by the trainer's loader (`CriteoSource`)."""
+    manifest = load_manifest(directory)
+    have = [int(d["day"]) for d in manifest["days"]]
+    days = have if days is None else days
+    missing = [d for d in days if d not in have]
+    if missing or not days:
+        raise UserError(f"--days {days}: {directory}/manifest.json has days {sorted(have)}; choose among them")
+    if not 0 <= eval_fraction < 1:
+        raise UserError(f"--eval-fraction {eval_fraction}: give a fraction in [0, 1) (0: every row of --days)")
+    cfg = CriteoConfig(
+        dir=directory,
+        train_days=days,
+        eval_days=[],
+        eval_fraction=eval_fraction,
+        multi_hot_sizes=multi_hot_sizes,
+        shuffle=False,
+        verify_checksums=checksums,
+    )
+    source = CriteoSource(cfg, names, rows, global_batch_size=1, seed=0)
+    split = source.splits["eval" if eval_fraction > 0 else "train"]
+    n = split.rows if max_rows is None else min(max_rows, split.rows)
+    for start in range(0, n, batch_size):
+        yield source.make_batch(split.read(start, min(batch_size, n - start)))
+
+
+# ---------------------------------------------------------------- a raw TSV
+def tsv_options(options_from: str | None, table_sizes: str | None, policy: str | None):
+    """(ParseOptions, vocabularies or None) from a preprocessed directory's manifest or from the flags."""
+    if (options_from is None) == (table_sizes is None):
+        raise UserError(
+            "a TSV needs its preprocessing options: give --options-from DIR (the preprocessed training "
+            "data) or --table-sizes kaggle|1tb|N|n1,..,n26 (ids hashed into those sizes), not both"
+        )
+    if table_sizes is not None:
+        return ParseOptions(policy or "fail", "modulo", tuple(parse_table_sizes(table_sizes))), None
+    m = load_manifest(options_from)
+    path = os.path.join(options_from, "manifest.json")
+    try:
+        o, kind = m["options"], m["id_map"]["kind"]
+        sizes = None if kind == "contiguous" else o["table_sizes"]
+        opts = ParseOptions(
+            policy or o["policy"], "none" if kind == "contiguous" else kind, tuple(sizes) if sizes else None
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{path} holds no usable preprocessing options ({e}); give --table-sizes instead") from None
+    vocabs = None
+    if kind == "contiguous":
+        vocabs = []
+        for name in SPARSE_NAMES:
+            p = os.path.join(options_from, f"vocab_{name}.npy")
+            try:
+                vocabs.append(np.load(p, allow_pickle=False))
+            except (OSError, ValueError) as e:
+                raise UserError(f"{p} cannot be read ({e}); re-run the preprocessing of {options_from}") from None
+    return opts, vocabs
+
+
+def _lines(path: str) -> Iterator[tuple[bytes, int]]:
+    """(blocks of complete lines, number of the block's first line) of a plain or gzip text file."""
+    with open(path, "rb") as raw:
+        gz = raw.read(2) == b"\x1f\x8b"
+        raw.seek(0)
+        f = gzip.GzipFile(fileobj=raw) if gz else raw
+        first = 1
+        try:
+            while block := f.readlines(BLOCK_BYTES):
+                buf = b"".join(block)
+                if not buf.endswith(b"\n"):
+                    buf += b"\n"
+                yield buf, first
+                first += len(block)
+        except (EOFError, OSError) as e:  # a truncated or corrupt gzip stream
+            raise UserError(
+                f"{path}: the gzip stream is truncated or corrupt after line {first - 1} ({e}); copy the file again"
+            ) from None
+
+
+def tsv_batches(
+    path: str,
+    opts: ParseOptions,
+    vocabs,
+    names: list[str],
+    rows: list[int],
+    batch_size: int,
+    counts: dict[str, int],
+    max_rows: int | None = None,
+) -> Iterator[Batch]:
+    """Batches of a Criteo TSV's rows (the first max_rows good ones if given).
+
+    A file without labels (39 fields) gets label 0 (counts['labeled'] = 0).
+
+    Bad lines: ParseOptions.policy fail -> UserError naming the line; skip -> counted in counts['skipped'].
+    """
+    labeled, left = None, math.inf if max_rows is None else max_rows
+    for buf, first in _lines(path):
+        if left <= 0:
+            return
+        if labeled is None:
+            labeled = buf[: buf.index(b"\n")].count(b"\t") != NUM_FIELDS - 2
+            counts["labeled"] = int(labeled)
+        if not labeled:  # give every line a label field so the one parser reads it
+            buf = b"0\t" + buf[:-1].replace(b"\n", b"\n0\t") + b"\n"
+        p = parse_block(buf, opts, first_line=first)
+        if p.bad:
+            if opts.policy == "fail":
+                raise UserError(f"{p.bad[0].describe(path)}; fix the file or pass --policy skip to drop bad lines")
+            counts["skipped"] = counts.get("skipped", 0) + len(p.bad)
+        keep = int(min(left, len(p.labels)))
+        left -= keep
+        dense, sparse, labels = p.dense[:keep], p.sparse[:keep], p.labels[:keep]
+        if vocabs is not None:
+            sparse = np.stack([to_contiguous(sparse[:, c].astype(np.int64), vocabs[c]) for c in range(NUM_SPARSE)], 1)
+        over = sparse.astype(np.int64) >= np.asarray(rows)
+        if over.any():
+            r, c = (int(i) for i in np.argwhere(over)[0])
+            raise UserError(
+                f"{path}: column {SPARSE_NAMES[c]} has id {int(sparse[r, c])} but the model's table for "
+                f"'{names[c]}' has {rows[c]} rows; give the preprocessing options the model was "
+                "trained with (--options-from DIR or --table-sizes)"
+            )
+        for s in range(0, len(sparse), batch_size):
+            yield to_batch(dense[s : s + batch_size], sparse[s : s + batch_size], labels[s : s + batch_size], names)
+
+
+# ---------------------------------------------------------------- scoring
+@torch.inference_mode()
+def score(model: torch.nn.Module, batches: Iterator[Batch]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [N], labels [N]) of every batch, in order (float32)."""
+    logits, labels = [torch.zeros(0)], [torch.zeros(0)]
+    for batch in batches:
+        _, (_, batch_logits, batch_labels) = model(batch)
+        logits.append(batch_logits.float().reshape(-1))
+        labels.append(batch_labels.float().reshape(-1))
+    return torch.cat(logits), torch.cat(labels)
+
+
+def save_atomic(path: Path, scores: np.ndarray) -> None:
+    """np.save to a temporary file beside `path`, then rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            np.save(f, scores)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"cannot write {path}: {e.strerror or e}; free space or choose another --out") from None
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UserError(f"{message} (see `{self.prog} --help`)")
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",")]
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: give comma-separated integers") from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = _Parser(
+        prog="python -m dlrm.predict",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ap.add_argument("model", type=Path, help="a file written by `python -m dlrm.export`")
+    ap.add_argument("--data", required=True, help="a dlrm.data.preprocess directory, or a Criteo TSV (plain or .gz)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write the probabilities here (float32 [N] .npy); default: print the metrics only",
+    )
+    ap.add_argument("--batch-size", type=int, default=4096, help="rows per forward pass")
+    ap.add_argument(
+        "--quantize",
+        choices=("none", *QUANTIZE),
+        default="none",
+        help="embedding tables for inference: TorchRec's row-wise quantized EmbeddingBagCollection",
+    )
+    ap.add_argument("--days", default=None, help="directory: days to score, e.g. 0,1 (default: all, in order)")
+    ap.add_argument(
+        "--eval-fraction",
+        type=float,
+        default=0.0,
+        help="directory: score only the held-out last fraction of --days' rows (data.criteo.eval_fraction)",
+    )
+    ap.add_argument("--max-rows", type=int, default=None, help="score only the first N selected rows (default: all)")
+    ap.add_argument(
+        "--multi-hot-sizes",
+        default=None,
+        help="directory: mlperf | n1,..,n26: synthesise multi-hot ids as data.criteo.multi_hot_sizes",
+    )
+    ap.add_argument("--no-checksums", action="store_true", help="directory: skip the sha256 of the files")
+    ap.add_argument(
+        "--options-from",
+        default=None,
+        help="TSV: parse with the options of this preprocessed directory's manifest.json",
+    )
+    ap.add_argument("--table-sizes", default=None, help="TSV: kaggle | 1tb | N | n1,..,n26 (ids hashed modulo)")
+    ap.add_argument(
+        "--policy",
+        choices=("fail", "skip"),
+        default=None,
+        help="TSV: on a bad line stop, or drop and count it (default: the manifest's, else fail)",
+    )
+    for name, level in QUIET_LOGGERS.items():  # library notices that do not concern scoring
+        logging.getLogger(name).setLevel(level)
+    try:
+        a = ap.parse_args(argv)
+        if a.batch_size < 1 or (a.max_rows is not None and a.max_rows < 0) or not math.isfinite(a.eval_fraction):
+            raise UserError(
+                f"--batch-size {a.batch_size} / --max-rows {a.max_rows} / --eval-fraction "
+                f"{a.eval_fraction}: give a batch size >= 1, rows >= 0 and a finite fraction"
+            )
+        if not os.path.exists(a.data):
+            raise UserError(f"--data {a.data} does not exist; give a dlrm.data.preprocess directory or a Criteo TSV")
+        if a.out is not None and (a.out.is_dir() or not a.out.parent.is_dir()):
+            raise UserError(f"--out {a.out}: give a file path in an existing directory")
+        cfg, state = read_exported(a.model)
+        names, rows = feature_layout(cfg)
+        counts: dict[str, int] = {"labeled": 1}
+        if os.path.isdir(a.data):
+            if a.options_from or a.table_sizes or a.policy:
+                raise UserError("--options-from, --table-sizes and --policy are for a TSV; a directory holds its own")
+            multi_hot = None
+            if a.multi_hot_sizes:
+                multi_hot = (
+                    MULTI_HOT_SIZES
+                    if a.multi_hot_sizes == "mlperf"
+                    else _int_list(a.multi_hot_sizes, "--multi-hot-sizes")
+                )
+            days = _int_list(a.days, "--days") if a.days else None
+            batches = directory_batches(
+                a.data, names, rows, a.batch_size, days, a.eval_fraction, a.max_rows, multi_hot, not a.no_checksums
+            )
+        else:
+            if a.days or a.eval_fraction or a.multi_hot_sizes or a.no_checksums:
+                raise UserError(
+                    "--days, --eval-fraction, --multi-hot-sizes and --no-checksums are for a "
+                    "preprocessed directory; preprocess the TSV to use them"
+                )
+            opts, vocabs = tsv_options(a.options_from, a.table_sizes, a.policy)
+            batches = tsv_batches(a.data, opts, vocabs, names, rows, a.batch_size, counts, a.max_rows)
+        model = build_model(cfg)
+        model.load_state_dict(state, assign=True)
+        if a.quantize != "none":  # TorchRec's serving tables: row-wise quantized weights, fbgemm's inference kernels
+            from torchrec.inference.modules import quantize_embeddings
+
+            quantize_embeddings(model, dtype=QUANTIZE[a.quantize], inplace=True)
+        t0 = time.perf_counter()
+        logits, labels = score(model.eval(), batches)
+        seconds = time.perf_counter() - t0
+        scores = torch.sigmoid(logits).numpy().astype(np.float32)
+        if a.out is not None:
+            save_atomic(a.out, scores)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    n = len(scores)
+    line = f"scored {n:,} rows of {a.data} in {seconds:.1f}s ({n / max(seconds, 1e-9):,.0f} rows/s)"
+    if counts.get("skipped"):
+        line += f", {counts['skipped']:,} bad lines skipped"
+    print(line + (f"; wrote {a.out}" if a.out else ""))
+    if counts["labeled"] and n:
+        auc, logloss = auc_and_logloss(logits, labels)
+        print(f"auc {'n/a (one class)' if auc is None else f'{auc:.6f}'} logloss {logloss:.6f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
