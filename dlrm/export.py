@@ -19,7 +19,6 @@ files' sha256).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import sys
@@ -82,7 +81,7 @@ def export(checkpoint: Path, out: Path, verify: bool = True) -> dict:
         "format": FORMAT,
         "version": VERSION,
         "step": int(state["progress"]["step"].item()),
-        "model": dataclasses.asdict(cfg),
+        "model": OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True),
         "tables": table_metadata(cfg),
         "state_dict": state["model"],
     }
