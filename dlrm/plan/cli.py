@@ -38,7 +38,8 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         "--proposer",
         choices=PROPOSERS,
         default="default",
-        help="default: the trainer's planner; greedy/uniform: one cheaper TorchRec proposer (the plan may differ)",
+        help="default: the trainer's planner (above 256 ranks a narrowed search, see dlrm.plan.large); exact: the "
+        "trainer's planner at any size; greedy/uniform: one cheaper TorchRec proposer (the plan may differ)",
     )
     parser.add_argument("--scale", default=None, help="node counts, e.g. 1,2,4,8: project the step time (weak scaling)")
     parser.add_argument("--sync-period", type=int, default=4, help="with --scale: local SGD syncs every H steps")
