@@ -25,9 +25,10 @@ excess is exposed: allreduce_exposed = max(0, allreduce - backward); the alltoal
 forward needs the pooled embeddings, the backward of the embeddings needs their gradients).
 step_s = dense_compute + embedding_compute + alltoall + allreduce_exposed + other.
 
-Planning: TorchRec's planner runs ONCE, on one node; each table keeps its sharding type and shard
-count at every N and `replace_shards` places the shards on the N-node world (greedy on load), so
-no planner run grows with N. A planner for N nodes might choose other types.
+Planning: TorchRec's planner runs twice, for one node and for the largest N (above 256 ranks with
+the narrowed search of `dlrm.plan.large`, seconds); each N is projected with both plans' sharding
+types and column blocks, the shards placed on the N-node world by `replace_shards` (greedy on
+load), and the faster kept (`plan_nodes`). A planner run for each N might find still better plans.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ OVERLAP_RULE = (
     "alltoalls are exposed; step = dense + embedding compute + alltoall + exposed allreduce + other"
 )
 PLANNING = (
-    "TorchRec's planner runs once, on one node; each table keeps its sharding type and column blocks at every "
-    "node count, re-placed on the larger world (dlrm.plan.projection.replace_shards)"
+    "TorchRec's planner runs twice, for one node and for the largest node count (narrowed search above 256 ranks); "
+    "each node count is projected with both plans' sharding types and column blocks, re-placed on its world "
+    "(dlrm.plan.projection.replace_shards), and the faster is kept (row key plan_nodes)"
 )
 EMB_BACKWARD_PASSES = 3  # read the row gradient, read and write the row (fused optimizer update)
 
@@ -240,7 +242,11 @@ def tables_of(report: dict):
 
 
 def scaling(cfg: Config, ranks_per_node, proposer: str, node_counts: list[int], sync_period: int, measured):
-    """(plan report of one node, projection rows): plans once on one node, then `project`."""
+    """(plan report of one node, projection rows); see PLANNING.
+
+    Plans one node and the largest node count (same per-rank batch), projects every node count with
+    each plan's sharding types and keeps, per node count and sync mode, the faster; `plan_nodes` says which.
+    """
     from dlrm.plan.planner import make_plan
 
     check_sync_period(sync_period)  # before planning
@@ -249,5 +255,20 @@ def scaling(cfg: Config, ranks_per_node, proposer: str, node_counts: list[int], 
     one = replace(cfg, topology=replace(cfg.topology, nodes=1))
     report = make_plan(one, ranks_per_node, proposer)
     g = report["topology"]["ranks_per_node"]
-    rows = project(one, tables_of(report), report["model"]["dense_params"], g, node_counts, sync_period, measured)
-    return report, rows
+    dense = report["model"]["dense_params"]
+    best = {}
+    for plan_nodes in sorted({1, max(node_counts)}):
+        if plan_nodes == 1:
+            planned = report
+        else:
+            big = replace(
+                cfg,
+                topology=replace(cfg.topology, nodes=plan_nodes),
+                data=replace(cfg.data, global_batch_size=cfg.data.global_batch_size * plan_nodes),
+            )
+            planned = make_plan(big, ranks_per_node, proposer)
+        for row in project(one, tables_of(planned), dense, g, node_counts, sync_period, measured):
+            key = (row["nodes"], row["dense_sync"])
+            if key not in best or row["step_s"] < best[key]["step_s"]:
+                best[key] = {**row, "plan_nodes": plan_nodes}
+    return report, [best[n, m] for n in node_counts for m in SYNC_MODES]

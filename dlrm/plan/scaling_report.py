@@ -9,10 +9,10 @@ from dlrm.io import write_atomic, write_json_atomic
 from dlrm.plan.projection import OVERLAP_RULE, PHASES, SYNC_MODES
 
 CAVEAT = (
-    "Caveat: the plan of one node is kept at every node count (same sharding type per table). A table-wise "
-    "table's owner, and every shard of a row-wise table, handles the pooled embeddings of the whole global batch, "
-    "which grows with the nodes under weak scaling, so the busiest rank's alltoall grows about linearly; a "
-    "planner run for N nodes would cut the large tables finer (column-wise, table-row-wise)."
+    "Caveat: each node count uses the sharding types of one of two plans (one node, the largest node count; "
+    "column plan_nodes), re-placed on its world, not a planner run of its own. With the one-node plan "
+    "(table-wise) a table's owner handles the pooled embeddings of the whole global batch, which grows with the "
+    "nodes under weak scaling."
 )
 
 
@@ -28,6 +28,7 @@ def table(rows: list[dict]) -> str:
     """Markdown: one line per (nodes, sync mode) with the step, samples/s and each phase in ms."""
     head = [
         "nodes",
+        "plan_nodes",
         "dense_sync",
         "step ms",
         "samples/s",
@@ -40,6 +41,7 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         cells = [
             r["nodes"],
+            r.get("plan_nodes", "-"),
             r["dense_sync"],
             f"{r['step_s'] * 1e3:.2f}",
             f"{r['samples_per_s']:,.0f}",

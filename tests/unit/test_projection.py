@@ -43,6 +43,7 @@ def test_json_rows_for_every_node_count_and_mode(capsys):
     )
     for r in rows:
         assert r["ranks"] == 8 * r["nodes"] and r["global_batch"] == 512 * r["nodes"]  # weak scaling
+        assert r["plan_nodes"] in (1, 4)  # the faster of the one-node and four-node plans
 
 
 def test_phases_sum_to_the_step_under_the_overlap_rule(base):
@@ -116,7 +117,7 @@ def test_out_writes_json_markdown_and_png(capsys, tmp_path):
     rows = json.loads((tmp_path / "scaling.json").read_text())["scaling"]
     assert len(rows) == 2 * len(projection.SYNC_MODES)
     md = (tmp_path / "scaling.md").read_text()
-    assert "Overlap rule" in md and "| 2 | local_sgd |" in md
+    assert "Overlap rule" in md and "| local_sgd |" in md
     assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob(".*tmp*"))
 
