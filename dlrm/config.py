@@ -217,6 +217,8 @@ class TopologyConfig:
 
     ranks_per_node: None takes the launcher's LOCAL_WORLD_SIZE; a number is checked against it.
     hbm_GB / ddr_GB: device and host memory per rank available to the model, in GB.
+    dense_tflops / mem_bw_GBps: peak dense matmul TFLOP/s and memory bandwidth (GB/s) per rank, for the
+    step-time projection of `python -m dlrm.plan --scale` (None: unknown; pass --measured instead).
     The defaults describe one CPU machine (topology=cpu).
     """
 
@@ -229,6 +231,8 @@ class TopologyConfig:
     inter_node: LinkConfig = field(default_factory=LinkConfig)
     hbm_GB: float = 0.0
     ddr_GB: float = 8.0
+    dense_tflops: Optional[float] = None
+    mem_bw_GBps: Optional[float] = None
 
     def check(self, key: str = "topology") -> None:
         _require_positive(f"{key}.nodes", self.nodes)
@@ -241,6 +245,9 @@ class TopologyConfig:
         if self.device == Device.cuda:
             _require_positive(f"{key}.hbm_GB", self.hbm_GB)
         _require_positive(f"{key}.ddr_GB", self.ddr_GB)
+        for name in ("dense_tflops", "mem_bw_GBps"):
+            if getattr(self, name) is not None:
+                _require_positive(f"{key}.{name}", getattr(self, name))
 
 
 @dataclass

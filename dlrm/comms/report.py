@@ -29,6 +29,7 @@ from dlrm.comms.costmodel import (
     fit_alpha_beta,
     two_level_time,
 )
+from dlrm.comms.accuracy import geomean_abs_error
 from dlrm.io import write_atomic
 
 COMPARED = ("ring", "fully_connected")
@@ -113,7 +114,8 @@ def bench_vs_model(data: dict) -> tuple[list[list], list[list], dict[tuple, tupl
         link = Link(fabric, fit.alpha_s, fit.bandwidth_Bps)
         pred = [collective_time(base_collective(c), link, p, x) for x in n]
         alpha_us, bw = f"{fit.alpha_s * 1e6:.1f}", f"{fit.bandwidth_Bps / 1e9:.3f}"
-        fits.append([c, scope, p, fabric, alpha_us, bw, f"{fit.rel_rms:.2f}"])
+        geo = geomean_abs_error(n, t, pred)
+        fits.append([c, scope, p, fabric, alpha_us, bw, f"{fit.rel_rms:.2f}", "-" if geo is None else f"{geo:.1%}"])
         sizes += [
             [c, scope, fmt_bytes(x), fmt_us(tm), fmt_us(tp), f"{tm / tp:.2f}"]
             for x, tm, tp in zip(n, t, pred, strict=True)
@@ -249,7 +251,19 @@ def bench_section(path: str, data: dict, fits: list, rows: list) -> list[str]:
         "",
         f"## Benchmark {path} ({data.get('backend')}, {data.get('world_size')} ranks) vs model",
         "",
-        table(fits, ["collective", "scope", "p", "fabric", "alpha (us)", "B (GB/s)", "rel. rms misfit"]),
+        table(
+            fits,
+            [
+                "collective",
+                "scope",
+                "p",
+                "fabric",
+                "alpha (us)",
+                "B (GB/s)",
+                "rel. rms misfit",
+                "geo-mean abs. error >= 64 KiB",
+            ],
+        ),
         "",
         *(
             ["B = inf: the sizes were too small for the bandwidth term to show; sweep larger sizes.", ""]

@@ -14,6 +14,7 @@ from dlrm.config import ConfigError
 from dlrm.core.memory import PlanError
 from dlrm.plan.planner import PROPOSERS, make_plan
 from dlrm.plan.report import format_report
+from dlrm.plan.scaling_cli import scaling_main
 
 
 def _quiet_torchrec() -> None:
@@ -37,8 +38,13 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         "--proposer",
         choices=PROPOSERS,
         default="default",
-        help="default: the trainer's planner; greedy/uniform: one cheaper TorchRec proposer (the plan may differ)",
+        help="default: the trainer's planner (above 256 ranks a narrowed search, see dlrm.plan.large); exact: the "
+        "trainer's planner at any size; greedy/uniform: one cheaper TorchRec proposer (the plan may differ)",
     )
+    parser.add_argument("--scale", default=None, help="node counts, e.g. 1,2,4,8: project the step time (weak scaling)")
+    parser.add_argument("--sync-period", type=int, default=4, help="with --scale: local SGD syncs every H steps")
+    parser.add_argument("--measured", default=None, help="with --scale: RUN_DIR/summary.json for the compute times")
+    parser.add_argument("--out", default=None, help="with --scale: write scaling.json, scaling.md, scaling.png here")
     args, overrides = parser.parse_known_args(list(argv))
     bad = [o for o in overrides if o.startswith("-")]
     if bad:
@@ -52,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:  # as a command: TorchRec's warnings and INFO logs would drown the report
         _quiet_torchrec()
     try:
+        if args.scale is not None:
+            return scaling_main(args, overrides)
         cfg = compose(overrides)
         report = make_plan(cfg, args.ranks_per_node, args.proposer)
     except (ConfigError, PlanError) as e:

@@ -13,9 +13,10 @@ from dataclasses import asdict
 from dlrm.comms.traffic import comm_summary
 from dlrm.config import Config, ConfigError, validate, validate_world
 from dlrm.core.memory import capacity_GB, dense_param_count, planner_refusal, precheck_memory
+from dlrm.plan.large import is_large, large_world_planner
 from dlrm.plan.memory import check_fits, memory_summary
 
-PROPOSERS = ("default", "greedy", "uniform")
+PROPOSERS = ("default", "exact", "greedy", "uniform")
 
 
 def world_of(cfg: Config, ranks_per_node: int | None) -> tuple[int, int]:
@@ -42,18 +43,21 @@ def world_of(cfg: Config, ranks_per_node: int | None) -> tuple[int, int]:
 def run_planner(cfg: Config, model, world: int, ranks_per_node: int, proposer: str = "default"):
     """TorchRec's ShardingPlan for `model` (on meta) on `world` ranks, no process group.
 
-    proposer 'default' is exactly the trainer's planner (`dlrm.core.sharding.plan_sharding`); 'greedy' and
-    'uniform' replace TorchRec's proposers by one cheaper one (faster on many ranks; the plan may differ).
+    proposer 'exact' is exactly the trainer's planner (`dlrm.core.sharding.plan_sharding`), and so is 'default'
+    up to `dlrm.plan.large.LARGE_WORLD` ranks, above which it narrows the search (see `dlrm.plan.large`);
+    'greedy' and 'uniform' replace TorchRec's proposers by one cheaper one (faster on many ranks; the plan may differ).
     """
     from torchrec.distributed.planner.proposers import GreedyProposer, UniformProposer
     from torchrec.distributed.planner.types import PlannerError
 
-    from dlrm.core.sharding import plan_sharding
+    from dlrm.core.sharding import _sharders, plan_sharding
     from dlrm.core.topology import planner_topology
 
     topology = planner_topology(cfg.topology, world, ranks_per_node)
-    one = {"default": None, "greedy": GreedyProposer, "uniform": UniformProposer}[proposer]
+    one = {"default": None, "exact": None, "greedy": GreedyProposer, "uniform": UniformProposer}[proposer]
     try:
+        if is_large(world, proposer):
+            return large_world_planner(cfg, topology).plan(model, _sharders())
         return plan_sharding(cfg, model, topology, pg=None, proposer=one() if one else None)
     except PlannerError as e:
         raise planner_refusal(cfg, world, e) from e
@@ -98,6 +102,7 @@ def make_plan(cfg: Config, ranks_per_node: int | None = None, proposer: str = "d
             "capacity_GB": capacity_GB(cfg),
         },
         "proposer": proposer,
+        "search": "narrowed (dlrm.plan.large)" if is_large(world, proposer) else "full",
         "plan": [asdict(t) | ({"shards": []} if t.sharding_type == "data_parallel" else {}) for t in tables],
         "memory": memory,
         "comms": comms,

@@ -1,0 +1,274 @@
+"""Step time projected over node counts (weak scaling): compute, alltoall and allreduce per step.
+
+`python -m dlrm.plan [overrides] --scale 1,2,4 [--sync-period H] [--measured run_dir/summary.json]`.
+
+Weak scaling: the per-rank batch b = data.global_batch_size / ranks of ONE node stays fixed; N nodes
+train a global batch of b * N * g. For each N and each dense sync mode a row gives the step time
+split into phases that sum to it:
+
+- compute (per rank, the same at every N): from the topology's peak figures, dense = 2 x dense
+  parameters FLOPs per sample forward and twice that backward at `topology.dense_tflops`; embedding =
+  the rows looked up per rank (b x sum over tables of features x pooling x dim x 4 bytes) read once
+  forward and three times backward (read gradient, read and write the row with its fused optimizer)
+  at `topology.mem_bw_GBps`. Or, with --measured, a run's per-phase times (`step_breakdown.phase_s` of
+  its summary.json): dense = dense_fwd + backward + optimizer, embedding = emb_lookup, other = data +
+  other; that run should have the same per-rank batch and rank type.
+- alltoall (ids, pooled embeddings, their gradients; intra and inter node concurrent, the busiest
+  rank): `dlrm.comms.traffic` on the plan's shards re-placed for N nodes (see `replace_shards`).
+- allreduce of the dense gradients and data-parallel tables: `allreduce` = one flat ring over all
+  ranks at the slowest link's speed (the inter-node NIC once N > 1); `hierarchical` = intra
+  reduce-scatter, inter allreduce of 1/g, intra allgather (`costmodel.two_level_time`); `local_sgd` =
+  the flat allreduce every H steps, its cost / H per step.
+
+Overlap rule (stated in every output): the allreduce overlaps the backward compute and only its
+excess is exposed: allreduce_exposed = max(0, allreduce - backward); the alltoalls are exposed (the
+forward needs the pooled embeddings, the backward of the embeddings needs their gradients).
+step_s = dense_compute + embedding_compute + alltoall + allreduce_exposed + other.
+
+Planning: TorchRec's planner runs twice, for one node and for the largest N (above 256 ranks with
+the narrowed search of `dlrm.plan.large`, seconds); each N is projected with both plans' sharding
+types and column blocks, the shards placed on the N-node world by `replace_shards` (greedy on
+load), and the faster kept (`plan_nodes`). A planner run for each N might find still better plans.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from dlrm.comms.costmodel import Link, collective_time, two_level_time
+from dlrm.comms.traffic import FLOAT_BYTES, comm_summary
+from dlrm.config import Config, ConfigError
+
+SYNC_MODES = ("allreduce", "hierarchical", "local_sgd")
+PHASES = ("dense_compute", "embedding_compute", "alltoall", "allreduce_exposed", "other")
+OVERLAP_RULE = (
+    "allreduce overlaps the backward compute (dense + embedding backward) and only its excess is exposed; "
+    "alltoalls are exposed; step = dense + embedding compute + alltoall + exposed allreduce + other"
+)
+PLANNING = (
+    "TorchRec's planner runs twice, for one node and for the largest node count (narrowed search above 256 ranks); "
+    "each node count is projected with both plans' sharding types and column blocks, re-placed on its world "
+    "(dlrm.plan.projection.replace_shards), and the faster is kept (row key plan_nodes)"
+)
+EMB_BACKWARD_PASSES = 3  # read the row gradient, read and write the row (fused optimizer update)
+
+
+def parse_scale(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]; ConfigError unless every entry is a positive integer."""
+    out = []
+    for item in text.split(","):
+        try:
+            n = int(item)
+        except ValueError:
+            n = 0
+        if n <= 0:
+            raise ConfigError(
+                f"--scale {text!r}: {item.strip()!r} is not a positive node count; "
+                "pass node counts like --scale 1,2,4,8"
+            )
+        out.append(n)
+    return sorted(set(out))
+
+
+def check_sync_period(sync_period: int) -> None:
+    if sync_period < 1:
+        raise ConfigError(f"--sync-period {sync_period} is invalid: local SGD syncs every H >= 1 steps; pass e.g. 4")
+
+
+def load_measured(path: str) -> dict[str, float]:
+    """Per-phase seconds of a trainer run: `step_breakdown.phase_s` of its summary.json; ConfigError otherwise."""
+    fix = "pass the summary.json of a run trained with trainer.breakdown=true (RUN_DIR/summary.json)"
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"--measured {path!r} does not exist; {fix}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"--measured {path!r} is not readable JSON ({e}); {fix}") from None
+    phases = data.get("step_breakdown", {}).get("phase_s") if isinstance(data, dict) else None
+    if not isinstance(phases, dict) or not phases:
+        raise ConfigError(f"--measured {path!r} has no step_breakdown.phase_s; {fix}")
+    for k, v in phases.items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
+            raise ConfigError(f"--measured {path!r}: step_breakdown.phase_s.{k} = {v!r} is not seconds >= 0; {fix}")
+    return {k: float(v) for k, v in phases.items()}
+
+
+def check_peak_figures(cfg: Config) -> None:
+    """ConfigError naming the missing topology key when the projection cannot model compute."""
+    for key in ("dense_tflops", "mem_bw_GBps"):
+        if getattr(cfg.topology, key) is None:
+            raise ConfigError(
+                f"config key 'topology.{key}' = None: topology '{cfg.topology.name}' has no peak figure to model "
+                f"compute; set topology.{key}=X or pass --measured RUN_DIR/summary.json"
+            )
+
+
+def compute_times(cfg: Config, tables, dense_params: int, b_local: float, measured: dict | None) -> dict[str, float]:
+    """Seconds per step on one rank: dense, embedding, backward (their backward part), other."""
+    if measured is not None:
+        m = measured.get
+        dense = m("dense_fwd", 0.0) + m("backward", 0.0) + m("optimizer", 0.0)
+        return {
+            "dense": dense,
+            "embedding": m("emb_lookup", 0.0),
+            "backward": m("backward", 0.0),
+            "other": m("data", 0.0) + m("other", 0.0),
+        }
+    flops = 2 * dense_params * b_local  # forward multiply-adds of the MLPs and cross layers
+    dense_fwd = flops / (cfg.topology.dense_tflops * 1e12)
+    row_bytes = b_local * sum(t.features * t.pooling * t.dim * FLOAT_BYTES for t in tables)
+    emb_fwd = row_bytes / (cfg.topology.mem_bw_GBps * 1e9)
+    emb_bwd = EMB_BACKWARD_PASSES * emb_fwd
+    return {"dense": 3 * dense_fwd, "embedding": emb_fwd + emb_bwd, "backward": 2 * dense_fwd + emb_bwd, "other": 0.0}
+
+
+def replace_shards(tables, world: int, ranks_per_node: int):
+    """The tables with their shards placed on `world` ranks, keeping sharding type and column blocks.
+
+    table/column-wise shards go to the least loaded rank (load: pooled columns x features), largest
+    first; row_wise is cut into `world` equal row ranges, one per rank; table_row_wise / grid_shard
+    column blocks are row-sharded over the g ranks of the least loaded node; data_parallel is on every rank.
+    """
+    from dlrm.core.sharding import Shard
+
+    g, nodes = ranks_per_node, world // ranks_per_node
+    load = np.zeros(world)
+    node_load = np.zeros(nodes)
+    out = {}
+    order = sorted(tables, key=lambda t: -t.features * t.dim)
+    for t in order:
+        kind = t.sharding_type
+        blocks = sorted({(s.col_offset, s.cols) for s in t.shards}) or [(0, t.dim)]
+        shards = []
+        if kind == "data_parallel":
+            shards = [Shard(r, 0, 0, t.rows, t.dim) for r in range(world)]
+        elif kind == "row_wise":
+            bounds = np.linspace(0, t.rows, world + 1).astype(int)
+            shards = [Shard(r, int(bounds[r]), 0, int(bounds[r + 1] - bounds[r]), t.dim) for r in range(world)]
+        elif kind in ("table_row_wise", "grid_shard"):
+            for col, cols in blocks:
+                n = int(np.argmin(node_load))
+                node_load[n] += t.features * cols
+                bounds = np.linspace(0, t.rows, g + 1).astype(int)
+                shards += [
+                    Shard(n * g + i, int(bounds[i]), col, int(bounds[i + 1] - bounds[i]), cols) for i in range(g)
+                ]
+        else:  # table_wise, column_wise, table_column_wise
+            for col, cols in blocks:
+                r = int(np.argmin(load))
+                load[r] += t.features * cols
+                shards.append(Shard(r, 0, col, t.rows, cols))
+        out[t.table] = replace(t, shards=shards, ranks=sorted({s.rank for s in shards}))
+    return [out[t.table] for t in tables]
+
+
+def flat_allreduce_time(topology, nodes: int, g: int, nbytes: float) -> float:
+    """One ring over all N g ranks; once N > 1 every hop runs at the inter-node link's speed."""
+    if nodes == 1:
+        return collective_time("allreduce", Link.from_config(topology.intra_node), g, nbytes)
+    inter = Link.from_config(topology.inter_node)
+    return collective_time("allreduce", replace(inter, fabric="ring"), nodes * g, nbytes)
+
+
+def project(
+    cfg: Config, tables, dense_params: int, g: int, node_counts: list[int], sync_period: int, measured=None
+) -> list[dict]:
+    """Rows (one per node count and sync mode) of the modelled step; see the module docstring."""
+    check_sync_period(sync_period)
+    if measured is None:
+        check_peak_figures(cfg)
+    b_local = cfg.data.global_batch_size / g
+    compute = compute_times(cfg, tables, dense_params, b_local, measured)
+    rows = []
+    for n in node_counts:
+        world = n * g
+        cfg_n = replace(
+            cfg,
+            topology=replace(cfg.topology, nodes=n),
+            data=replace(cfg.data, global_batch_size=int(b_local * world)),
+        )
+        comms = comm_summary(cfg_n, replace_shards(tables, world, g), world, g, dense_params)
+        t = comms["time_s"]
+        nbytes = comms["allreduce_bytes"]
+        flat = flat_allreduce_time(cfg.topology, n, g, nbytes)
+        intra, inter = Link.from_config(cfg.topology.intra_node), Link.from_config(cfg.topology.inter_node)
+        allreduce = {
+            "allreduce": flat,
+            "hierarchical": two_level_time("allreduce", intra, inter, n, g, nbytes) if nbytes else 0.0,
+            "local_sgd": flat / sync_period,
+        }
+        for mode in SYNC_MODES:
+            phases = {
+                "dense_compute": compute["dense"],
+                "embedding_compute": compute["embedding"],
+                "alltoall": t["alltoall_s"],
+                "allreduce_exposed": max(0.0, allreduce[mode] - compute["backward"]),
+                "other": compute["other"],
+            }
+            step = sum(phases.values())
+            rows.append(
+                {
+                    "nodes": n,
+                    "ranks": world,
+                    "global_batch": cfg_n.data.global_batch_size,
+                    "dense_sync": mode,
+                    "sync_period": sync_period if mode == "local_sgd" else 1,
+                    "step_s": step,
+                    "samples_per_s": cfg_n.data.global_batch_size / step,
+                    "phase_s": phases,
+                    "share": {k: v / step for k, v in phases.items()},
+                    "comm_share": (phases["alltoall"] + phases["allreduce_exposed"]) / step,
+                    "alltoall_intra_s": t["alltoall_intra_s"],
+                    "alltoall_inter_s": t["alltoall_inter_s"],
+                    "allreduce_s": allreduce[mode],
+                    "backward_s": compute["backward"],
+                    "allreduce_bytes": nbytes,
+                    "alltoall_bytes_inter_max": comms["alltoall_bytes_inter_max"],
+                }
+            )
+    return rows
+
+
+def tables_of(report: dict):
+    """The `TablePlan` records of a plan report (`make_plan`'s dict)."""
+    from dlrm.core.sharding import Shard, TablePlan
+
+    return [TablePlan(**{**t, "shards": [Shard(**s) for s in t["shards"]]}) for t in report["plan"]]
+
+
+def scaling(cfg: Config, ranks_per_node, proposer: str, node_counts: list[int], sync_period: int, measured):
+    """(plan report of one node, projection rows); see PLANNING.
+
+    Plans one node and the largest node count (same per-rank batch), projects every node count with
+    each plan's sharding types and keeps, per node count and sync mode, the faster; `plan_nodes` says which.
+    """
+    from dlrm.plan.planner import make_plan
+
+    check_sync_period(sync_period)  # before planning
+    if measured is None:
+        check_peak_figures(cfg)
+    one = replace(cfg, topology=replace(cfg.topology, nodes=1))
+    report = make_plan(one, ranks_per_node, proposer)
+    g = report["topology"]["ranks_per_node"]
+    dense = report["model"]["dense_params"]
+    best = {}
+    for plan_nodes in sorted({1, max(node_counts)}):
+        if plan_nodes == 1:
+            planned = report
+        else:
+            big = replace(
+                cfg,
+                topology=replace(cfg.topology, nodes=plan_nodes),
+                data=replace(cfg.data, global_batch_size=cfg.data.global_batch_size * plan_nodes),
+            )
+            planned = make_plan(big, ranks_per_node, proposer)
+        for row in project(one, tables_of(planned), dense, g, node_counts, sync_period, measured):
+            key = (row["nodes"], row["dense_sync"])
+            if key not in best or row["step_s"] < best[key]["step_s"]:
+                best[key] = {**row, "plan_nodes": plan_nodes}
+    return report, [best[n, m] for n in node_counts for m in SYNC_MODES]

@@ -1,0 +1,159 @@
+"""`python -m dlrm.plan --scale`: step time projected over node counts (dlrm.plan.projection)."""
+
+import json
+import math
+
+import pytest
+
+from dlrm import plan as dplan
+from dlrm.plan import planner, projection
+
+TINY = ["model=tiny", "topology=dgx_h100_multinode", "data.global_batch_size=512"]
+SCALE = [1, 2, 4, 8]
+
+
+def run(capsys, *args):
+    code = dplan.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def base():
+    """(config, tables, dense params, ranks per node) of TINY planned once on one node."""
+    cfg = dplan.compose(TINY)
+    report, _ = projection.scaling(cfg, None, "default", [1], 4, None)
+    return cfg, projection.tables_of(report), report["model"]["dense_params"], report["topology"]["ranks_per_node"]
+
+
+def rows_of(base, sync_period=4, **topology):
+    cfg, tables, dense, g = base
+    from dataclasses import replace
+
+    cfg = replace(cfg, topology=replace(cfg.topology, **topology))
+    return projection.project(cfg, tables, dense, g, SCALE, sync_period)
+
+
+def test_json_rows_for_every_node_count_and_mode(capsys):
+    code, out, err = run(capsys, "--json", "--scale", "4,1,2", *TINY)
+    assert code == 0, err
+    rows = json.loads(out)["scaling"]
+    assert sorted((r["nodes"], r["dense_sync"]) for r in rows) == sorted(
+        (n, m) for n in (1, 2, 4) for m in projection.SYNC_MODES
+    )
+    for r in rows:
+        assert r["ranks"] == 8 * r["nodes"] and r["global_batch"] == 512 * r["nodes"]  # weak scaling
+        assert r["plan_nodes"] in (1, 4)  # the faster of the one-node and four-node plans
+
+
+def test_phases_sum_to_the_step_under_the_overlap_rule(base):
+    for r in rows_of(base):
+        assert math.isclose(sum(r["phase_s"].values()), r["step_s"], rel_tol=1e-12)
+        assert math.isclose(
+            r["phase_s"]["allreduce_exposed"],
+            max(0.0, r["allreduce_s"] - r["backward_s"]),
+            rel_tol=1e-12,
+            abs_tol=1e-15,
+        )
+        assert r["phase_s"]["alltoall"] == max(r["alltoall_intra_s"], r["alltoall_inter_s"])
+        assert math.isclose(r["samples_per_s"], r["global_batch"] / r["step_s"], rel_tol=1e-12)
+
+
+def test_local_sgd_with_period_one_is_allreduce_and_cheaper_otherwise(base):
+    by = {(r["nodes"], r["dense_sync"]): r for r in rows_of(base, sync_period=1)}
+    for n in SCALE:
+        assert by[n, "local_sgd"]["step_s"] == by[n, "allreduce"]["step_s"]
+    by4 = {(r["nodes"], r["dense_sync"]): r for r in rows_of(base, sync_period=4)}
+    assert by4[8, "local_sgd"]["allreduce_s"] == pytest.approx(by4[8, "allreduce"]["allreduce_s"] / 4)
+
+
+def test_comm_share_does_not_fall_with_more_nodes(base):
+    # A slow network, so the allreduce shows above the backward: the share must not fall as nodes grow.
+    rows = [r for r in rows_of(base, inter_node=_slow(base)) if r["dense_sync"] == "allreduce"]
+    shares = [r["comm_share"] for r in rows]
+    assert all(b >= a - 1e-12 for a, b in zip(shares, shares[1:], strict=False)), shares
+    assert shares[-1] > shares[0]
+
+
+def _slow(base):
+    from dataclasses import replace
+
+    return replace(base[0].topology.inter_node, bandwidth_GBps=0.01, latency_us=100.0)
+
+
+def test_peak_compute_by_hand(base):
+    cfg, tables, dense, g = base
+    b = 512 / g
+    r = rows_of(base)[0]
+    dense_s = 3 * 2 * dense * b / (cfg.topology.dense_tflops * 1e12)
+    emb_s = 4 * b * sum(t.features * t.pooling * t.dim * 4 for t in tables) / (cfg.topology.mem_bw_GBps * 1e9)
+    assert r["phase_s"]["dense_compute"] == pytest.approx(dense_s, rel=1e-9)
+    assert r["phase_s"]["embedding_compute"] == pytest.approx(emb_s, rel=1e-9)
+
+
+def test_measured_phases_replace_the_peak_figures(capsys, tmp_path):
+    phases = {
+        "data": 0.001,
+        "emb_lookup": 0.002,
+        "dense_fwd": 0.003,
+        "backward": 0.004,
+        "optimizer": 0.0005,
+        "other": 0.0002,
+        "emb_a2a_fwd": 9.0,
+    }
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"step_breakdown": {"phase_s": phases}}))
+    code, out, err = run(capsys, "--json", "--scale", "1", "--measured", str(path), *TINY, "topology.dense_tflops=null")
+    assert code == 0, err
+    r = json.loads(out)["scaling"][0]
+    assert r["phase_s"]["dense_compute"] == pytest.approx(0.0075)
+    assert r["phase_s"]["embedding_compute"] == pytest.approx(0.002)
+    assert r["phase_s"]["other"] == pytest.approx(0.0012)  # measured comms (emb_a2a_fwd) are not reused
+
+
+def test_out_writes_json_markdown_and_png(capsys, tmp_path):
+    code, out, err = run(capsys, "--scale", "1,2", "--out", str(tmp_path), *TINY)
+    assert code == 0, err
+    rows = json.loads((tmp_path / "scaling.json").read_text())["scaling"]
+    assert len(rows) == 2 * len(projection.SYNC_MODES)
+    md = (tmp_path / "scaling.md").read_text()
+    assert "Overlap rule" in md and "| local_sgd |" in md
+    assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+@pytest.fixture
+def no_planner(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the planner ran before the input was checked")
+
+    monkeypatch.setattr(planner, "run_planner", refuse)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--scale", "0"], ["--scale", "'0'", "positive"]),
+        (["--scale", "a"], ["--scale", "'a'", "positive"]),
+        (["--scale", "1,,2"], ["--scale", "positive"]),
+        (["--scale", "1", "--measured", "/nonexistent/summary.json"], ["--measured", "does not exist", "summary.json"]),
+        (["--scale", "1", "--sync-period", "0"], ["--sync-period", "H >= 1"]),
+        (["--scale", "1", "topology=cpu"], ["topology.dense_tflops", "--measured"]),
+    ],
+)
+def test_refusals_exit_2_with_one_line(capsys, no_planner, args, words):
+    code, out, err = run(
+        capsys, *args, *[o for o in TINY if not (o.startswith("topology=") and "topology=cpu" in args)]
+    )
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    for w in words:
+        assert w in err
+
+
+def test_corrupt_measured_file(capsys, no_planner, tmp_path):
+    path = tmp_path / "summary.json"
+    for content in ("{not json", json.dumps({"step_breakdown": {"phase_s": {"backward": "fast"}}}), "[]"):
+        path.write_text(content)
+        code, _, err = run(capsys, "--scale", "1", "--measured", str(path), *TINY)
+        assert code == 2 and err.count("\n") == 1 and "--measured" in err
