@@ -231,8 +231,8 @@ class TopologyConfig:
     inter_node: LinkConfig = field(default_factory=LinkConfig)
     hbm_GB: float = 0.0
     ddr_GB: float = 8.0
-    dense_tflops: Optional[float] = None
-    mem_bw_GBps: Optional[float] = None
+    dense_tflops: float | None = None
+    mem_bw_GBps: float | None = None
 
     def check(self, key: str = "topology") -> None:
         _require_positive(f"{key}.nodes", self.nodes)

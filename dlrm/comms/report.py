@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from dlrm.comms.accuracy import geomean_abs_error
 from dlrm.comms.bench import FIELDS, SCHEMA, base_collective, parse_size, sweep_sizes
 from dlrm.comms.costmodel import (
     CommsError,
@@ -29,7 +30,6 @@ from dlrm.comms.costmodel import (
     fit_alpha_beta,
     two_level_time,
 )
-from dlrm.comms.accuracy import geomean_abs_error
 from dlrm.io import write_atomic
 
 COMPARED = ("ring", "fully_connected")

@@ -40,7 +40,7 @@ class AnyDeviceEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         return super().sharding_types("cuda")
 
 
-def _sharders() -> list[ModuleSharder[torch.nn.Module]]:
+def sharders() -> list[ModuleSharder[torch.nn.Module]]:
     """The sharders of the planner and of DMP (TorchRec types them for any module)."""
     return [cast(ModuleSharder[torch.nn.Module], AnyDeviceEmbeddingBagCollectionSharder())]
 
@@ -87,11 +87,11 @@ def plan_sharding(
     Raises PlanError (a UserError) when TorchRec's planner finds no plan.
     """
     planner = make_planner(cfg, topology, proposer)
-    sharders = _sharders()
+    module_sharders = sharders()
     try:
         if pg is None:
-            return planner.plan(model, sharders)
-        return planner.collective_plan(model, sharders, pg)
+            return planner.plan(model, module_sharders)
+        return planner.collective_plan(model, module_sharders, pg)
     except PlannerError as e:  # a user error: the config asks for more than the topology holds
         raise planner_refusal(cfg, topology.world_size, e) from e
 
@@ -105,7 +105,7 @@ def shard_model(
         env=ShardingEnv.from_process_group(pg),
         device=device,
         plan=plan,
-        sharders=_sharders(),
+        sharders=sharders(),
     )
 
 

@@ -50,14 +50,14 @@ def run_planner(cfg: Config, model, world: int, ranks_per_node: int, proposer: s
     from torchrec.distributed.planner.proposers import GreedyProposer, UniformProposer
     from torchrec.distributed.planner.types import PlannerError
 
-    from dlrm.core.sharding import _sharders, plan_sharding
+    from dlrm.core.sharding import plan_sharding, sharders
     from dlrm.core.topology import planner_topology
 
     topology = planner_topology(cfg.topology, world, ranks_per_node)
     one = {"default": None, "exact": None, "greedy": GreedyProposer, "uniform": UniformProposer}[proposer]
     try:
         if is_large(world, proposer):
-            return large_world_planner(cfg, topology).plan(model, _sharders())
+            return large_world_planner(cfg, topology).plan(model, sharders())
         return plan_sharding(cfg, model, topology, pg=None, proposer=one() if one else None)
     except PlannerError as e:
         raise planner_refusal(cfg, world, e) from e
