@@ -23,6 +23,7 @@ import hashlib
 import json
 import sys
 from pathlib import Path
+from typing import cast
 
 import torch
 from omegaconf import OmegaConf
@@ -41,7 +42,7 @@ def model_config_of(checkpoint: Path) -> ModelConfig:
     """The model config a checkpoint was written for (from its manifest)."""
     saved = read_manifest(checkpoint).get("model")
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), saved))
+        return cast(ModelConfig, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), saved)))
     except (OmegaConfBaseException, ValueError) as e:
         raise CheckpointError(
             f"{checkpoint / 'manifest.json'}: its model is not a valid model config ({e}); "
@@ -127,7 +128,9 @@ def read_exported(path: Path) -> tuple[ModelConfig, dict]:
     if data.get("version") != VERSION:
         raise _refuse(path, f"format version {data.get('version')!r}, this program reads {VERSION}")
     try:
-        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), data.get("model")))
+        cfg = cast(
+            ModelConfig, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), data.get("model")))
+        )
     except (OmegaConfBaseException, ValueError, TypeError) as e:
         raise _refuse(path, f"its 'model' is not a valid model config ({str(e).splitlines()[0]})") from None
     if data.get("tables") != table_metadata(cfg):

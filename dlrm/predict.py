@@ -119,7 +119,8 @@ def tsv_options(options_from: str | None, table_sizes: str | None, policy: str |
             "data) or --table-sizes kaggle|1tb|N|n1,..,n26 (ids hashed into those sizes), not both"
         )
     if table_sizes is not None:
-        return ParseOptions(policy or "fail", "modulo", tuple(parse_table_sizes(table_sizes))), None
+        return ParseOptions(policy or "fail", "modulo", tuple(parse_table_sizes(table_sizes) or ())), None
+    assert options_from is not None  # exactly one of the two is given (checked above)
     m = load_manifest(options_from)
     path = os.path.join(options_from, "manifest.json")
     try:
@@ -248,7 +249,7 @@ def _int_list(text: str, flag: str) -> list[int]:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = _Parser(
         prog="python -m dlrm.predict",
-        description=__doc__.splitlines()[0],
+        description=(__doc__ or "").splitlines()[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     ap.add_argument("model", type=Path, help="a file written by `python -m dlrm.export`")

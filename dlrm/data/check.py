@@ -51,7 +51,7 @@ def check(directory: str, table_sizes: Sequence[int] | None = None, checksums: b
 def main(argv: Sequence[str] | None = None) -> int:
     ap = _Parser(
         prog="python -m dlrm.data.check",
-        description=__doc__.splitlines()[0],
+        description=(__doc__ or "").splitlines()[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     ap.add_argument("dir", help="the --out directory of `python -m dlrm.data.preprocess`")

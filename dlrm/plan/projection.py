@@ -37,6 +37,7 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -119,10 +120,12 @@ def compute_times(cfg: Config, tables, dense_params: int, b_local: float, measur
             "backward": m("backward", 0.0),
             "other": m("data", 0.0) + m("other", 0.0),
         }
+    check_peak_figures(cfg)
+    tflops, mem_bw = cast(float, cfg.topology.dense_tflops), cast(float, cfg.topology.mem_bw_GBps)
     flops = 2 * dense_params * b_local  # forward multiply-adds of the MLPs and cross layers
-    dense_fwd = flops / (cfg.topology.dense_tflops * 1e12)
+    dense_fwd = flops / (tflops * 1e12)
     row_bytes = b_local * sum(t.features * t.pooling * t.dim * FLOAT_BYTES for t in tables)
-    emb_fwd = row_bytes / (cfg.topology.mem_bw_GBps * 1e9)
+    emb_fwd = row_bytes / (mem_bw * 1e9)
     emb_bwd = EMB_BACKWARD_PASSES * emb_fwd
     return {"dense": 3 * dense_fwd, "embedding": emb_fwd + emb_bwd, "backward": 2 * dense_fwd + emb_bwd, "other": 0.0}
 
