@@ -9,6 +9,7 @@ removes the temporary file (or, when killed, leaves only a dot-file named `.NAME
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 from collections.abc import Iterator
@@ -50,3 +51,13 @@ def sha256_file(path: str | os.PathLike[str], block: int = 1 << 22) -> str:
         while chunk := f.read(block):
             h.update(chunk)
     return h.hexdigest()
+
+
+def figure_png(fig: Any) -> bytes:
+    """A matplotlib figure as PNG bytes (110 dpi, tight box); the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from dlrm.comms.costmodel import CommsError, busbw_factor
 from dlrm.config import TopologyConfig
-from dlrm.io import write_atomic
+from dlrm.io import figure_png, write_atomic
 
 COLLECTIVES = ("allreduce", "alltoall", "alltoall_uneven", "reduce_scatter", "allgather")
 SCOPES = ("world", "intra", "inter")
@@ -223,10 +223,7 @@ def plot_png(rows: list[dict], title: str) -> bytes:
     ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="busbw (GB/s)", title=title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def format_table(rows: list[dict]) -> str:

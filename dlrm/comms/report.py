@@ -14,7 +14,6 @@ Prints markdown tables; writes report.md and report.png (and bench_vs_model.png)
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 from collections.abc import Sequence
@@ -30,7 +29,7 @@ from dlrm.comms.costmodel import (
     fit_alpha_beta,
     two_level_time,
 )
-from dlrm.io import write_atomic
+from dlrm.io import figure_png, write_atomic
 
 COMPARED = ("ring", "fully_connected")
 
@@ -124,12 +123,6 @@ def bench_vs_model(data: dict) -> tuple[list[list], list[list], dict[tuple, tupl
     return fits, sizes, curves
 
 
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    return buf.getvalue()
-
-
 def _label(key: str) -> str:
     """'alltoall/fully_connected' -> 'alltoall, fully connected fabric' (a legend entry)."""
     collective, fabric = key.split("/")
@@ -164,9 +157,7 @@ def model_plot(sizes, by_size, node_counts, by_nodes, ranks: int, scale_bytes: i
     for ax in (a, b):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    data = _png(fig)
-    plt.close(fig)
-    return data
+    return figure_png(fig)
 
 
 def bench_plot(curves: dict[tuple, tuple]) -> bytes:
@@ -189,9 +180,7 @@ def bench_plot(curves: dict[tuple, tuple]) -> bytes:
     )
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=6)
-    data = _png(fig)
-    plt.close(fig)
-    return data
+    return figure_png(fig)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

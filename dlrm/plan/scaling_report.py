@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
-from dlrm.io import write_atomic, write_json_atomic
+from dlrm.io import figure_png, write_atomic, write_json_atomic
 from dlrm.plan.projection import OVERLAP_RULE, PHASES, SYNC_MODES
 
 CAVEAT = (
@@ -148,10 +147,7 @@ def plot(rows: list[dict], title: str) -> bytes:
     for ax in (a, b):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=6)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def write(out: str, payload: dict, md: str, title: str) -> list[Path]:
