@@ -11,6 +11,7 @@ is printed by rank 0 only; any other (a file one rank reads) by each rank that m
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -22,6 +23,18 @@ class UserError(Exception):
 
     exit_code = 2
     same_on_all_ranks = False  # True: every rank raises the same error, so only rank 0 prints it
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for our command-line tools: a usage error is a UserError (one `error:` line, exit 2),
+    and `--help` shows each option's default."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):  # argparse's hook for usage errors
+        raise UserError(f"{message} (see `{self.prog} --help`)")
 
 
 def user_error_in(e: BaseException) -> UserError | None:

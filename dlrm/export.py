@@ -18,7 +18,6 @@ files' sha256).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -32,7 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 from dlrm.config import ModelConfig
 from dlrm.core.checkpoint import CheckpointError, load_checkpoint, read_manifest, step_tensor
 from dlrm.core.model import build_model
-from dlrm.errors import UserError
+from dlrm.errors import ArgumentParser, UserError
 from dlrm.io import atomic_path
 
 FORMAT, VERSION = "dlrm-export", 1
@@ -167,7 +166,7 @@ def load_exported(path: Path) -> torch.nn.Module:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dlrm.export", description=(__doc__ or "").splitlines()[0])
+    parser = ArgumentParser(prog="python -m dlrm.export", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("checkpoint", type=Path, help="a checkpoint directory (checkpoints/step_NNNNNNNN)")
     parser.add_argument("out", type=Path, help="the file to write, e.g. model.pt")
     parser.add_argument(

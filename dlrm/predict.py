@@ -16,7 +16,6 @@ loss when the rows have labels (AUC is missing when they hold one class).
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import logging
 import math
@@ -40,7 +39,7 @@ from dlrm.data.criteo_loader import CriteoSource
 from dlrm.data.id_remap import to_contiguous
 from dlrm.data.preprocess import parse_table_sizes
 from dlrm.data.verify import load_manifest
-from dlrm.errors import UserError
+from dlrm.errors import ArgumentParser, UserError
 from dlrm.export import read_exported
 
 BLOCK_BYTES = 8 << 20  # TSV text parsed at a time
@@ -234,11 +233,6 @@ def save_atomic(path: Path, scores: np.ndarray) -> None:
         raise UserError(f"cannot write {path}: {e.strerror or e}; free space or choose another --out") from None
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UserError(f"{message} (see `{self.prog} --help`)")
-
-
 def _int_list(text: str, flag: str) -> list[int]:
     try:
         return [int(s) for s in text.split(",")]
@@ -247,10 +241,9 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = _Parser(
+    ap = ArgumentParser(
         prog="python -m dlrm.predict",
         description=(__doc__ or "").splitlines()[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     ap.add_argument("model", type=Path, help="a file written by `python -m dlrm.export`")
     ap.add_argument("--data", required=True, help="a dlrm.data.preprocess directory, or a Criteo TSV (plain or .gz)")

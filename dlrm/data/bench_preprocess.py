@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from dlrm.data.criteo import NUM_DENSE, NUM_FIELDS, ParseOptions
+from dlrm.errors import ArgumentParser, UserError
 
 
 def generate(path: str, rows: int, sample: str, seed: int = 0) -> None:
@@ -53,7 +54,7 @@ def _cpu() -> float:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap = ArgumentParser(prog="python -m dlrm.data.bench_preprocess", description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--dir", default=None, help="parent of the private work directory (default: the temp dir)")
@@ -64,7 +65,11 @@ def main(argv=None) -> None:
     )
     ap.add_argument("--skip-torchrec", action="store_true")
     ap.add_argument("--batch", type=int, default=8192, help="global batch size of the loader benchmark")
-    a = ap.parse_args(argv)
+    try:
+        a = ap.parse_args(argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     if not a.sample or not os.path.isfile(a.sample):
         print(
             f"error: Criteo sample {a.sample!r} not found: pass --sample FILE (Criteo TSV rows) or set CRITEO_SAMPLE",

@@ -8,7 +8,6 @@ sha256. Prints one line per day, exit 0; the first problem is one `error:` line,
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -17,12 +16,7 @@ from collections.abc import Sequence
 from dlrm.data.criteo import KINDS, NUM_SPARSE, SPARSE_NAMES, day_paths
 from dlrm.data.preprocess import parse_table_sizes
 from dlrm.data.verify import load_manifest, verify_days
-from dlrm.errors import UserError
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UserError(f"{message} (see `{self.prog} --help`)")
+from dlrm.errors import ArgumentParser, UserError
 
 
 def check(directory: str, table_sizes: Sequence[int] | None = None, checksums: bool = True) -> int:
@@ -49,10 +43,9 @@ def check(directory: str, table_sizes: Sequence[int] | None = None, checksums: b
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = _Parser(
+    ap = ArgumentParser(
         prog="python -m dlrm.data.check",
         description=(__doc__ or "").splitlines()[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     ap.add_argument("dir", help="the --out directory of `python -m dlrm.data.preprocess`")
     ap.add_argument("--no-checksums", action="store_true", help="skip each file's sha256 (the other checks still run)")

@@ -20,7 +20,6 @@ per --out (fcntl lock on --out/.preprocess.lock). Bad flags, inputs and I/O fail
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import fcntl
@@ -56,7 +55,7 @@ from dlrm.data.days import (
 )
 from dlrm.data.id_remap import remap_contiguous
 from dlrm.data.ranges import RangeResult, convert_range, set_progress_counter
-from dlrm.errors import UserError
+from dlrm.errors import ArgumentParser, UserError
 from dlrm.io import write_json_atomic
 
 FORMAT_VERSION = 1
@@ -331,15 +330,8 @@ def _convert(
     return manifest
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose usage errors are UserErrors: one `error: ...` line, exit 2."""
-
-    def error(self, message):
-        raise CriteoDataError(f"{message} (see `{self.prog} --help`)")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = _Parser(prog="python -m dlrm.data.preprocess", description=(__doc__ or "").split("\n")[0])
+    ap = ArgumentParser(prog="python -m dlrm.data.preprocess", description=(__doc__ or "").split("\n")[0])
     ap.add_argument("files", nargs="+", help="Criteo TSV files (plain or .gz); file i becomes day_i")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument(
