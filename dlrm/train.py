@@ -93,7 +93,7 @@ def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool) -> 
             f"run {cfg.run.name} already has checkpoints (newest {latest}): continue it with "
             "trainer.resume=auto, or choose another run.name"
         )
-    continuing = latest is not None and cfg.trainer.resume == "auto"
+    continuing = latest is not None and bool(cfg.trainer.resume)
     changes = check_continuation(run_dir, config) if continuing else {}
     if is_main:
         record(run_dir, config, continuing, list(HydraConfig.get().overrides.task), changes)

@@ -1,7 +1,7 @@
 """A run directory's config: written once, compared on every continuation.
 
 A run directory holds `config.yaml`: the resolved config of the invocation that started the run.
-A continuation (trainer.resume=auto, and the run already has a checkpoint) never rewrites it: its
+A continuation (trainer.resume given, and the run already has a checkpoint) never rewrites it: its
 config is compared with it key by key, the changes are logged on one line, the ones that cannot
 apply to a checkpoint are refused, and the continuation is recorded as one JSON line in
 `continuations.jsonl` (time, its command-line overrides, and the changes {key: [old, new]}).
