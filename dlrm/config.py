@@ -10,6 +10,7 @@ a ConfigError names the key, the bad value and the fix, before any process group
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import NoReturn, cast
 
@@ -388,7 +389,8 @@ class CheckpointConfig:
     """Distributed checkpoints (dlrm.core.checkpoint).
 
     dir: where checkpoints go (None: <run dir>/checkpoints). every_steps: 0 = no periodic saves.
-    at_end: save when training ends. keep: complete checkpoints kept (older ones are deleted).
+    at_end: save when training ends. keep: complete checkpoints kept (older ones that this
+    invocation wrote are deleted: never an earlier invocation's).
     verify: check every file's sha256 against the manifest before loading (false: sizes only).
     """
 
@@ -404,6 +406,19 @@ class CheckpointConfig:
 
 
 @dataclass
+class RunConfig:
+    """name: a named run lives in outputs/NAME (unless hydra.run.dir is given), so a later
+    invocation with the same name and trainer.resume=auto continues it (dlrm.core.runs).
+    None: a new timestamped run directory."""
+
+    name: str | None = None
+
+    def check(self, key: str = "run") -> None:
+        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", self.name):
+            _fail(f"{key}.name", self.name, "use letters, digits, '.', '_' and '-' only (it names a directory)")
+
+
+@dataclass
 class Config:
     """The whole job. Its defaults are the default job (`python -m dlrm.train` without overrides)
     but for model.tables, which model=dlrm_small fills; conf/ holds only what other options change."""
@@ -415,6 +430,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    run: RunConfig = field(default_factory=RunConfig)
     seed: int = 0
 
     def check(self) -> None:
@@ -426,6 +442,7 @@ class Config:
         self.optim.check()
         self.trainer.check()
         self.checkpoint.check()
+        self.run.check()
         if self.optim.embedding.name == EmbeddingOptimizer.adam and self.topology.device == Device.cpu:
             sharded = [t.name for t in self.model.tables if self.sharding.pinned(t) != ShardingType.data_parallel]
             if sharded:

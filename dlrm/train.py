@@ -66,8 +66,7 @@ def hydra_main(dcfg: DictConfig) -> None:
     setup_logging(world.rank, run_dir if world.is_main else None)  # console, train.log; library noise off
     try:
         cfg = to_config(dcfg)
-        if world.is_main:
-            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(dcfg, resolve=True))
+        _record_run(cfg, dcfg, run_dir, world.is_main)
         summary = run(cfg, run_dir)
     except Exception as e:
         exit_on_user_error(e, world.rank)
@@ -79,6 +78,25 @@ def hydra_main(dcfg: DictConfig) -> None:
             f"eval auc {summary['eval_auc'] and round(summary['eval_auc'], 4)}, "
             f"logloss {summary['eval_logloss'] and round(summary['eval_logloss'], 4)}; outputs in {run_dir}"
         )
+
+
+def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool) -> None:
+    """Write the run's config.yaml, or, continuing a run with a checkpoint, compare with it (see dlrm.core.runs)."""
+    from dlrm.core.checkpoint import latest_checkpoint
+    from dlrm.core.runs import check_continuation, record
+
+    config = OmegaConf.to_container(dcfg, resolve=True, enum_to_str=True)
+    assert isinstance(config, dict)
+    latest = latest_checkpoint(Path(cfg.checkpoint.dir or run_dir / "checkpoints"))
+    if latest is not None and cfg.run.name and not cfg.trainer.resume:
+        raise UserError(
+            f"run {cfg.run.name} already has checkpoints (newest {latest}): continue it with "
+            "trainer.resume=auto, or choose another run.name"
+        )
+    continuing = latest is not None and bool(cfg.trainer.resume)
+    changes = check_continuation(run_dir, config) if continuing else {}
+    if is_main:
+        record(run_dir, config, continuing, list(HydraConfig.get().overrides.task), changes)
 
 
 def _shared_run_dir() -> str:
@@ -116,8 +134,12 @@ def main() -> None:
     from dlrm.core.topology import World
 
     world = World.from_env()
-    if world.world_size > 1 and not any(a.startswith("hydra.run.dir=") for a in args):
-        sys.argv.append(f"hydra.run.dir={_shared_run_dir()}")
+    name = next((a.split("=", 1)[1] for a in args if a.startswith("run.name=")), None)
+    if not any(a.startswith("hydra.run.dir=") for a in args):
+        if name and name != "null":  # a named run: the same directory for every rank and every invocation
+            sys.argv.append(f"hydra.run.dir=outputs/{name}")
+        elif world.world_size > 1:
+            sys.argv.append(f"hydra.run.dir={_shared_run_dir()}")
     if not world.is_main:  # only rank 0 writes Hydra's files and log
         sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
     hydra_main()

@@ -60,6 +60,8 @@ fi
 args=("$@")
 if has_override hydra.run.dir= "$@"; then
   echo "run dir: $(override_value hydra.run.dir "$@") (hydra.run.dir override; pass the same one on every node)" >&2
+elif has_override run.name= "$@"; then  # a named run: dlrm.train puts it in outputs/NAME
+  echo "run dir: outputs/$(override_value run.name "$@") (run.name)" >&2
 elif [ -n "${RUN_DIR:-}" ]; then
   args+=("hydra.run.dir=$RUN_DIR")
   echo "run dir: $RUN_DIR" >&2

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import pickle
 import pickletools
@@ -40,6 +41,8 @@ from dlrm.config import ModelConfig
 from dlrm.core.cadence import Every
 from dlrm.errors import UserError
 from dlrm.io import write_atomic
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 METADATA = ".metadata"
@@ -388,7 +391,8 @@ class Checkpointer:
 
     Args:
         root: the checkpoint directory (shared by all ranks: one filesystem for all nodes).
-        keep: complete checkpoints to keep; older ones are deleted after a successful save.
+        keep: complete checkpoints to keep; older ones that this Checkpointer wrote are deleted after
+            a successful save (an earlier invocation's, e.g. the run a continuation resumes, never).
         pg: the process group of all ranks.
         is_main: whether this is rank 0 (it renames, writes the manifest and prunes).
         every: when `maybe_save` saves (default: never; `save` always does).
@@ -400,6 +404,7 @@ class Checkpointer:
         self.pg = pg
         self.is_main = is_main
         self.every = every or Every(0, at_end=False)
+        self.written: set[Path] = set()  # by this Checkpointer: the only ones retention deletes
 
     def maybe_save(self, step: int, last: bool, state: Callable[[], dict], manifest: Callable[[], dict]) -> Path | None:
         """Save checkpoint `step` of `state()` if `every` is due (all ranks call it); its directory, or None."""
@@ -435,8 +440,11 @@ class Checkpointer:
             if final.exists():  # the same step saved again after a restart
                 shutil.rmtree(final)
             os.replace(partial, final)
+            self.written.add(final)
             for old in complete_checkpoints(self.root)[: -self.keep]:
-                shutil.rmtree(old, ignore_errors=True)
+                if old in self.written:  # never one that an earlier invocation of the run wrote
+                    log.info(f"checkpoint.keep={self.keep}: deleting {old}")
+                    shutil.rmtree(old, ignore_errors=True)
         dist.barrier(group=self.pg)
         return final
 

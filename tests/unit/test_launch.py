@@ -150,6 +150,8 @@ def test_run_multinode_run_dir_choices():
     assert "torchrun's store" in r.stderr
     r = launch("run_multinode.sh", SLURM_JOB_ID="991", **NODE1)
     assert {"--rdzv_id=991", "hydra.run.dir=outputs/991"} <= set(torchrun_command(r))
+    r = launch("run_multinode.sh", "run.name=exp1", SLURM_JOB_ID="991", **NODE1)  # a named run wins over RUN_DIR
+    assert not any(a.startswith("hydra.run.dir=") for a in torchrun_command(r)) and "outputs/exp1" in r.stderr
 
 
 def test_run_multinode_endpoint_and_gpu_defaults():
