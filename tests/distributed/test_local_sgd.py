@@ -23,8 +23,10 @@ def test_period_one_equals_synchronous_training(make_config):
 
 
 @pytest.mark.slow
-def test_ranks_agree_right_after_each_averaging_step_only(make_config):
-    cfg = config(make_config, "sharding=table_wise", *LOCAL, "trainer.sync_period=4")
+@pytest.mark.parametrize("sharding", ["table_wise", "data_parallel"])
+def test_ranks_agree_right_after_each_averaging_step_only(make_config, sharding):
+    """The replicated weights (the MLPs; with data_parallel, the tables too) drift apart between averagings."""
+    cfg = config(make_config, f"sharding={sharding}", *LOCAL, "trainer.sync_period=4")
     r0, r1 = launch(dense_after_each_step, 2, cfg)
     assert len(r0["steps"]) == STEPS == 8
     for step, (a, b) in enumerate(zip(r0["steps"], r1["steps"], strict=True), start=1):
