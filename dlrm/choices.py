@@ -26,5 +26,6 @@ Fabric = StrEnum("Fabric", "ring fully_connected switch")
 DataSource = StrEnum("DataSource", "synthetic criteo")
 ProgressMode = StrEnum("ProgressMode", "auto bar lines none")  # auto: a bar on a terminal, lines otherwise
 DenseAllreduce = StrEnum("DenseAllreduce", "flat hierarchical")
+DenseSync = StrEnum("DenseSync", "allreduce local_sgd")  # local_sgd: average the dense weights every H steps
 DensePrecision = StrEnum("DensePrecision", "fp32 bf16")
 OnNonfinite = StrEnum("OnNonfinite", "stop skip")

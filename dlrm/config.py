@@ -23,6 +23,7 @@ from dlrm.choices import (
     DenseAllreduce,
     DenseOptimizer,
     DensePrecision,
+    DenseSync,
     Device,
     EmbeddingOptimizer,
     Fabric,
@@ -332,6 +333,9 @@ class TrainerConfig:
     pipeline: TorchRec's TrainPipelineSparseDist (overlaps the input alltoall with compute).
     dense_allreduce: flat (DDP's allreduce over all ranks) or hierarchical (reduce-scatter inside
     each node, allreduce across nodes, allgather inside the node: see dlrm.core.dense_sync).
+    dense_sync: allreduce (the dense gradients every step) or local_sgd (torch's post-local SGD:
+    after local_sgd_warmup_steps synchronous steps, each rank steps its dense weights alone and
+    they are averaged every sync_period steps; see dlrm.core.local_sgd).
     resume: None (start fresh), "auto" (the newest complete checkpoint in checkpoint.dir, if any),
     or the path of one checkpoint (a step_* directory).
     eval_only: load `resume` and evaluate, without training.
@@ -355,6 +359,9 @@ class TrainerConfig:
     pipeline: bool = True
     progress: ProgressMode = ProgressMode.auto
     dense_allreduce: DenseAllreduce = DenseAllreduce.flat
+    dense_sync: DenseSync = DenseSync.allreduce
+    sync_period: int = 1
+    local_sgd_warmup_steps: int = 0
     resume: str | None = None
     eval_only: bool = False
     dense_precision: DensePrecision = DensePrecision.fp32
@@ -371,6 +378,7 @@ class TrainerConfig:
             _require_positive(f"{key}.max_samples", self.max_samples)
         _require_count(f"{key}.eval_every_steps", self.eval_every_steps, "only at the end")
         _require_positive(f"{key}.log_every_steps", self.log_every_steps)
+        self._check_local_sgd(key)
         if self.on_nonfinite == OnNonfinite.skip and self.pipeline:
             _fail(
                 f"{key}.on_nonfinite",
@@ -382,6 +390,38 @@ class TrainerConfig:
             _fail(f"{key}.profile", self.profile, "give [first, last] steps to trace, 1 <= first <= last, e.g. [20,25]")
         if self.eval_only and not self.resume:
             _fail(f"{key}.eval_only", self.eval_only, "name the checkpoint to evaluate: trainer.resume=PATH (or auto)")
+
+    def _check_local_sgd(self, key: str) -> None:
+        """Averaging points are the steps W + k*H (W the warm-up, H the period): evaluation sees
+        the dense weights only there, where every rank holds the same ones."""
+        h, w = self.sync_period, self.local_sgd_warmup_steps
+        if not isinstance(h, int) or h < 1:
+            _fail(f"{key}.sync_period", h, "give the steps between averagings of the dense weights, an integer >= 1")
+        _require_count(f"{key}.local_sgd_warmup_steps", w, "no synchronous warm-up")
+        if self.dense_sync != DenseSync.local_sgd:
+            if h != 1 or w:
+                name = "sync_period" if h != 1 else "local_sgd_warmup_steps"
+                _fail(
+                    f"{key}.{name}",
+                    getattr(self, name),
+                    "it applies to local SGD only: set trainer.dense_sync=local_sgd",
+                )
+            return
+        if self.dense_allreduce == DenseAllreduce.hierarchical:
+            _fail(
+                f"{key}.dense_allreduce",
+                self.dense_allreduce,
+                "trainer.dense_sync=local_sgd replaces the dense allreduce by periodic averaging; "
+                "use trainer.dense_allreduce=flat, or trainer.dense_sync=allreduce",
+            )
+        if w % h:
+            _fail(f"{key}.local_sgd_warmup_steps", w, f"use a multiple of trainer.sync_period={h}, e.g. {w - w % h}")
+        if self.eval_every_steps % h:
+            _fail(
+                f"{key}.eval_every_steps",
+                self.eval_every_steps,
+                f"with local SGD, evaluate at averaging steps: use a multiple of trainer.sync_period={h}",
+            )
 
 
 @dataclass
@@ -443,6 +483,14 @@ class Config:
         self.trainer.check()
         self.checkpoint.check()
         self.run.check()
+        period = self.trainer.sync_period
+        if self.trainer.dense_sync == DenseSync.local_sgd and self.checkpoint.every_steps % period:
+            _fail(
+                "checkpoint.every_steps",
+                self.checkpoint.every_steps,
+                f"with local SGD the ranks' dense weights agree only at averaging steps: use a multiple of "
+                f"trainer.sync_period={period}",
+            )
         if self.optim.embedding.name == EmbeddingOptimizer.adam and self.topology.device == Device.cpu:
             sharded = [t.name for t in self.model.tables if self.sharding.pinned(t) != ShardingType.data_parallel]
             if sharded:

@@ -9,6 +9,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from dlrm.config import DenseOptimConfig, EmbeddingOptimConfig, OptimConfig, ScheduleConfig
+from dlrm.core.local_sgd import LocalSGD
 
 
 def _embedding_optimizer(cfg: EmbeddingOptimConfig):
@@ -40,20 +41,28 @@ def fuse_embedding_optimizer(model: torch.nn.Module, cfg: EmbeddingOptimConfig) 
     apply_optimizer_in_backward(cls, tables, kwargs)
 
 
-def build_optimizer(model: torch.nn.Module, fused: torch.optim.Optimizer, cfg: OptimConfig) -> CombinedOptimizer:
+def build_optimizer(
+    model: torch.nn.Module, fused: torch.optim.Optimizer, cfg: OptimConfig, local_sgd: LocalSGD | None = None
+) -> CombinedOptimizer:
     """The fused embedding optimizer (DMP's `fused_optimizer`), the embedding optimizer of
     data-parallel tables, and the dense optimizer, stepped together.
 
     Data-parallel tables are replicated and allreduced like the MLPs, outside the fused kernels;
     they still get the embedding optimizer (class, lr) so every sharding trains tables alike.
+    With `local_sgd`, the optimizers of these replicated parameters average them periodically
+    after stepping; the fused one is untouched.
     """
+
+    def replicated(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        return local_sgd.wrap(optimizer) if local_sgd is not None else optimizer
+
     rest = dict(in_backward_optimizer_filter(model.named_parameters()))
     tables = {name: p for name, p in rest.items() if "embedding_bags" in name}
     dense = {name: p for name, p in rest.items() if name not in tables}
-    optimizers = [fused, KeyedOptimizerWrapper(dense, lambda params: _dense_optimizer(cfg.dense, params))]
+    optimizers = [fused, KeyedOptimizerWrapper(dense, lambda params: replicated(_dense_optimizer(cfg.dense, params)))]
     if tables:
         cls, kwargs = _embedding_optimizer(cfg.embedding)
-        optimizers.append(KeyedOptimizerWrapper(tables, lambda params: cls(params, **kwargs)))
+        optimizers.append(KeyedOptimizerWrapper(tables, lambda params: replicated(cls(params, **kwargs))))
     return CombinedOptimizer(optimizers)
 
 

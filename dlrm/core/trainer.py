@@ -23,6 +23,7 @@ from dlrm.core import console
 from dlrm.core.cadence import Every, ThroughputWindow
 from dlrm.core.checkpoint import Checkpointer, CheckpointError, latest_checkpoint, model_signature, step_tensor
 from dlrm.core.dense_sync import use_hierarchical_allreduce
+from dlrm.core.local_sgd import LocalSGD
 from dlrm.core.logs import JOB_START
 from dlrm.core.memory import dense_param_count
 from dlrm.core.metrics import MetricsLog, Progress, auc_and_logloss, peak_rss_mb
@@ -112,8 +113,16 @@ class Trainer:
             )
             if not use_hierarchical_allreduce(self.model, groups):
                 raise RuntimeError("trainer.dense_allreduce=hierarchical, but the model has no DDP module to hook")
+        tr = cfg.trainer
+        self.local_sgd = (
+            LocalSGD(tr.sync_period, tr.local_sgd_warmup_steps, self.pg) if tr.dense_sync == "local_sgd" else None
+        )
+        if self.local_sgd is not None:
+            self.local_sgd.hook(self.model)
         initialize(self.model, cfg.model, cfg.seed)
-        self.optimizer = build_optimizer(self.model, self.model.fused_optimizer, cfg.optim)
+        self.optimizer = build_optimizer(self.model, self.model.fused_optimizer, cfg.optim, self.local_sgd)
+        if self.local_sgd is not None:
+            self.local_sgd.check_covered(self.model)
         self.schedule = LRSchedule(self.optimizer, cfg.optim.schedule)
         self.pipeline = (
             TrainPipelineSparseDist(self.model, self.optimizer, self.device, custom_model_fwd=self._forward)
@@ -189,6 +198,8 @@ class Trainer:
             expected.pop("optim")
         loader.load(path, state, expected, verify=self.cfg.checkpoint.verify)
         self.step = int(state["progress"]["step"].item())
+        if self.local_sgd is not None:
+            self.local_sgd.at(self.step)
         log.info(f"resumed from {path} at step {self.step}")
 
     @property
@@ -278,6 +289,8 @@ class Trainer:
             last = self.step + 1 == self.total_steps
             run.window.add(self.profiler.step(self.step + 1, last, lambda: self._one_step(batches)))
             self.step += 1
+            if last and self.local_sgd is not None and not self.local_sgd.averaged(self.step):
+                self.local_sgd.average()  # the run's model: the ranks' average
             if self.log_every.due(self.step, last) and run.window.losses:
                 self._log_window(run, last)
             with run.window.paused():

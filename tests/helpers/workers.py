@@ -31,11 +31,11 @@ def train_and_report(cfg: Config) -> dict:
     }
     result = {"losses": trainer.losses, "pieces": pieces, "plan": describe_plan(trainer.plan)}
     del trainer, model
-    _teardown()
+    teardown()
     return result
 
 
-def _teardown() -> None:
+def teardown() -> None:
     """As dlrm.train.run does: free the trainer's cycles (in-flight Gloo work), then the groups."""
     gc.collect()
     torch.distributed.barrier()
@@ -83,7 +83,7 @@ def train_summary(cfg: Config) -> dict:
     world = World.from_env()
     validate_world(cfg, world.world_size, world.local_world_size)
     summary = Trainer(cfg, world).train()
-    _teardown()
+    teardown()
     return summary
 
 
@@ -118,7 +118,7 @@ def train_with_a_nan_batch(cfg: Config, index: int, rank: int) -> dict:
     }
     result = {"losses": trainer.losses, "pieces": pieces, "skipped": trainer.skipped_steps}
     del trainer
-    _teardown()
+    teardown()
     return result
 
 
@@ -136,7 +136,7 @@ def train_in_turn(*cfgs: Config) -> list:
         losses.append(trainer.losses)
         del trainer
         gc.collect()
-    _teardown()
+    teardown()
     return losses
 
 

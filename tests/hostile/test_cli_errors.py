@@ -17,36 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from dlrm import errors, train
+from dlrm import errors
 from dlrm.config import ConfigError
 from dlrm.errors import UserError
+from tests.helpers.cli import assert_one_error, main_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
-TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE")
-
-
-def assert_one_error(code, out: str, err: str, *words: str) -> str:
-    """Exit 2, exactly one `error:` line holding every word, no traceback; returns the line."""
-    text = out + err
-    lines = [line for line in text.splitlines() if line.startswith("error:")]
-    assert code == 2, text
-    assert len(lines) == 1, text
-    for word in words:
-        assert word in lines[0], lines[0]
-    assert "Traceback" not in text and "ChildFailedError" not in text, text
-    return lines[0]
-
-
-def main_in_process(monkeypatch, capsys, *args, env=None):
-    monkeypatch.setattr(sys, "argv", ["dlrm.train", *args])
-    for name in TORCHRUN_VARS:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in (env or {}).items():
-        monkeypatch.setenv(name, value)
-    with pytest.raises(SystemExit) as exc:
-        train.main()
-    out, err = capsys.readouterr()
-    return exc.value.code, out, err
 
 
 # (overrides, words the one error line must hold: the key or value, and the fix)
