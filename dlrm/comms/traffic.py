@@ -18,28 +18,41 @@ if TYPE_CHECKING:  # dlrm.core.sharding imports TorchRec (seconds)
     from dlrm.core.sharding import Shard, TablePlan
 
 FLOAT_BYTES = 4  # pooled embeddings, their gradients and dense gradients in fp32
-ID_BYTES = 8  # int64 ids in the input KeyedJaggedTensor
+LENGTH_BYTES = 4  # int32 lengths in the input KeyedJaggedTensor (both data sources)
+
+
+def id_bytes(tables: list[TablePlan]) -> int:
+    """Bytes per id in the input KeyedJaggedTensor: int32 when every table's ids fit (as both data
+    sources do: `dlrm.data.synthetic`, `dlrm.data.criteo`), else int64."""
+    return 4 if max((t.rows for t in tables), default=0) <= 2**31 else 8
 
 
 def traffic(tables: list[TablePlan], world: int, ranks_per_node: int, global_batch: int):
     """Bytes per iteration (forward + backward) rank i sends to rank j: T[i, j], split by kind.
 
     B_l = global_batch / world samples per rank; per table: F features, L ids per sample per feature,
-    dim D. Ids are 8 bytes, pooled embeddings and their gradients 4 bytes per element. Ids are
-    assumed spread uniformly over the rows, so a row-sharded table gets a share of the ids equal to
-    its share of the rows. Per sharding type:
+    dim D. Ids take `id_bytes`, lengths 4 bytes, pooled embeddings and their gradients 4 bytes per
+    element. Ids are assumed spread over the rows in proportion to the shards' rows (their
+    expectation when ids are uniform), so a row-sharded table gets a share of the ids equal to its
+    share of the rows. Per sharding type, as TorchRec's sharding modules exchange them:
 
     - table_wise / column_wise / table_column_wise: each shard's rank gets every rank's ids of the
-      table (B_l F L ids), and sends every other rank its B_l x F x cols pooled slice; the backward
-      sends the gradients of those slices back (same bytes, reversed).
-    - row_wise (across all ranks): ids are bucketised by row range to the shards; each shard computes
-      partial sums for the global batch and reduce-scatters them (sends B_l F D to each other shard
-      rank); the backward allgathers the gradients (same bytes, reversed).
-    - table_row_wise / grid_shard (row shards within one node): ids bucketised as for row_wise;
-      intra-node reduce-scatter (each shard sends (B / g) F D to each other shard of its node), then
-      cross-node alltoall among ranks of the same local index (B_l F D to each); backward reversed.
+      table (B_l F L ids) and their lengths (B_l F), and sends every other rank its B_l x F x cols
+      pooled slice; the backward sends the gradients of those slices back (same bytes, reversed).
+    - row_wise (across all ranks): ids are bucketised by row range to the shards, each shard rank
+      getting all B_l F lengths; each shard computes partial sums for the global batch and
+      reduce-scatters them (sends B_l F D to each other shard rank); the backward allgathers the
+      gradients (same bytes, reversed).
+    - table_row_wise / grid_shard (each column block row-sharded over the ranks of one node): ids and
+      lengths as for row_wise; intra-node reduce-scatter (each shard sends (B / g) F D to each other
+      shard of its node), then cross-node alltoall among ranks of the same local index (B_l F D to
+      each); backward reversed (TorchRec's GridPooledEmbeddingDist, TwRwPooledEmbeddingDist).
     - data_parallel: no alltoall (its gradients are allreduced, see `allreduce_bytes`).
-    Returns {"ids": T, "pooled_fwd": T, "pooled_bwd": T} (numpy arrays [world, world], diagonal 0).
+    Not modelled: the split sizes each KJT alltoall exchanges first (a few integers per rank pair).
+    tests/distributed/test_traffic.py counts TorchRec's actual collectives on 2 nodes x 2 ranks:
+    the pooled bytes match exactly, ids and lengths to within those split sizes.
+    Returns {"ids": T, "pooled_fwd": T, "pooled_bwd": T} (numpy arrays [world, world], diagonal 0;
+    "ids" holds ids and lengths).
     """
     p, g = world, ranks_per_node
     b_local = global_batch / p
@@ -47,15 +60,17 @@ def traffic(tables: list[TablePlan], world: int, ranks_per_node: int, global_bat
     fwd = np.zeros((p, p))
     node = np.arange(p) // g
     others = ~np.eye(p, dtype=bool)
+    per_id = id_bytes(tables)
     for t in tables:
         kind = t.sharding_type
         if kind == "data_parallel":
             continue
         F, L, rows = t.features, t.pooling, t.rows
-        id_bytes = b_local * F * L * ID_BYTES  # one rank's ids of this table
+        table_ids = b_local * F * L * per_id  # one rank's ids of this table
+        lengths = b_local * F * LENGTH_BYTES  # one rank's lengths of this table's features
         if kind in ("table_wise", "column_wise", "table_column_wise"):
             for s in t.shards:
-                ids[:, s.rank] += id_bytes
+                ids[:, s.rank] += table_ids + lengths
                 fwd[s.rank, :] += b_local * F * s.cols * FLOAT_BYTES
             continue
         # row-sharded: group shards by column block (grid_shard has several), each group row-sharded
@@ -65,7 +80,7 @@ def traffic(tables: list[TablePlan], world: int, ranks_per_node: int, global_bat
         for group in groups.values():
             cols = group[0].cols
             for s in group:
-                ids[:, s.rank] += id_bytes * s.rows / rows
+                ids[:, s.rank] += table_ids * s.rows / rows + lengths
             ranks = [s.rank for s in group]
             nodes_of_group = {int(node[r]) for r in ranks}
             if kind in ("table_row_wise", "grid_shard") and len(nodes_of_group) == 1:

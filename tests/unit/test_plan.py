@@ -98,10 +98,10 @@ def test_alltoall_bytes_table_wise_by_hand(capsys):
     cfg = dplan.compose(["model=tiny"])
     b_local, world = 64 // 4, 4
     expected_fwd = 0.0  # pooled embeddings: each owner sends B_l x F x D floats to the 3 others
-    expected_ids = 0.0  # ids: each of the 3 others sends B_l x F x L ids to the owner
+    expected_ids = 0.0  # each of the 3 others sends B_l x F x L int32 ids and B_l x F int32 lengths to the owner
     for t in cfg.model.tables:
         expected_fwd += (world - 1) * b_local * len(t.features) * t.dim * 4
-        expected_ids += (world - 1) * b_local * len(t.features) * t.pooling * 8
+        expected_ids += (world - 1) * b_local * len(t.features) * (t.pooling + 1) * 4
     kinds = report["comms"]["alltoall_bytes_by_kind_mean"]
     fwd = kinds["pooled_fwd"]["intra"] + kinds["pooled_fwd"]["inter"]
     ids = kinds["ids"]["intra"] + kinds["ids"]["inter"]
@@ -130,12 +130,14 @@ def test_alltoall_bytes_row_sharded_by_hand(capsys, sharding):
         assert fwd_intra == pytest.approx(2 * (batch / 2) * per_fd)
         assert fwd_inter == pytest.approx(2 * b_local * per_fd)
     ids = (kinds["ids"]["intra"] + kinds["ids"]["inter"]) * world
-    id_bytes = sum(b_local * len(t.features) * t.pooling * 8 for t in cfg.model.tables)  # one rank's ids
+    id_bytes = sum(b_local * len(t.features) * t.pooling * 4 for t in cfg.model.tables)  # one rank's int32 ids
+    length_bytes = sum(b_local * len(t.features) * 4 for t in cfg.model.tables)  # its int32 lengths
     shards_per_table = 4 if sharding == "row_wise" else 2
     # each rank keeps the ids of its own shard: (shards - 1) / shards of the ids of the table's ranks
-    # travel, all of the other ranks' ids travel
+    # travel, all of the other ranks' ids travel; every rank sends all its lengths to each other shard rank
     owners = shards_per_table
     expected = (world - owners) * id_bytes + owners * id_bytes * (1 - 1 / shards_per_table)
+    expected += owners * (world - 1) * length_bytes
     assert ids == pytest.approx(expected, rel=0.05)  # rows split unevenly: close to, not exactly, 1/shards
 
 
