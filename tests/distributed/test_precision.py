@@ -89,6 +89,28 @@ def test_fp16_tables_resume_and_export(make_config, tmp_path):
     assert torch.isfinite(loss)
 
 
+@pytest.mark.slow
+def test_an_fp32_checkpoint_resumes_into_fp16_tables(make_config, tmp_path):
+    """The precision may change at a resume: DCP casts the saved fp32 tables into the fp16 ones."""
+
+    def cfg(name, *overrides):
+        return config(
+            make_config,
+            "sharding=table_wise",
+            "optim=rowwise_adagrad",
+            "checkpoint.every_steps=4",
+            f"checkpoint.dir={tmp_path / name}",
+            *overrides,
+        )
+
+    whole = launch(train_and_report, 2, cfg("fp32"))
+    half = cfg("fp16", "model.embedding_precision=fp16", f"trainer.resume={tmp_path / 'fp32' / 'step_00000004'}")
+    resumed = launch(train_and_report, 2, half)
+    _close_but_not_equal(resumed[0]["losses"], whole[0]["losses"][4:], "fp16")
+    tables = [piece for name, pieces in resumed[0]["pieces"].items() if TABLES in name for _, piece in pieces]
+    assert tables and all(t.dtype == torch.float16 for t in tables)
+
+
 # --- quantized embedding comms -----------------------------------------------------------------------
 
 
