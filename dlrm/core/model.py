@@ -21,7 +21,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from dlrm.config import ModelConfig
 
 EMBEDDING_INIT_BLOCK_ROWS = 4096  # the unit of random generation: part of the initial values' definition
-INIT_CHUNK_ROWS = 1 << 18  # rows generated at a time when filling a shard: only bounds host memory
+INIT_CHUNK_ROWS = 1 << 18  # rows generated at a time when filling a shard: only bounds the memory (on its device)
 
 META = torch.device("meta")  # where models are built: no memory until sharded or filled
 
@@ -176,7 +176,7 @@ def initialize(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> None:
             if table is not None:
                 rows, dim = tables[table]
                 for shard, (r0, c0), (nr, nc) in local_pieces(value):
-                    for lo in range(0, nr, INIT_CHUNK_ROWS):  # bounded host memory for huge shards
+                    for lo in range(0, nr, INIT_CHUNK_ROWS):  # bounded memory for huge shards
                         hi = min(lo + INIT_CHUNK_ROWS, nr)
                         full_rows = table_rows_init(seed, table, rows, dim, r0 + lo, r0 + hi, shard.device)
                         shard[lo:hi].copy_(full_rows[:, c0 : c0 + nc])
