@@ -28,4 +28,7 @@ ProgressMode = StrEnum("ProgressMode", "auto bar lines none")  # auto: a bar on 
 DenseAllreduce = StrEnum("DenseAllreduce", "flat hierarchical")
 DenseSync = StrEnum("DenseSync", "allreduce local_sgd")  # local_sgd: average the dense weights every H steps
 DensePrecision = StrEnum("DensePrecision", "fp32 bf16")
+# A storage or wire format: table weights (model.embedding_precision), the embedding alltoall /
+# reduce-scatter (sharding.qcomms_forward/backward), the dense allreduce (trainer.dense_allreduce_precision).
+Precision = StrEnum("Precision", "fp32 fp16 bf16")
 OnNonfinite = StrEnum("OnNonfinite", "stop skip")

@@ -29,6 +29,7 @@ from dlrm.choices import (
     Fabric,
     Interaction,
     OnNonfinite,
+    Precision,
     ProgressMode,
     ShardingStrategy,
     ShardingType,
@@ -89,7 +90,15 @@ class TableConfig:
 
 @dataclass
 class ModelConfig:
-    """DLRM: bottom MLP over dense features, embedding tables, interaction, top MLP -> 1 logit."""
+    """DLRM: bottom MLP over dense features, embedding tables, interaction, top MLP -> 1 logit.
+
+    embedding_precision: the dtype the table weights are stored in (fp32, fp16, bf16): TorchRec's
+    `EmbeddingBagConfig.data_type`, which fbgemm's kernels take as `weights_precision` and TorchRec's
+    planner as the bytes per weight. fp16/bf16 halve the tables' memory; the lookups' outputs and the
+    optimizer state stay fp32, and fbgemm rounds each update stochastically. The weights are part of
+    the model (its state dict, checkpoints, exports), hence a model key. fbgemm's CPU kernels have no
+    bf16: on CPU use fp32 or fp16.
+    """
 
     interaction: Interaction = Interaction.dot
     dense_in_features: int = 13
@@ -98,6 +107,7 @@ class ModelConfig:
     dcn_num_layers: int = 3
     dcn_low_rank_dim: int = 64
     tables: list[TableConfig] = field(default_factory=list)
+    embedding_precision: Precision = Precision.fp32
 
     def check(self, key: str = "model") -> None:
         _require_positive(f"{key}.dense_in_features", self.dense_in_features)
@@ -258,10 +268,17 @@ class ShardingConfig:
 
     Precedence for a table: sharding.per_table[name], then the table's own `sharding`, then `strategy`.
     `auto` lets TorchRec's planner choose among every type the device can run.
+    qcomms_forward / qcomms_backward: the wire precision (fp32, fp16, bf16) of the sharded tables'
+    collectives, TorchRec's quantized comms (QCommsConfig): the pooled embeddings' alltoall and
+    reduce-scatter in the forward pass, their gradients' in the backward pass. The planner's
+    communication estimates and DMP's sharders both get the codecs. TorchRec turns bf16 into fp16 on
+    Gloo, so on CPU use fp32 or fp16.
     """
 
     strategy: ShardingStrategy = ShardingStrategy.auto
     per_table: dict[str, ShardingType] = field(default_factory=dict)
+    qcomms_forward: Precision = Precision.fp32
+    qcomms_backward: Precision = Precision.fp32
 
     def check(self, tables: list[str], key: str = "sharding") -> None:
         for name, kind in self.per_table.items():
@@ -341,6 +358,11 @@ class TrainerConfig:
     eval_only: load `resume` and evaluate, without training.
     dense_precision: fp32, or bf16 (autocast of the forward pass: the MLPs and interaction compute
     in bfloat16; weights, embeddings, gradients and optimizer state stay fp32).
+    dense_allreduce_precision: the wire precision of the dense gradients' allreduce (fp32, bf16,
+    fp16): torch's DDP compression hooks (bf16_compress_hook / fp16_compress_hook), or with
+    dense_allreduce=hierarchical its three steps wrapped by bf16_compress_wrapper / fp16_compress_wrapper.
+    Each rank's gradients are rounded to it, averaged in it, and cast back to fp32 for the optimizer.
+    Not with dense_sync=local_sgd (after its warm-up nothing is allreduced to compress).
     tf32: let CUDA matmuls use TF32 (no effect on CPU).
     on_nonfinite: stop (raise, naming the last good checkpoint) or skip (drop the batch: no
     backward, no update; needs pipeline=false, since the pipeline's fused update runs unchecked).
@@ -365,6 +387,7 @@ class TrainerConfig:
     resume: str | None = None
     eval_only: bool = False
     dense_precision: DensePrecision = DensePrecision.fp32
+    dense_allreduce_precision: Precision = Precision.fp32
     tf32: bool = True
     on_nonfinite: OnNonfinite = OnNonfinite.stop
     tensorboard: bool = True
@@ -407,6 +430,14 @@ class TrainerConfig:
                     "it applies to local SGD only: set trainer.dense_sync=local_sgd",
                 )
             return
+        if self.dense_allreduce_precision != Precision.fp32:
+            _fail(
+                f"{key}.dense_allreduce_precision",
+                str(self.dense_allreduce_precision),
+                "trainer.dense_sync=local_sgd allreduces no gradients after its warm-up (it averages weights), "
+                "so there is nothing to compress: use trainer.dense_allreduce_precision=fp32, or "
+                "trainer.dense_sync=allreduce",
+            )
         if self.dense_allreduce == DenseAllreduce.hierarchical:
             _fail(
                 f"{key}.dense_allreduce",
@@ -491,6 +522,7 @@ class Config:
                 f"with local SGD the ranks' dense weights agree only at averaging steps: use a multiple of "
                 f"trainer.sync_period={period}",
             )
+        self._check_precisions()
         if self.optim.embedding.name == EmbeddingOptimizer.adam and self.topology.device == Device.cpu:
             sharded = [t.name for t in self.model.tables if self.sharding.pinned(t) != ShardingType.data_parallel]
             if sharded:
@@ -501,6 +533,38 @@ class Config:
                     f"table(s) {', '.join(sharded[:3])}{' ...' if len(sharded) > 3 else ''} may be sharded; "
                     "on CPU use optim=rowwise_adagrad (or optim.embedding.name=adagrad|sgd), or replicate every "
                     "table with sharding=data_parallel, where adam runs",
+                )
+
+    def _check_precisions(self) -> None:
+        """Half-precision tables are sharded; what the CPU (fbgemm's CPU kernels, TorchRec's codecs on
+        Gloo) cannot store or send in bf16."""
+        if self.model.embedding_precision != Precision.fp32:
+            replicated = [t.name for t in self.model.tables if self.sharding.pinned(t) == ShardingType.data_parallel]
+            if replicated:
+                _fail(
+                    "model.embedding_precision",
+                    str(self.model.embedding_precision),
+                    f"table(s) {', '.join(replicated[:3])}{' ...' if len(replicated) > 3 else ''} are pinned to "
+                    "data_parallel, where a torch optimizer would train the half-precision weights directly "
+                    "(its state and eps underflow); shard them (e.g. sharding=auto or table_wise), or keep "
+                    "model.embedding_precision=fp32",
+                )
+        if self.topology.device != Device.cpu:
+            return
+        if self.model.embedding_precision == Precision.bf16:
+            _fail(
+                "model.embedding_precision",
+                "bf16",
+                "fbgemm's CPU embedding kernels have no bf16 weights; on CPU use fp16 (or fp32), "
+                "bf16 with topology.device=cuda",
+            )
+        for name in ("qcomms_forward", "qcomms_backward"):
+            if getattr(self.sharding, name) == Precision.bf16:
+                _fail(
+                    f"sharding.{name}",
+                    "bf16",
+                    "TorchRec's quantized comms fall back from bf16 to fp16 on Gloo (CPU), so bf16 would not be "
+                    "what runs; on CPU use fp16 (or fp32), bf16 with topology.device=cuda",
                 )
 
 

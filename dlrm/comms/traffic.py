@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # dlrm.core.sharding imports TorchRec (seconds)
     from dlrm.core.sharding import Shard, TablePlan
 
 FLOAT_BYTES = 4  # pooled embeddings, their gradients and dense gradients in fp32
+WIRE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}  # per element, by sharding.qcomms_* / trainer.dense_allreduce_precision
 LENGTH_BYTES = 4  # int32 lengths in the input KeyedJaggedTensor (both data sources)
 
 
@@ -103,10 +104,13 @@ def comm_summary(cfg: Config, tables: list[TablePlan], world: int, ranks_per_nod
     """Per-rank, per-iteration bytes (sent and received, intra- and inter-node) and modelled seconds.
 
     The estimate uses the busiest rank (max over ranks of bytes sent or received at each level),
-    since every rank waits for the slowest in a collective.
+    since every rank waits for the slowest in a collective. Pooled embeddings and their gradients
+    travel in sharding.qcomms_forward / qcomms_backward, the allreduce in trainer.dense_allreduce_precision.
     """
     p, g = world, ranks_per_node
     mats = traffic(tables, p, g, cfg.data.global_batch_size)
+    mats["pooled_fwd"] *= WIRE_BYTES[cfg.sharding.qcomms_forward] / FLOAT_BYTES  # quantized comms
+    mats["pooled_bwd"] *= WIRE_BYTES[cfg.sharding.qcomms_backward] / FLOAT_BYTES
     total = sum(mats.values())
     node = np.arange(p) // g
     same = node[:, None] == node[None, :]
@@ -115,7 +119,7 @@ def comm_summary(cfg: Config, tables: list[TablePlan], world: int, ranks_per_nod
     recv_intra = (total * same).sum(axis=0)
     recv_inter = (total * ~same).sum(axis=0)
     dp_params = sum(t.rows * t.dim for t in tables if t.sharding_type == "data_parallel")
-    allreduce = FLOAT_BYTES * (dense_params + dp_params)
+    allreduce = WIRE_BYTES[cfg.trainer.dense_allreduce_precision] * (dense_params + dp_params)  # DDP's buckets
     busiest_intra = float(max(sent_intra.max(), recv_intra.max()))
     busiest_inter = float(max(sent_inter.max(), recv_inter.max()))
     times = step_comm_time(

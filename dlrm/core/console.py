@@ -26,7 +26,21 @@ def config_lines(
         f"optim: embedding {o.embedding.name} lr {o.embedding.lr:g} (fused into backward), "
         f"dense {o.dense.name} lr {o.dense.lr:g}",
         f"topology: {cfg.topology.name}, {nodes} node(s) x {ranks_per_node} rank(s), {backend} on {device}",
+    ] + precision_lines(cfg)
+
+
+def precision_lines(cfg: Config) -> list[str]:
+    """One line naming the storage and wire precisions that are not fp32 (none when all are)."""
+    sh, tr = cfg.sharding, cfg.trainer
+    parts = [
+        f"tables {cfg.model.embedding_precision}" if cfg.model.embedding_precision != "fp32" else "",
+        f"embedding comms {sh.qcomms_forward} forward, {sh.qcomms_backward} backward"
+        if "fp32" != sh.qcomms_forward or "fp32" != sh.qcomms_backward
+        else "",
+        f"dense allreduce {tr.dense_allreduce_precision}" if tr.dense_allreduce_precision != "fp32" else "",
     ]
+    parts = [p for p in parts if p]
+    return [f"precision: {'; '.join(parts)}"] if parts else []
 
 
 def plan_lines(plan: list[dict], world_size: int, backend: str) -> list[str]:

@@ -11,7 +11,13 @@ from dlrm.config import Config
 from dlrm.errors import UserError
 
 GB = 10**9
-FLOAT_BYTES = 4  # fp32 weights and optimizer state
+FLOAT_BYTES = 4  # fp32 dense weights and every optimizer state
+PRECISION_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}  # bytes per table weight, by model.embedding_precision
+
+
+def table_weight_bytes(cfg: Config) -> int:
+    """Bytes per table weight (model.embedding_precision); optimizer state stays fp32 (fbgemm's)."""
+    return PRECISION_BYTES[cfg.model.embedding_precision]
 
 
 class PlanError(UserError, ValueError):
@@ -74,7 +80,8 @@ def precheck_memory(cfg: Config, world: int, dense_params: int) -> None:
     pinned = table_sharding(cfg.sharding, cfg.model)
     dense = dense_params * FLOAT_BYTES * (2 + dense_optimizer_factor(cfg.optim.dense.name))  # + grads
     table_bytes = {
-        t.name: t.rows * t.dim * FLOAT_BYTES + optimizer_state_bytes(opt, t.rows, t.dim) for t in cfg.model.tables
+        t.name: t.rows * t.dim * table_weight_bytes(cfg) + optimizer_state_bytes(opt, t.rows, t.dim)
+        for t in cfg.model.tables
     }
     replicated = dense + sum(b for name, b in table_bytes.items() if pinned[name] == "data_parallel")
     if replicated > cap:
@@ -122,7 +129,10 @@ def check_memory(cfg: Config, world: int) -> None:
 def planner_refusal(cfg: Config, world: int, error: Exception) -> PlanError:
     """The PlanError for TorchRec's PlannerError: capacity, the largest tables, the fix, TorchRec's reason."""
     opt = cfg.optim.embedding.name
-    need = {t.name: t.rows * t.dim * FLOAT_BYTES + optimizer_state_bytes(opt, t.rows, t.dim) for t in cfg.model.tables}
+    need = {
+        t.name: t.rows * t.dim * table_weight_bytes(cfg) + optimizer_state_bytes(opt, t.rows, t.dim)
+        for t in cfg.model.tables
+    }
     largest = sorted(need, key=lambda name: need[name], reverse=True)[:3]
     reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return PlanError(

@@ -4,30 +4,68 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import resource
 import sys
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from torchmetrics.functional.classification import binary_auroc
 from tqdm import tqdm
 
 log = logging.getLogger(__name__)
 FILE_ONLY = {"console": False}  # `extra` for a record that goes to train.log but not the console
 
 
-def auc_and_logloss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float | None, float]:
-    """ROC AUC and mean binary log loss of logits [N] against 0/1 labels [N].
+def exact_auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """ROC AUC of scores [N] against 0/1 labels [N], exact, with ties counted half; a 0-dim float64
+    tensor on the inputs' device (NaN when the labels hold one class only: undefined then).
 
-    The AUC is None when the labels hold one class only (it is undefined then).
+    The Mann-Whitney statistic from one sort, in torch ops (so it runs where the tensors are):
+    AUC = (sum of the positives' ranks - P (P + 1) / 2) / (P N), a tie group's members all taking its
+    mean rank. O(N log N); ranks are summed in float64, exact up to 2^53.
     """
-    labels = labels.float()
-    one_class = bool((labels == labels[0]).all()) if labels.numel() else True
-    auc = None if one_class else binary_auroc(torch.sigmoid(logits.float()), labels.long()).item()
-    logloss = F.binary_cross_entropy_with_logits(logits.float(), labels).item()
-    return auc, logloss
+    n = scores.numel()
+    sorted_scores, order = torch.sort(scores.reshape(-1))
+    positive = labels.reshape(-1)[order].to(torch.float64)
+    _, counts = torch.unique_consecutive(sorted_scores, return_counts=True)  # tie groups, ascending
+    ends = torch.cumsum(counts, 0)  # 1-based rank of each group's last member
+    mean_rank = (ends - counts).to(torch.float64) + (counts.to(torch.float64) + 1) / 2
+    group = torch.repeat_interleave(torch.arange(counts.numel(), device=scores.device), counts)
+    positives_per_group = torch.zeros(counts.numel(), dtype=torch.float64, device=scores.device)
+    positives_per_group.index_add_(0, group, positive)
+    p = positive.sum()
+    negatives = n - p
+    rank_sum = (positives_per_group * mean_rank).sum()
+    return (rank_sum - p * (p + 1) / 2) / (p * negatives)  # 0/0 = NaN with one class
+
+
+def auc_and_logloss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float | None, float]:
+    """ROC AUC (`exact_auc` of the logits) and mean binary log loss of logits [N] against 0/1
+    labels [N], computed where the tensors are; the AUC is None when the labels hold one class only."""
+    auc = exact_auc(logits.float(), labels).item() if labels.numel() else math.nan
+    logloss = F.binary_cross_entropy_with_logits(logits.float(), labels.float()).item()
+    return (None if math.isnan(auc) else auc), logloss
+
+
+def score_on_rank0(local: torch.Tensor, group: dist.ProcessGroup) -> dict:
+    """AUC and log loss of every rank's [2, N] slice (row 0 logits, row 1 0/1 labels; N equal on
+    all ranks), computed on rank 0 where the tensors are (the training device): one gather of the
+    slices to rank 0, `auc_and_logloss` there, one broadcast of the two figures, so every rank
+    returns the same {"auc", "logloss", "samples"} (auc None when the labels hold one class)."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    parts = [torch.empty_like(local) for _ in range(world)] if rank == 0 else None
+    dist.gather(local, parts, group_dst=0, group=group)
+    result = torch.zeros(2, dtype=torch.float64, device=local.device)
+    if parts is not None:
+        everything = torch.cat(parts, dim=1)
+        auc, logloss = auc_and_logloss(everything[0], everything[1])
+        result[0], result[1] = math.nan if auc is None else auc, logloss
+    dist.broadcast(result, group_src=0, group=group)
+    auc, logloss = result.tolist()
+    return {"auc": None if math.isnan(auc) else auc, "logloss": logloss, "samples": local.shape[1] * world}
 
 
 def peak_rss_mb() -> float:

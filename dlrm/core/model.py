@@ -15,25 +15,35 @@ import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain, InteractionArch
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, data_type_to_dtype
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from dlrm.config import ModelConfig
 
 EMBEDDING_INIT_BLOCK_ROWS = 4096  # the unit of random generation: part of the initial values' definition
-INIT_CHUNK_ROWS = 1 << 18  # rows generated at a time when filling a shard: only bounds host memory
+INIT_CHUNK_ROWS = 1 << 18  # rows generated at a time when filling a shard: only bounds the memory (on its device)
 
 META = torch.device("meta")  # where models are built: no memory until sharded or filled
 
 
+# model.embedding_precision -> TorchRec's table data type (fbgemm's weights_precision when sharded).
+DATA_TYPES = {"fp32": DataType.FP32, "fp16": DataType.FP16, "bf16": DataType.BF16}
+
+
+def embedding_dtype(cfg: ModelConfig) -> torch.dtype:
+    """The table weights' dtype (model.embedding_precision)."""
+    return data_type_to_dtype(DATA_TYPES[cfg.embedding_precision])
+
+
 def embedding_configs(cfg: ModelConfig) -> list[EmbeddingBagConfig]:
-    """TorchRec table configs, in the order of `cfg.tables`."""
+    """TorchRec table configs, in the order of `cfg.tables`, stored in model.embedding_precision."""
     return [
         EmbeddingBagConfig(
             name=t.name,
             embedding_dim=t.dim,
             num_embeddings=t.rows,
             feature_names=list(t.features),
+            data_type=DATA_TYPES[cfg.embedding_precision],
         )
         for t in cfg.tables
     ]
@@ -52,6 +62,9 @@ def build_model(cfg: ModelConfig, device: torch.device = META) -> DLRMTrain:
 
 def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:
     ebc = EmbeddingBagCollection(tables=embedding_configs(cfg), device=device)
+    # TorchRec's unsharded bags are fp32 for DataType.FP32 and fp16 for any other type; store them in
+    # the configured dtype (bf16 included), as the sharded kernels do, so state dicts agree.
+    ebc.embedding_bags.to(embedding_dtype(cfg))
     common: dict[str, Any] = dict(
         embedding_bag_collection=ebc,
         dense_in_features=cfg.dense_in_features,
@@ -112,30 +125,37 @@ class DotInteraction(InteractionArch):
         return torch.cat((dense_features, _PairDots.apply(combined, self.upper, self.both)), dim=1)
 
 
-def _generator(seed: int, *names: object) -> torch.Generator:
+CPU = torch.device("cpu")
+
+
+def _generator(seed: int, *names: object, device: torch.device = CPU) -> torch.Generator:
     digest = hashlib.blake2b(repr((seed,) + names).encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+    return torch.Generator(device=device).manual_seed(int.from_bytes(digest, "little") >> 1)
 
 
-def table_rows_init(seed: int, table: str, rows: int, dim: int, start: int, stop: int) -> torch.Tensor:
-    """Rows [start, stop) of a table's initial weights, U(-1/sqrt(rows), 1/sqrt(rows)): [stop-start, D].
+def table_rows_init(
+    seed: int, table: str, rows: int, dim: int, start: int, stop: int, device: torch.device = CPU
+) -> torch.Tensor:
+    """Rows [start, stop) of a table's initial weights, U(-1/sqrt(rows), 1/sqrt(rows)): [stop-start, D] fp32.
 
     Values are generated per block of EMBEDDING_INIT_BLOCK_ROWS rows from (seed, table, block), so a
-    shard is produced without materialising the table, and identically on any sharding.
+    shard is produced without materialising the table, and identically on any sharding. They are
+    generated on `device` by its own generator: the same for any world size on one kind of device
+    (a CUDA generator's stream differs from the CPU's, so CPU and GPU runs start differently).
     """
     bound = math.sqrt(1.0 / rows)
     block = EMBEDDING_INIT_BLOCK_ROWS
     pieces = []
     for b in range(start // block, (stop - 1) // block + 1):
         lo, hi = b * block, min((b + 1) * block, rows)
-        values = torch.rand(hi - lo, dim, generator=_generator(seed, "table", table, b))
+        values = torch.rand(hi - lo, dim, generator=_generator(seed, "table", table, b, device=device), device=device)
         pieces.append(values[max(start, lo) - lo : min(stop, hi) - lo])
     return torch.cat(pieces) * (2 * bound) - bound
 
 
-def dense_init(seed: int, name: str, shape: tuple[int, ...], std: float) -> torch.Tensor:
-    """A dense parameter's initial value, N(0, std^2), from (seed, name) alone."""
-    return torch.randn(shape, generator=_generator(seed, "dense", name)) * std
+def dense_init(seed: int, name: str, shape: tuple[int, ...], std: float, device: torch.device = CPU) -> torch.Tensor:
+    """A dense parameter's initial value, N(0, std^2), from (seed, name) alone, generated on `device`."""
+    return torch.randn(shape, generator=_generator(seed, "dense", name, device=device), device=device) * std
 
 
 def initialize(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> None:
@@ -145,6 +165,8 @@ def initialize(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> None:
     ShardedTensors get each local shard's rows and columns; replicated tensors get the whole value.
     As the DLRM reference: matrices [out, in] ~ N(0, 2 / (out + in)) (Xavier), a layer's bias
     [out] ~ N(0, 1 / out); biases without a sibling weight (the DCN cross net's) start at zero.
+    Values are generated where each piece lives (the training device: no host copy), in fp32, and
+    rounded to the piece's dtype (model.embedding_precision for the tables).
     """
     tables: dict[str, tuple[int, int]] = {t.name: (t.rows, t.dim) for t in cfg.tables}
     state = model.state_dict()
@@ -154,17 +176,17 @@ def initialize(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> None:
             if table is not None:
                 rows, dim = tables[table]
                 for shard, (r0, c0), (nr, nc) in local_pieces(value):
-                    for lo in range(0, nr, INIT_CHUNK_ROWS):  # bounded host memory for huge shards
+                    for lo in range(0, nr, INIT_CHUNK_ROWS):  # bounded memory for huge shards
                         hi = min(lo + INIT_CHUNK_ROWS, nr)
-                        full_rows = table_rows_init(seed, table, rows, dim, r0 + lo, r0 + hi)
+                        full_rows = table_rows_init(seed, table, rows, dim, r0 + lo, r0 + hi, shard.device)
                         shard[lo:hi].copy_(full_rows[:, c0 : c0 + nc])
                 continue
             local = value.to_local() if isinstance(value, DTensor) else value
             shape = tuple(local.shape)
             if local.dim() == 2:
-                local.copy_(dense_init(seed, name, shape, std=math.sqrt(2.0 / sum(shape))))
+                local.copy_(dense_init(seed, name, shape, math.sqrt(2.0 / sum(shape)), local.device))
             elif name.endswith("bias") and name[: -len("bias")] + "weight" in state:
-                local.copy_(dense_init(seed, name, shape, std=math.sqrt(1.0 / shape[0])))
+                local.copy_(dense_init(seed, name, shape, math.sqrt(1.0 / shape[0]), local.device))
             else:
                 local.zero_()
 

@@ -13,6 +13,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Proposer, Topology
@@ -20,6 +21,7 @@ from torchrec.distributed.types import (
     EmbeddingModuleShardingPlan,
     ModuleSharder,
     ParameterSharding,
+    QuantizedCommCodecs,
     ShardingEnv,
     ShardingPlan,
 )
@@ -36,13 +38,39 @@ class AnyDeviceEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     model). This sharder offers the CUDA list everywhere, so CPU runs can use and test them.
     """
 
+    def __init__(self, *args, replicate: bool = True, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.replicate = replicate
+
     def sharding_types(self, compute_device_type: str) -> list[str]:
-        return super().sharding_types("cuda")
+        types = super().sharding_types("cuda")
+        return types if self.replicate else [t for t in types if t != "data_parallel"]
 
 
-def sharders() -> list[ModuleSharder[torch.nn.Module]]:
-    """The sharders of the planner and of DMP (TorchRec types them for any module)."""
-    return [cast(ModuleSharder[torch.nn.Module], AnyDeviceEmbeddingBagCollectionSharder())]
+COMM_TYPES = {"fp32": CommType.FP32, "fp16": CommType.FP16, "bf16": CommType.BF16}
+
+
+def qcomms_registry(cfg: ShardingConfig, device_type: str) -> dict[str, QuantizedCommCodecs] | None:
+    """TorchRec's quantized-comms codecs for sharding.qcomms_forward/backward on `device_type`
+    (the alltoalls and reduce-scatters of pooled embeddings and of their gradients); None when both are fp32."""
+    qcomms = QCommsConfig(
+        forward_precision=COMM_TYPES[cfg.qcomms_forward], backward_precision=COMM_TYPES[cfg.qcomms_backward]
+    )
+    return get_qcomm_codecs_registry(qcomms, device=torch.device(device_type))
+
+
+def sharders(cfg: Config | None = None) -> list[ModuleSharder[torch.nn.Module]]:
+    """The sharders of the planner and of DMP (TorchRec types them for any module), with the
+    quantized-comms codecs of `cfg.sharding` (None: fp32 comms).
+
+    Tables in fp16/bf16 (model.embedding_precision) are never replicated: fbgemm's fused kernels
+    keep their optimizer state in fp32, but a data-parallel table is trained by a torch optimizer on
+    the half-precision weights themselves (Adagrad's eps and state underflow: NaN).
+    """
+    registry = qcomms_registry(cfg.sharding, cfg.topology.device) if cfg is not None else None
+    full_precision = cfg is None or cfg.model.embedding_precision == "fp32"
+    sharder = AnyDeviceEmbeddingBagCollectionSharder(qcomm_codecs_registry=registry, replicate=full_precision)
+    return [cast(ModuleSharder[torch.nn.Module], sharder)]
 
 
 def table_sharding(cfg: ShardingConfig, model: ModelConfig) -> dict[str, str | None]:
@@ -87,7 +115,7 @@ def plan_sharding(
     Raises PlanError (a UserError) when TorchRec's planner finds no plan.
     """
     planner = make_planner(cfg, topology, proposer)
-    module_sharders = sharders()
+    module_sharders = sharders(cfg)
     try:
         if pg is None:
             return planner.plan(model, module_sharders)
@@ -97,15 +125,19 @@ def plan_sharding(
 
 
 def shard_model(
-    model: torch.nn.Module, plan: ShardingPlan, pg: dist.ProcessGroup, device: torch.device
+    cfg: Config, model: torch.nn.Module, plan: ShardingPlan, pg: dist.ProcessGroup, device: torch.device
 ) -> DistributedModelParallel:
-    """Distribute `model` (built on meta) by `plan`: sharded tables plus DDP-wrapped dense layers."""
+    """Distribute `model` (built on meta) by `plan`: sharded tables plus DDP-wrapped dense layers.
+
+    The tables are materialised on `device` directly (fbgemm allocates them there, in
+    model.embedding_precision), and their collectives use the qcomms codecs of `cfg.sharding`.
+    """
     return DistributedModelParallel(
         module=model,
         env=ShardingEnv.from_process_group(pg),
         device=device,
         plan=plan,
-        sharders=sharders(),
+        sharders=sharders(cfg),
     )
 
 

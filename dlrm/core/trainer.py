@@ -22,11 +22,11 @@ from dlrm.config import Config
 from dlrm.core import console
 from dlrm.core.cadence import Every, ThroughputWindow
 from dlrm.core.checkpoint import Checkpointer, CheckpointError, latest_checkpoint, model_signature, step_tensor
-from dlrm.core.dense_sync import use_hierarchical_allreduce
+from dlrm.core.dense_sync import use_compressed_allreduce, use_hierarchical_allreduce
 from dlrm.core.local_sgd import LocalSGD
 from dlrm.core.logs import JOB_START
 from dlrm.core.memory import dense_param_count
-from dlrm.core.metrics import MetricsLog, Progress, auc_and_logloss, peak_rss_mb
+from dlrm.core.metrics import MetricsLog, Progress, peak_rss_mb, score_on_rank0
 from dlrm.core.model import build_model, initialize
 from dlrm.core.optim import LRSchedule, build_optimizer, fuse_embedding_optimizer, lr_factor
 from dlrm.core.phases import STEP_RANGE, fitted_topology
@@ -106,14 +106,17 @@ class Trainer:
         fuse_embedding_optimizer(model, cfg.optim.embedding)
         topology = planner_topology(cfg.topology, world.world_size, world.local_world_size)
         self.plan = plan_sharding(cfg, model, topology, self.pg)
-        self.model = shard_model(model, self.plan, self.pg, self.device)
-        if cfg.trainer.dense_allreduce == "hierarchical":  # the node x local groups exist only for it
+        self.model = shard_model(cfg, model, self.plan, self.pg, self.device)
+        tr = cfg.trainer
+        precision = tr.dense_allreduce_precision
+        if tr.dense_allreduce == "hierarchical":  # the node x local groups exist only for it
             groups = build_process_groups(
                 self.device, world.world_size // world.local_world_size, world.local_world_size
             )
-            if not use_hierarchical_allreduce(self.model, groups):
+            if not use_hierarchical_allreduce(self.model, groups, precision):
                 raise RuntimeError("trainer.dense_allreduce=hierarchical, but the model has no DDP module to hook")
-        tr = cfg.trainer
+        elif precision != "fp32" and not use_compressed_allreduce(self.model, precision, self.pg):
+            raise RuntimeError(f"trainer.dense_allreduce_precision={precision}, but the model has no DDP module")
         self.local_sgd = (
             LocalSGD(tr.sync_period, tr.local_sgd_warmup_steps, self.pg) if tr.dense_sync == "local_sgd" else None
         )
@@ -389,7 +392,8 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """AUC and log loss over the eval split, gathered from all ranks ({} if there is none)."""
+        """AUC and log loss over the eval split ({} if there is none): every rank scores its slice,
+        rank 0 computes the figures on the training device (`score_on_rank0`), every rank returns them."""
         n = self.cfg.data.eval_batches  # 0: no evaluation
         available = self.source.num_batches("eval")
         if available is not None:
@@ -404,10 +408,7 @@ class Trainer:
             logits.append(batch_logits)
             labels.append(batch_labels)
         model.train()
-        all_logits = self._gather(torch.cat(logits).float())
-        all_labels = self._gather(torch.cat(labels).float())
-        auc, logloss = auc_and_logloss(all_logits, all_labels)
-        return {"auc": auc, "logloss": logloss, "samples": int(all_labels.numel())}
+        return score_on_rank0(torch.stack((torch.cat(logits).float(), torch.cat(labels).float())), self.pg)
 
     def _gather(self, t: torch.Tensor) -> torch.Tensor:
         """Concatenate equal-sized tensors [N] from every rank, in rank order -> [W * N]."""

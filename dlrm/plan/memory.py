@@ -19,6 +19,7 @@ from dlrm.core.memory import (
     dense_optimizer_factor,
     fix_hint,
     optimizer_state_bytes,
+    table_weight_bytes,
 )
 
 if TYPE_CHECKING:  # dlrm.core.sharding imports TorchRec (seconds): not before the config is checked
@@ -83,7 +84,7 @@ def memory_summary(cfg: Config, tables: list[TablePlan], world: int, dense_param
     ranks = [RankMemory(r) for r in range(world)]
     for t in tables:
         for s in t.shards:
-            weights = s.rows * s.cols * FLOAT_BYTES
+            weights = s.rows * s.cols * table_weight_bytes(cfg)
             ranks[s.rank].add_shard(t, weights, optimizer_state_bytes(opt, s.rows, s.cols), cuda, UVM_CACHING_RATIO)
     dense_w = dense_params * FLOAT_BYTES
     hbm_cap = cfg.topology.hbm_GB * GB if cuda else 0
@@ -103,6 +104,7 @@ def memory_summary(cfg: Config, tables: list[TablePlan], world: int, dense_param
         "ddr_capacity_bytes": ddr_cap,
         "capacity_key": capacity_key(cfg),
         "embedding_optimizer": opt,
+        "embedding_precision": str(cfg.model.embedding_precision),
         "dense_optimizer": cfg.optim.dense.name,
         "per_rank": [asdict(m) for m in ranks],
         "max_rank": max(ranks, key=lambda m: (m.hbm, m.ddr)).rank,

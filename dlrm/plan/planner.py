@@ -57,7 +57,7 @@ def run_planner(cfg: Config, model, world: int, ranks_per_node: int, proposer: s
     one = {"default": None, "exact": None, "greedy": GreedyProposer, "uniform": UniformProposer}[proposer]
     try:
         if is_large(world, proposer):
-            return large_world_planner(cfg, topology).plan(model, sharders())
+            return large_world_planner(cfg, topology).plan(model, sharders(cfg))
         return plan_sharding(cfg, model, topology, pg=None, proposer=one() if one else None)
     except PlannerError as e:
         raise planner_refusal(cfg, world, e) from e

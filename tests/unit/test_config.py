@@ -86,6 +86,10 @@ NOT_A_CHOICE = {
     "data.source=parquet": "data.source",
     "trainer.progress=fancy": "trainer.progress",
     "trainer.dense_precision=fp8": "trainer.dense_precision",
+    "model.embedding_precision=int8": "model.embedding_precision",
+    "sharding.qcomms_forward=fp8": "sharding.qcomms_forward",
+    "sharding.qcomms_backward=mx4": "sharding.qcomms_backward",
+    "trainer.dense_allreduce_precision=fp64": "trainer.dense_allreduce_precision",
 }
 
 
