@@ -40,7 +40,7 @@ from dlrm.core.topology import (
     init_distributed,
     planner_topology,
 )
-from dlrm.data.loader import make_source
+from dlrm.data.loader import batches_on, make_source
 from dlrm.data.prefetch import Prefetcher, prefetch_pays
 from dlrm.errors import UserError
 from dlrm.io import write_json_atomic
@@ -98,7 +98,7 @@ class Trainer:
             fitted_topology(cfg.topology, self.comms_bench, "alltoall", world.local_world_size)  # fails early
         self.run_dir = run_dir if world.is_main else None
         self.device = device_for(cfg.topology, world, tf32=cfg.trainer.tf32)
-        self.source = make_source(cfg)  # data errors before any process group or table exists
+        self.source = make_source(cfg, self.device)  # data errors before any process group or table exists
         self.pg = init_distributed(cfg.topology, world)
 
         model = build_model(cfg.model)
@@ -214,6 +214,8 @@ class Trainer:
     def _batches(self, split: str, start_step: int, count: int | None) -> Iterator:
         batches = self.source.batches(split, self.world.rank, self.world.world_size, start_step)
         batches = itertools.islice(batches, count) if count is not None else batches
+        if self.device.type != "cpu" and batches_on(self.source, self.device):
+            return batches  # made on the device: asynchronous kernels, nothing to pin or hide
         if not prefetch_pays(self.device, self.world.local_world_size):
             return batches
         return Prefetcher(batches, depth=2, pin_memory=self.device.type == "cuda")  # off the training thread
