@@ -64,6 +64,7 @@ class _Run:
     window: ThroughputWindow = field(default_factory=ThroughputWindow)
     started: float = field(default_factory=time.perf_counter)
     evaluation: dict = field(default_factory=dict)
+    target_step: int | None = None  # the step whose evaluation reached trainer.target_auc
 
     @classmethod
     def start(cls, trainer: Trainer) -> _Run:
@@ -295,14 +296,43 @@ class Trainer:
                 self.local_sgd.average()  # the run's model: the ranks' average
             if self.log_every.due(self.step, last) and run.window.losses:
                 self._log_window(run, last)
+            reached = False
             with run.window.paused():
                 if self.eval_every.due(self.step, last):
                     run.evaluation = self._evaluate_and_log(run)
+                    reached = self._target_reached(run)
+            if reached and not last:  # the run ends here: close the log window as at the last step
+                last = True
+                if run.window.losses:
+                    self._log_window(run, last)
+            with run.window.paused():
                 if self.checkpointer is not None:
                     saved = self.checkpointer.maybe_save(self.step, last, self._checkpoint_state, self._manifest)
                     if saved is not None:
                         run.progress.message(f"checkpoint: {saved}")
+            if reached:
+                break
         return self._end(run)
+
+    def _target_reached(self, run: _Run) -> bool:
+        """Whether this evaluation reached trainer.target_auc (rank 0's AUC decides for every rank, so
+        all stop at the same step); the first time, record the step and samples to target."""
+        target = self.cfg.trainer.target_auc
+        if target is None or run.target_step is not None:
+            return False
+        auc = run.evaluation.get("auc")
+        flag = torch.tensor([1.0 if auc is not None and auc >= target else 0.0], device=self.device)
+        dist.broadcast(flag, src=0, group=self.pg)
+        if flag.item() == 0.0:
+            return False
+        run.target_step = self.step
+        samples = self.step * self.cfg.data.global_batch_size
+        run.progress.message(
+            f"target AUC {target} reached at step {self.step} ({samples:,} samples): auc {auc:.5f}; stopping"
+            if auc is not None
+            else f"target AUC {target} reached at step {self.step} ({samples:,} samples); stopping"
+        )
+        return True
 
     def _log_window(self, run: _Run, last: bool) -> None:
         """The window's global mean loss (a NaN or inf stops the run), throughput and step breakdown,
@@ -352,13 +382,28 @@ class Trainer:
             run.log.write("run", step=self.step, **{f"run_{k}": v for k, v in breakdown.items()})
         run.log.close()
         wall = time.perf_counter() - run.started
-        return self._finish(self.step - run.first_step, run.window.train_seconds, wall, run.evaluation, breakdown)
+        return self._finish(
+            self.step - run.first_step, run.window.train_seconds, wall, run.evaluation, breakdown, run.target_step
+        )
 
     def _finish(
-        self, steps: int, train_seconds: float, wall_seconds: float, evaluation: dict, breakdown: dict | None
+        self,
+        steps: int,
+        train_seconds: float,
+        wall_seconds: float,
+        evaluation: dict,
+        breakdown: dict | None,
+        target_step: int | None = None,
     ) -> dict:
         """The summary of the run: written to summary.json and its closing lines logged (rank 0)."""
         summary = self._summary(steps, train_seconds, wall_seconds, evaluation)
+        target = self.cfg.trainer.target_auc
+        if target is not None:
+            batch = self.cfg.data.global_batch_size
+            summary["target_auc"] = target
+            summary["reached_target"] = target_step is not None
+            summary["steps_to_target"] = target_step
+            summary["samples_to_target"] = target_step * batch if target_step is not None else None
         if breakdown is not None:
             summary["step_breakdown"] = breakdown
             world = self.world
