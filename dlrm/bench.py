@@ -17,7 +17,7 @@ like a preprocessed dataset), to measure the model when the data source is slowe
 Prints one summary line and writes the figures as JSON to `--out` (rank 0).
 
 `--source-only` times the data source alone, in one process, without a model or process group:
-the slice of rank 0 of `--ranks` (default: the topology's nodes x ranks per node) of `--warmup`
+the slice of rank 0 of `--ranks` (default: the topology's nodes x ranks per node) of 1 + `--warmup`
 untimed then `--windows` windows of `--window` global batches, made on `--device` (synthetic data;
 default cuda if there is one), and reports the median samples/s per rank against the 1.7M samples/s
 per GPU that MLPerf DLRM-DCNv2 trains at on H100 (~13.8M on 8): what a source must sustain there.
@@ -111,6 +111,8 @@ def source_only(args: argparse.Namespace, cfg: Config) -> dict:
     if cfg.data.global_batch_size % ranks:
         raise UserError(f"--ranks {ranks}: data.global_batch_size={cfg.data.global_batch_size} must be divisible by it")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.threads:
+        torch.set_num_threads(args.threads)  # as a rank gets: torchrun gives cores / ranks per node
     source = make_source(cfg, device)
     per_rank = cfg.data.global_batch_size // ranks
     made_on = getattr(source, "device", None)
@@ -120,6 +122,7 @@ def source_only(args: argparse.Namespace, cfg: Config) -> dict:
             torch.cuda.synchronize(device)
 
     batches = source.batches("train", 0, ranks)
+    ids = next(batches).sparse_features.values().numel()  # untimed, as the warm-up
     for _ in range(args.warmup):
         next(batches)
     sync()
@@ -139,7 +142,7 @@ def source_only(args: argparse.Namespace, cfg: Config) -> dict:
         "ranks": ranks,
         "samples_per_rank": per_rank,
         "features": sum(len(t.features) for t in cfg.model.tables),
-        "ids_per_sample": sum(t.pooling * len(t.features) for t in cfg.model.tables),
+        "ids_per_sample": ids // per_rank,
         "torch_threads": torch.get_num_threads(),
         "source_samples_per_s_per_rank": median,
         "source_samples_per_s_windows": rates,
@@ -253,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--source-only", action="store_true", help="time the data source alone (batches, not steps)")
     parser.add_argument("--ranks", type=int, default=0, help="--source-only: world size (0: the topology's)")
     parser.add_argument("--device", default=None, help="--source-only: where synthetic batches are made (cpu, cuda)")
+    parser.add_argument("--threads", type=int, default=0, help="--source-only: intra-op threads (0: torch's default)")
     args, overrides = parser.parse_known_args(argv)
     if (
         min(args.warmup, args.profile, args.cache_batches, args.max_table_rows) < 0
@@ -263,8 +267,8 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
-    if args.ranks < 0:
-        print("error: --ranks must be >= 0 (0: the topology's nodes x ranks per node)", file=sys.stderr)
+    if min(args.ranks, args.threads) < 0:
+        print("error: --ranks and --threads must be >= 0 (0: the topology's ranks; torch's threads)", file=sys.stderr)
         sys.exit(2)
     try:
         cfg = compose_config(overrides, args.max_table_rows)

@@ -28,14 +28,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.config import SyntheticConfig
+from dlrm.data.multihot import MultiHotLayout
 
 _M32 = 0xFFFFFFFF
 # Odd multipliers below 2**31 (from Wellons' hash-prospector search), so x * c < 2**63 for
@@ -132,11 +132,6 @@ class SyntheticSource:
         self.eval_batches = eval_batches
         self.device = device if device is not None else torch.device("cpu")
         dev = self.device
-        fits32 = max(self.rows, default=1) <= torch.iinfo(torch.int32).max
-        # int32 ids where every table fits (fbgemm's kernels take int32 indices): half the bytes to
-        # build and move; multi-hot sums (base + offset < 2 * rows) stay in int32 below 2**30 rows.
-        self.id_dtype = torch.int32 if fits32 else torch.int64
-        self._sum_dtype = torch.int32 if 2 * max(self.rows, default=1) <= torch.iinfo(torch.int32).max else torch.int64
         # Constants are made on the host and moved by blocking copies: complete before any CUDA
         # stream (the training pipeline's copy stream, where batches are made) reads them.
         f, d = len(self.rows), dense_features
@@ -166,7 +161,7 @@ class SyntheticSource:
             [0] + [1 + mix32((mix32(fi ^ keys[1]) + j) & _M32) % (r - 1) if r > 1 else 0 for j in range(1, p_)]
             for fi, (r, p_) in enumerate(zip(self.rows, self.pooling, strict=True))
         ]
-        self._layouts: dict[int, _Layout] = {}
+        self._layouts: dict[int, MultiHotLayout] = {}
 
     def num_batches(self, split: str) -> int | None:
         """Global batches in one pass: None (endless) for train, `eval_batches` for eval."""
@@ -196,18 +191,9 @@ class SyntheticSource:
         ranks = torch.minimum(values[d : d + f].floor_() - 1.0, self._max_rank).clamp_(min=0.0).long()
         base = self._scatter(ranks)  # int64 [F, B]
         labels = (values[-1] < self._hidden_logit(dense, base)).float()
-        layout = self._layout(count)
         return Batch(
             dense_features=dense.t().float().contiguous(),
-            sparse_features=KeyedJaggedTensor(
-                keys=self.feature_names,
-                values=layout.expand(base),
-                lengths=layout.lengths,
-                offsets=layout.offsets,
-                stride=count,
-                length_per_key=layout.length_per_key,
-                offset_per_key=layout.offset_per_key,
-            ),
+            sparse_features=self._layout(count).kjt(base),
             labels=labels,
         )
 
@@ -251,66 +237,7 @@ class SyntheticSource:
             linear += dense[i] * self._dense_w[i]
         return self.cfg.signal * (sparse + 0.5 * linear) - 1.0
 
-    def _layout(self, count: int) -> _Layout:
+    def _layout(self, count: int) -> MultiHotLayout:
         if count not in self._layouts:
-            self._layouts[count] = _Layout(count, self.rows, self.offsets, self.id_dtype, self._sum_dtype, self.device)
+            self._layouts[count] = MultiHotLayout(self.feature_names, self.rows, self.offsets, count, self.device)
         return self._layouts[count]
-
-
-class _Layout:
-    """The KJT's constant parts for a batch of `count` samples, and the multi-hot expansion.
-
-    Values are key-major (all of feature 0, then feature 1, ...), each sample's ids contiguous.
-    lengths, offsets: int32 [F * B], [F * B + 1]; the batches share them (read-only).
-    """
-
-    def __init__(
-        self,
-        count: int,
-        rows: list[int],
-        offsets: list[list[int]],
-        id_dtype: torch.dtype,
-        sum_dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
-        pooling = [len(o) for o in offsets]
-        self.count, self.id_dtype = count, id_dtype
-        per_sample = torch.tensor(pooling, dtype=torch.int32).repeat_interleave(count)
-        self.lengths = per_sample.to(device)
-        self.offsets = torch.cat([torch.zeros(1, dtype=torch.int32), per_sample.cumsum(0, dtype=torch.int32)]).to(
-            device
-        )
-        self.length_per_key = [count * p for p in pooling]
-        self.offset_per_key = [0, *np.cumsum(self.length_per_key).tolist()]
-        self.expand: Callable[[torch.Tensor], torch.Tensor] = self._one_hot
-        if max(pooling, default=1) > 1:
-            # id j of feature f, sample b: base[f, b] + offsets[f][j] - rows[f], plus rows[f] if negative
-            self._sum_dtype = sum_dtype
-            self._shifted = [
-                torch.tensor([o - r for o in offs]).to(sum_dtype).to(device)
-                for offs, r in zip(offsets, rows, strict=True)
-            ]
-            limit = torch.cat(
-                [torch.full((count * p,), r, dtype=torch.int64) for r, p in zip(rows, pooling, strict=True)]
-            )
-            self._limit = limit.to(sum_dtype).to(device)
-            self._total = count * sum(pooling)
-            self.expand = self._multi_hot
-
-    def _one_hot(self, base: torch.Tensor) -> torch.Tensor:
-        """[F, B] -> key-major values [F * B]."""
-        return base.reshape(-1).to(self.id_dtype)
-
-    def _multi_hot(self, base: torch.Tensor) -> torch.Tensor:
-        """[F, B] -> key-major multi-hot values [sum(pooling) * B]: one broadcast add per feature,
-        written in place, then one branch-free wrap into [0, rows) for all."""
-        base = base.to(self._sum_dtype)
-        values = torch.empty(self._total, dtype=self._sum_dtype, device=base.device)
-        start = 0
-        for f, shifted in enumerate(self._shifted):
-            end = start + self.count * shifted.numel()
-            torch.add(base[f, :, None], shifted, out=values[start:end].view(self.count, shifted.numel()))
-            start = end
-        wrap = values >> (8 * values.element_size() - 1)  # -1 where negative, else 0
-        values += wrap.bitwise_and_(self._limit)
-        return values if values.dtype == self.id_dtype else values.to(self.id_dtype)

@@ -6,6 +6,7 @@ import torch
 
 from dlrm.data import synthetic
 from dlrm.data.loader import batches_on, feature_layout, make_source
+from dlrm.data.multihot import MultiHotLayout
 from dlrm.data.synthetic import SyntheticSource, mix32_
 
 
@@ -178,3 +179,19 @@ def test_make_source_makes_batches_on_the_training_device_unless_told_not_to(mak
     off = make_source(make_config("model=tiny", "data.synthetic.on_device=false"), meta)
     assert batches_on(on, meta) and not batches_on(off, meta) and off.device == torch.device("cpu")
     assert not batches_on(object(), meta)  # a source without a device attribute: host batches
+
+
+@pytest.mark.parametrize("rows", [ROWS, [r * 2**20 for r in ROWS], [2**31 + 5] + ROWS[1:]])
+def test_multi_hot_expansion_on_the_host_equals_the_torch_one(rows):
+    """The Criteo loader's numpy expansion and the device one give the same ids (int32 and int64 sums)."""
+    offsets = [[0] + [1 + (7919 * j) % (r - 1) if r > 1 else 0 for j in range(1, p)] for r, p in zip(rows, MULTI_HOT)]
+    layout = MultiHotLayout([f"C{i + 1}" for i in range(26)], rows, offsets, 50, torch.device("cpu"))
+    ids = torch.stack([torch.randint(0, r, (50,), generator=torch.Generator().manual_seed(r % 1000)) for r in rows], 1)
+    host = layout.expand_host(ids.numpy())
+    assert host.dtype == layout.id_dtype and torch.equal(host, layout.expand(ids.t()))
+    expected = torch.cat(
+        [((ids[:, f, None] + torch.tensor(o)) % r).reshape(-1) for f, (o, r) in enumerate(zip(offsets, rows))]
+    )
+    assert torch.equal(host.long(), expected)
+    one_hot = MultiHotLayout(["C1", "C2"], rows[:2], [[0], [0]], 50, torch.device("cpu"))
+    assert torch.equal(one_hot.expand_host(ids[:, :2].numpy()), ids[:, :2].t().reshape(-1).to(one_hot.id_dtype))
