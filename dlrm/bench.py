@@ -96,9 +96,17 @@ def source_speed(source, rank: int, world_size: int, batches: int = 3) -> float:
     """Samples/s of the source alone on this rank (after one untimed batch)."""
     it = source.batches("train", rank, world_size)
     first = next(it)
+    device = first.labels.device  # a source that makes batches on the GPU: time the kernels too
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    sync()
     start = time.perf_counter()
     for _ in range(batches):
         next(it)
+    sync()
     return batches * first.labels.numel() / (time.perf_counter() - start)
 
 
