@@ -311,6 +311,7 @@ class Trainer:
                     if saved is not None:
                         run.progress.message(f"checkpoint: {saved}")
             if reached:
+                self.profiler.stop_trace()
                 break
         return self._end(run)
 

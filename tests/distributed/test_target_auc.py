@@ -36,10 +36,11 @@ def test_an_unreachable_target_runs_to_max_steps(make_config):
 
 @pytest.mark.slow
 def test_the_stop_is_recorded_in_the_run_directory(tmp_path):
-    """One process through dlrm.train: summary.json, the console line, the last log window at the stop."""
+    """One process through dlrm.train: summary.json, the console line, the last log window at the stop,
+    and the trace still open then (trainer.profile up to step 1000) written."""
     result = subprocess.run(
         [sys.executable, "-m", "dlrm.train", *SMALL, "trainer.max_steps=200", "trainer.log_every_steps=4",
-         "trainer.target_auc=0.6", "trainer.progress=lines", f"hydra.run.dir={tmp_path}"],
+         "trainer.target_auc=0.6", "trainer.profile=[8,1000]", "trainer.progress=lines", f"hydra.run.dir={tmp_path}"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -50,3 +51,4 @@ def test_the_stop_is_recorded_in_the_run_directory(tmp_path):
     assert f"target AUC 0.6: reached at step {stop} ({stop * 256:,} samples)" in result.stdout
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in records if "loss" in r) == stop  # the window up to the stop is logged
+    assert list((tmp_path / "profile").glob("rank0*.pt.trace.json"))
