@@ -15,6 +15,15 @@ speed (batches generated per second on one rank, outside the training loop), and
 `--cache-batches N` trains on the first N batches of each rank in a loop (materialised once,
 like a preprocessed dataset), to measure the model when the data source is slower than it.
 Prints one summary line and writes the figures as JSON to `--out` (rank 0).
+
+`--source-only` times the data source alone, in one process, without a model or process group:
+the slice of rank 0 of `--ranks` (default: the topology's nodes x ranks per node) of 1 + `--warmup`
+untimed then `--windows` windows of `--window` global batches, made on `--device` (synthetic data;
+default cuda if there is one), and reports the median samples/s per rank against the 1.7M samples/s
+per GPU that MLPerf DLRM-DCNv2 trains at on H100 (~13.8M on 8): what a source must sustain there.
+
+    python -m dlrm.bench --source-only experiment=bench_dcnv2 topology=dgx_h100   # 8,192 per rank
+    python -m dlrm.bench --source-only --ranks 2 experiment=bench_cpu              # 1,024 per rank
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ from dlrm.core.topology import World
 from dlrm.errors import UserError
 from dlrm.io import write_json_atomic
 
+GPU_BUDGET_SAMPLES_PER_S = 1.7e6  # per GPU: MLPerf DLRM-DCNv2 trains ~13.8M samples/s on 8 H100
+
 
 class CachedSource:
     """The first `count` train batches of a source, materialised per rank and repeated forever.
@@ -49,6 +60,7 @@ class CachedSource:
     def __init__(self, source, count: int) -> None:
         self.source = source
         self.count = count
+        self.device = getattr(source, "device", None)  # where the wrapped source makes its batches
         self._cache: dict = {}
 
     def num_batches(self, split: str) -> int | None:
@@ -60,7 +72,8 @@ class CachedSource:
         key = (rank, world_size)
         if key not in self._cache:
             first = itertools.islice(self.source.batches("train", rank, world_size), self.count)
-            pin = torch.cuda.is_available()  # page-locked once: host-to-device copies run asynchronously
+            # host batches page-locked once: host-to-device copies run asynchronously
+            pin = torch.cuda.is_available() and (self.device is None or torch.device(self.device).type == "cpu")
             self._cache[key] = [batch.pin_memory() if pin else batch for batch in first]
         cached = self._cache[key]
         return (cached[step % len(cached)] for step in itertools.count(start_step))
@@ -83,10 +96,68 @@ def source_speed(source, rank: int, world_size: int, batches: int = 3) -> float:
     """Samples/s of the source alone on this rank (after one untimed batch)."""
     it = source.batches("train", rank, world_size)
     first = next(it)
+    device = first.labels.device  # a source that makes batches on the GPU: time the kernels too
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    sync()
     start = time.perf_counter()
     for _ in range(batches):
         next(it)
+    sync()
     return batches * first.labels.numel() / (time.perf_counter() - start)
+
+
+def source_only(args: argparse.Namespace, cfg: Config) -> dict:
+    """The source's own speed for rank 0's slice (see the module's docstring); no process group."""
+    from dlrm.data.loader import make_source
+
+    tp = cfg.topology
+    ranks = args.ranks or tp.nodes * (tp.ranks_per_node or 1)
+    if cfg.data.global_batch_size % ranks:
+        raise UserError(f"--ranks {ranks}: data.global_batch_size={cfg.data.global_batch_size} must be divisible by it")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.threads:
+        torch.set_num_threads(args.threads)  # as a rank gets: torchrun gives cores / ranks per node
+    source = make_source(cfg, device)
+    per_rank = cfg.data.global_batch_size // ranks
+    made_on = getattr(source, "device", None)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    batches = source.batches("train", 0, ranks)
+    ids = next(batches).sparse_features.values().numel()  # untimed, as the warm-up
+    for _ in range(args.warmup):
+        next(batches)
+    sync()
+    rates = []
+    cpu_start = time.process_time()
+    for _ in range(args.windows):
+        start = time.perf_counter()
+        for _ in range(args.window):
+            next(batches)
+        sync()
+        rates.append(args.window * per_rank / (time.perf_counter() - start))
+    cpu_seconds = time.process_time() - cpu_start  # all this process's threads (a loader's too)
+    median = statistics.median(rates)
+    return {
+        "source": str(cfg.data.source),
+        "device": str(made_on if made_on is not None else "cpu"),
+        "ranks": ranks,
+        "samples_per_rank": per_rank,
+        "features": sum(len(t.features) for t in cfg.model.tables),
+        "ids_per_sample": ids // per_rank,
+        "torch_threads": torch.get_num_threads(),
+        "source_samples_per_s_per_rank": median,
+        "source_samples_per_s_windows": rates,
+        "source_samples_per_cpu_s": args.windows * args.window * per_rank / cpu_seconds,
+        "gpu_budget_samples_per_s": GPU_BUDGET_SAMPLES_PER_S,
+        "fraction_of_gpu_budget": median / GPU_BUDGET_SAMPLES_PER_S,
+    }
 
 
 def _measure(trainer, args: argparse.Namespace, steps: int) -> tuple[list[float], float, str | None]:
@@ -190,6 +261,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache-batches", type=int, default=0, help="train on N materialised batches in a loop")
     parser.add_argument("--max-table-rows", type=int, default=0, help="cap every table at N rows (0: as configured)")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here (rank 0)")
+    parser.add_argument("--source-only", action="store_true", help="time the data source alone (batches, not steps)")
+    parser.add_argument("--ranks", type=int, default=0, help="--source-only: world size (0: the topology's)")
+    parser.add_argument("--device", default=None, help="--source-only: where synthetic batches are made (cpu, cuda)")
+    parser.add_argument("--threads", type=int, default=0, help="--source-only: intra-op threads (0: torch's default)")
     args, overrides = parser.parse_known_args(argv)
     if (
         min(args.warmup, args.profile, args.cache_batches, args.max_table_rows) < 0
@@ -200,8 +275,15 @@ def main(argv: list[str] | None = None) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
+    if min(args.ranks, args.threads) < 0:
+        print("error: --ranks and --threads must be >= 0 (0: the topology's ranks; torch's threads)", file=sys.stderr)
+        sys.exit(2)
     try:
-        result = run(args, compose_config(overrides, args.max_table_rows))
+        cfg = compose_config(overrides, args.max_table_rows)
+        if args.source_only:
+            _report_source(args, source_only(args, cfg))
+            return
+        result = run(args, cfg)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -220,6 +302,21 @@ def main(argv: list[str] | None = None) -> None:
         print("bench: " + json.dumps(brief, sort_keys=True))
         if args.out is not None:
             write_json_atomic(args.out, result)
+
+
+def _report_source(args: argparse.Namespace, result: dict) -> None:
+    rates = result["source_samples_per_s_windows"]
+    print(
+        f"source: {result['source']} on {result['device']}, {result['samples_per_rank']:,} samples per rank "
+        f"({result['ranks']} ranks, {result['ids_per_sample']} ids per sample), {result['torch_threads']} thread(s): "
+        f"{result['source_samples_per_s_per_rank']:,.0f} samples/s per rank, median of {len(rates)} windows "
+        f"(min {min(rates):,.0f}, max {max(rates):,.0f}), {result['source_samples_per_cpu_s']:,.0f} per CPU-second; "
+        f"{result['fraction_of_gpu_budget']:.1%} of the "
+        f"{GPU_BUDGET_SAMPLES_PER_S / 1e6:.1f}M samples/s per GPU that MLPerf DLRM-DCNv2 trains at on H100"
+    )
+    print("source: " + json.dumps({k: v for k, v in result.items() if k != "source_samples_per_s_windows"}))
+    if args.out is not None:
+        write_json_atomic(args.out, result)
 
 
 if __name__ == "__main__":

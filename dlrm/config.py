@@ -152,11 +152,14 @@ class SyntheticConfig:
 
     zipf_alpha: power-law exponent of id popularity. signal: scale of the hidden model's logit
     (larger: more learnable). eval_offset: the eval split's first sample index.
+    on_device: make batches on the training device (on CUDA: no host work, no pinning, no copy);
+    false: on the host, then pinned and copied as file data is. The numbers are the same either way.
     """
 
     zipf_alpha: float = 1.05
     signal: float = 2.0
     eval_offset: int = 1_000_000_000
+    on_device: bool = True
 
     def check(self, key: str) -> None:
         _require_positive(f"{key}.zipf_alpha", self.zipf_alpha)
@@ -372,6 +375,9 @@ class TrainerConfig:
     TensorBoard or Perfetto); None: no trace.
     comms_bench: a bench.json of `dlrm.comms.bench`: the measured-vs-model comparison fits the model's
     alpha and B to it (None: the topology config's links).
+    target_auc: stop at the first evaluation whose AUC reaches it (MLPerf's time to target; the
+    summary records steps_to_target and samples_to_target); None: train to max_steps. Needs
+    eval_every_steps > 0 and data.eval_batches > 0.
     """
 
     max_steps: int = 200
@@ -394,6 +400,7 @@ class TrainerConfig:
     breakdown: bool = True
     profile: list[int] | None = None
     comms_bench: str | None = None
+    target_auc: float | None = None
 
     def check(self, key: str = "trainer") -> None:
         _require_positive(f"{key}.max_steps", self.max_steps)
@@ -413,6 +420,16 @@ class TrainerConfig:
             _fail(f"{key}.profile", self.profile, "give [first, last] steps to trace, 1 <= first <= last, e.g. [20,25]")
         if self.eval_only and not self.resume:
             _fail(f"{key}.eval_only", self.eval_only, "name the checkpoint to evaluate: trainer.resume=PATH (or auto)")
+        if self.target_auc is not None:
+            if not 0.5 < self.target_auc < 1.0:  # `not <` also catches nan
+                _fail(f"{key}.target_auc", self.target_auc, "give an AUC in (0.5, 1), e.g. 0.80275, or null")
+            if self.eval_every_steps == 0:
+                _fail(
+                    f"{key}.eval_every_steps",
+                    self.eval_every_steps,
+                    "trainer.target_auc stops at an evaluation: evaluate during training, "
+                    "e.g. trainer.eval_every_steps=100",
+                )
 
     def _check_local_sgd(self, key: str) -> None:
         """Averaging points are the steps W + k*H (W the warm-up, H the period): evaluation sees
@@ -514,6 +531,12 @@ class Config:
         self.trainer.check()
         self.checkpoint.check()
         self.run.check()
+        if self.trainer.target_auc is not None and self.data.eval_batches == 0:
+            _fail(
+                "data.eval_batches",
+                0,
+                "trainer.target_auc needs an eval set: give data.eval_batches > 0, or set trainer.target_auc=null",
+            )
         period = self.trainer.sync_period
         if self.trainer.dense_sync == DenseSync.local_sgd and self.checkpoint.every_steps % period:
             _fail(

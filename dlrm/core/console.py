@@ -75,6 +75,14 @@ def end_lines(
             f"{global_batch_size / speed * 1e3:.1f} ms/step; loop {summary['wall_time_s']:.1f} s, "
             f"job {summary['job_wall_time_s']:.1f} s"
         )
+    if "target_auc" in summary:
+        lines.append(
+            f"target AUC {summary['target_auc']}: reached at step {summary['steps_to_target']} "
+            f"({summary['samples_to_target']:,} samples)"
+            if summary["reached_target"]
+            else f"target AUC {summary['target_auc']}: not reached in {summary['steps']} steps "
+            f"(final eval AUC {summary['eval_auc']})"
+        )
     b = summary.get("step_breakdown")
     if b is not None:
         ms = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in b["phase_s"].items())

@@ -69,6 +69,14 @@ class StepProfiler:
             log.info(f"profiler trace of steps {self.cfg.profile}: {self.trace_dir}")
         return result
 
+    def stop_trace(self) -> None:
+        """End a trace still open (a run stopped early, at trainer.target_auc), writing what it holds."""
+        if self.tracing and self.trace is not None:
+            with kineto_quiet():
+                self.trace.stop()
+            self.trace, self.tracing = None, False
+            log.info(f"profiler trace of steps {self.cfg.profile}, stopped with the run: {self.trace_dir}")
+
     def _profiled(self, one_step: Callable[[], T]) -> T:
         begin = time.perf_counter()
         prof = profile(activities=self.activities)

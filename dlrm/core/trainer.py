@@ -40,7 +40,7 @@ from dlrm.core.topology import (
     init_distributed,
     planner_topology,
 )
-from dlrm.data.loader import make_source
+from dlrm.data.loader import batches_on, make_source
 from dlrm.data.prefetch import Prefetcher, prefetch_pays
 from dlrm.errors import UserError
 from dlrm.io import write_json_atomic
@@ -64,6 +64,7 @@ class _Run:
     window: ThroughputWindow = field(default_factory=ThroughputWindow)
     started: float = field(default_factory=time.perf_counter)
     evaluation: dict = field(default_factory=dict)
+    target_step: int | None = None  # the step whose evaluation reached trainer.target_auc
 
     @classmethod
     def start(cls, trainer: Trainer) -> _Run:
@@ -98,7 +99,7 @@ class Trainer:
             fitted_topology(cfg.topology, self.comms_bench, "alltoall", world.local_world_size)  # fails early
         self.run_dir = run_dir if world.is_main else None
         self.device = device_for(cfg.topology, world, tf32=cfg.trainer.tf32)
-        self.source = make_source(cfg)  # data errors before any process group or table exists
+        self.source = make_source(cfg, self.device)  # data errors before any process group or table exists
         self.pg = init_distributed(cfg.topology, world)
 
         model = build_model(cfg.model)
@@ -217,6 +218,8 @@ class Trainer:
     def _batches(self, split: str, start_step: int, count: int | None) -> Iterator:
         batches = self.source.batches(split, self.world.rank, self.world.world_size, start_step)
         batches = itertools.islice(batches, count) if count is not None else batches
+        if self.device.type != "cpu" and batches_on(self.source, self.device):
+            return batches  # made on the device: asynchronous kernels, nothing to pin or hide
         if not prefetch_pays(self.device, self.world.local_world_size):
             return batches
         return Prefetcher(batches, depth=2, pin_memory=self.device.type == "cuda")  # off the training thread
@@ -296,14 +299,38 @@ class Trainer:
                 self.local_sgd.average()  # the run's model: the ranks' average
             if self.log_every.due(self.step, last) and run.window.losses:
                 self._log_window(run, last)
+            reached = False
             with run.window.paused():
                 if self.eval_every.due(self.step, last):
                     run.evaluation = self._evaluate_and_log(run)
+                    reached = self._target_reached(run)
+            if reached and not last:  # the run ends here: close the log window as at the last step
+                last = True
+                if run.window.losses:
+                    self._log_window(run, last)
+            with run.window.paused():
                 if self.checkpointer is not None:
                     saved = self.checkpointer.maybe_save(self.step, last, self._checkpoint_state, self._manifest)
                     if saved is not None:
                         run.progress.message(f"checkpoint: {saved}")
+            if reached:
+                self.profiler.stop_trace()
+                break
         return self._end(run)
+
+    def _target_reached(self, run: _Run) -> bool:
+        """Whether this evaluation reached trainer.target_auc (every rank holds rank 0's figures, see
+        `evaluate`, so all stop at the same step); the first time, record the step and samples to target."""
+        target = self.cfg.trainer.target_auc
+        auc = run.evaluation.get("auc")
+        if target is None or run.target_step is not None or auc is None or auc < target:
+            return False
+        run.target_step = self.step
+        samples = self.step * self.cfg.data.global_batch_size
+        run.progress.message(
+            f"target AUC {target} reached at step {self.step} ({samples:,} samples): auc {auc:.5f}; stopping"
+        )
+        return True
 
     def _log_window(self, run: _Run, last: bool) -> None:
         """The window's global mean loss (a NaN or inf stops the run), throughput and step breakdown,
@@ -353,13 +380,28 @@ class Trainer:
             run.log.write("run", step=self.step, **{f"run_{k}": v for k, v in breakdown.items()})
         run.log.close()
         wall = time.perf_counter() - run.started
-        return self._finish(self.step - run.first_step, run.window.train_seconds, wall, run.evaluation, breakdown)
+        return self._finish(
+            self.step - run.first_step, run.window.train_seconds, wall, run.evaluation, breakdown, run.target_step
+        )
 
     def _finish(
-        self, steps: int, train_seconds: float, wall_seconds: float, evaluation: dict, breakdown: dict | None
+        self,
+        steps: int,
+        train_seconds: float,
+        wall_seconds: float,
+        evaluation: dict,
+        breakdown: dict | None,
+        target_step: int | None = None,
     ) -> dict:
         """The summary of the run: written to summary.json and its closing lines logged (rank 0)."""
         summary = self._summary(steps, train_seconds, wall_seconds, evaluation)
+        target = self.cfg.trainer.target_auc
+        if target is not None:
+            batch = self.cfg.data.global_batch_size
+            summary["target_auc"] = target
+            summary["reached_target"] = target_step is not None
+            summary["steps_to_target"] = target_step
+            summary["samples_to_target"] = target_step * batch if target_step is not None else None
         if breakdown is not None:
             summary["step_breakdown"] = breakdown
             world = self.world

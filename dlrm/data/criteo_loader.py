@@ -14,10 +14,10 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.config import CriteoConfig
 from dlrm.data.criteo import NUM_DENSE, NUM_SPARSE, CriteoDataError
+from dlrm.data.multihot import MultiHotLayout
 from dlrm.data.prefetch import Prefetcher
 from dlrm.data.verify import load_manifest, verify_days
 
@@ -122,6 +122,7 @@ class CriteoSource:
             )
 
         self.multi_hot = None
+        self._layouts: dict[int, MultiHotLayout] = {}  # the KJT's constant parts, per batch size
         if cfg.multi_hot_sizes:
             sizes = [int(m) for m in cfg.multi_hot_sizes]
             if len(sizes) != NUM_SPARSE or min(sizes) < 1:
@@ -172,26 +173,15 @@ class CriteoSource:
             step += 1
 
     def make_batch(self, rows: dict[str, np.ndarray]) -> Batch:
-        """Arrays of b rows -> Batch; KJT values are key-major (all of feature 0, then feature 1, ...)."""
-        ids = rows["sparse"].astype(np.int64)  # [b, 26]
+        """Arrays of b rows -> Batch; KJT values are key-major (all of feature 0, then feature 1, ...),
+        int32 where every table fits, with the multi-hot ids expanded (`dlrm.data.multihot`)."""
+        ids = rows["sparse"]  # [b, 26], int32 or int64
         b = ids.shape[0]
-        if self.multi_hot is None:
-            values = np.ascontiguousarray(ids.T).reshape(-1)
-            lengths = np.ones(NUM_SPARSE * b, np.int32)
-        else:
-            sizes, offsets = self.multi_hot
-            cols = []
-            for c in range(NUM_SPARSE):
-                if sizes[c] == 1:
-                    cols.append(ids[:, c])
-                else:
-                    cols.append(((ids[:, c, None] + offsets[c]) % self.table_rows[c]).reshape(-1))
-            values = np.concatenate(cols)
-            lengths = np.repeat(np.asarray(sizes, np.int32), b)
+        if b not in self._layouts:
+            offsets = [o.tolist() for o in self.multi_hot[1]] if self.multi_hot is not None else [[0]] * NUM_SPARSE
+            self._layouts[b] = MultiHotLayout(self.names, self.table_rows, offsets, b, torch.device("cpu"))
         return Batch(
             dense_features=torch.from_numpy(np.ascontiguousarray(rows["dense"], np.float32).reshape(b, NUM_DENSE)),
-            sparse_features=KeyedJaggedTensor(
-                keys=self.names, values=torch.from_numpy(values), lengths=torch.from_numpy(lengths)
-            ),
+            sparse_features=self._layouts[b].kjt_of_values(self._layouts[b].expand_host(ids)),
             labels=torch.from_numpy(rows["labels"].reshape(-1).astype(np.float32)),
         )

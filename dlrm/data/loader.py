@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Protocol
 from dlrm.config import Config
 
 if TYPE_CHECKING:
+    import torch
     from torchrec.datasets.utils import Batch
 
 
@@ -39,8 +40,18 @@ def feature_layout(cfg: Config) -> tuple[list[str], list[int], list[int]]:
     return names, rows, pooling
 
 
-def make_source(cfg: Config) -> BatchSource:
-    """The batch source for this config (synthetic or preprocessed Criteo)."""
+def batches_on(source: BatchSource, device: torch.device) -> bool:
+    """Whether `source` makes its batches on `device` already (a source may say where it makes them
+    in a `device` attribute; without one, its batches are in host memory)."""
+    import torch
+
+    made = getattr(source, "device", None)
+    return made is not None and torch.device(made) == device
+
+
+def make_source(cfg: Config, device: torch.device | None = None) -> BatchSource:
+    """The batch source for this config (synthetic or preprocessed Criteo). Synthetic batches are
+    made on `device` (the training device; None: the host) unless data.synthetic.on_device=false."""
     names, rows, pooling = feature_layout(cfg)
     if cfg.data.source == "criteo":
         from dlrm.data.criteo_loader import CriteoSource
@@ -57,4 +68,5 @@ def make_source(cfg: Config) -> BatchSource:
         global_batch_size=cfg.data.global_batch_size,
         seed=cfg.seed,
         eval_batches=cfg.data.eval_batches,
+        device=device if cfg.data.synthetic.on_device else None,
     )

@@ -1,28 +1,96 @@
-"""Criteo-shaped synthetic data: exact, seeded, and the same global batches for any world size.
+"""Criteo-shaped synthetic data made with torch ops on any device: exact, seeded, the same global
+batches for any world size.
 
-Every sample owns a fixed run of a counter-based random stream (numpy's Philox), so sample i is
-a pure function of (seed, split, i). Rank r of W generates only its slice of each global batch,
-and the concatenation of all slices equals the global batch a single process would generate.
+Sample i of a split is a pure function of (seed, split, i): a counter-based hash of (seed, i) gives
+the sample a 64-bit state, and a hash of (state, draw) each of its 32-bit random draws. Rank r of W
+makes only its slice of each global batch, and the concatenation of the slices equals the global
+batch one process makes. Batches are made on `device` (the training device: on CUDA no host work,
+no pinning, no copy), and the numbers do not depend on it: every step is integer arithmetic exact
+in int64 or a single correctly rounded float operation (+, -, *, floor), with table look-ups in
+place of transcendental functions (whose CPU vector and scalar kernels, and CUDA, differ in the last
+bit), so a sample is bit-identical on every device and wherever it falls in a batch.
 
-Per sample: 13 dense features ~ N(0, 1); for each sparse feature, `pooling` ids drawn from a
-Zipf-like power law over the table's rows (hot ids scattered over the table by a bijective
-hash); a label drawn from a hidden logistic model of the features, so AUC above 0.5 is learnable.
+Per sample:
+- 13 dense features ~ N(0, 1) (inverse CDF from a table of 4,096 steps, linear in between, tails
+  cut at about 3.7 sigma);
+- per sparse feature one base id drawn from a Zipf-like power law over the table's rows (inverse
+  CDF from a table per feature), the hot ranks scattered over the table by a multiplicative hash;
+  a multi-hot feature (pooling P > 1) adds P - 1 ids (base + offset_j) mod rows, with offsets fixed
+  by the seed: MLPerf DLRM-DCNv2's synthesis of multi-hot Criteo, as `dlrm.data.criteo_loader` does;
+- a label from a hidden logistic model of the dense features and the base ids, so AUC above 0.5 is
+  learnable.
+Ids are int32 where every table fits (fbgemm takes int32 indices), lengths are fixed per feature, so
+the KJT's lengths, offsets and per-key sizes are constants made once per batch size: building a batch
+never synchronises with the device.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.config import SyntheticConfig
+from dlrm.data.multihot import MultiHotLayout
 
-_HASH = np.uint64(2654435761)  # Knuth's multiplicative hash constant (a prime)
-_TO_UNIT = 2.0**-53
+_M32 = 0xFFFFFFFF
+# Odd multipliers below 2**31 (from Wellons' hash-prospector search), so x * c < 2**63 for
+# x < 2**32: the 32-bit hash below is exact in int64 on every device.
+_MUL = (0x21F0AAAD, 0x735A2D97)
+_GOLDEN = 0x9E3779B9
+_HASH = 2654435761  # Knuth's multiplicative hash constant (a prime): scatters Zipf ranks over a table
+_HASH_HI, _HASH_LO = _HASH >> 16, _HASH & 0xFFFF
+_KNOT_BITS = 12  # inverse CDFs: 4,096 steps, indexed by a draw's top 12 bits
+_FRAC_BITS = 32 - _KNOT_BITS  # the other 20 bits place the value within the step
+_MAX_ROWS = 2**47  # the id hash stays exact in int64 below this
+
+
+def mix32(x):
+    """A bijection of [0, 2**32) (xorshift-multiply, two rounds): a Python int or an int64 tensor."""
+    x = x ^ (x >> 16)
+    x = (x * _MUL[0]) & _M32
+    x = x ^ (x >> 15)
+    x = (x * _MUL[1]) & _M32
+    return x ^ (x >> 15)
+
+
+def mix32_(x: torch.Tensor) -> torch.Tensor:
+    """mix32 in place on an int64 tensor of values in [0, 2**32)."""
+    x ^= x >> 16
+    x *= _MUL[0]
+    x &= _M32
+    x ^= x >> 15
+    x *= _MUL[1]
+    x &= _M32
+    x ^= x >> 15
+    return x
+
+
+def _key(seed: int, index: int) -> int:
+    """The index-th 32-bit key of a seed (any Python int)."""
+    return mix32(mix32((seed & _M32) ^ mix32(index * _GOLDEN & _M32)) ^ ((seed >> 32) & _M32))
+
+
+def _knot_probabilities() -> np.ndarray:
+    """The 4,097 probabilities where inverse CDFs are tabulated; the ends pulled in by a quarter step."""
+    n = 1 << _KNOT_BITS
+    p = np.arange(n + 1, dtype=np.float64) / n
+    p[0], p[-1] = 0.25 / n, 1.0 - 0.25 / n
+    return p
+
+
+def _zipf_quantiles(alpha: float, rows: int, p: np.ndarray) -> np.ndarray:
+    """x(p) in [1, rows + 1]: the continuous inverse CDF of P(rank k) ~ k^-alpha; rank = floor(x) - 1."""
+    n = float(rows)
+    if abs(alpha - 1.0) < 1e-9:
+        x = np.power(n + 1.0, p)
+    else:
+        x = np.power((np.power(n + 1.0, 1.0 - alpha) - 1.0) * p + 1.0, 1.0 / (1.0 - alpha))
+    return np.clip(x, 1.0, n + 1.0)
 
 
 class SyntheticSource:
@@ -37,6 +105,7 @@ class SyntheticSource:
         global_batch_size: samples per global batch (all ranks together).
         seed: stream key; the same seed gives the same data everywhere.
         eval_batches: global batches in one pass over the eval split.
+        device: where batches are made (the training device); the numbers are the same on any.
     """
 
     def __init__(
@@ -49,23 +118,50 @@ class SyntheticSource:
         global_batch_size: int,
         seed: int,
         eval_batches: int,
+        device: torch.device | None = None,
     ) -> None:
         self.cfg = cfg
         self.feature_names = list(feature_names)
-        self.rows = np.asarray(table_rows, dtype=np.uint64)
-        self.pooling = list(pooling)
+        self.rows = [int(r) for r in table_rows]
+        self.pooling = [int(p) for p in pooling]
+        if max(self.rows, default=1) >= _MAX_ROWS:
+            raise ValueError(f"synthetic data supports tables of fewer than 2**47 rows, got {max(self.rows)}")
         self.dense_features = dense_features
         self.global_batch_size = global_batch_size
         self.seed = seed
         self.eval_batches = eval_batches
-        # int32 ids where every table fits (fbgemm's kernels take int32 indices): half the bytes to
-        # build, pin and copy to the device; int64 otherwise.
-        self._id_dtype = np.int32 if int(self.rows.max(initial=0)) <= np.iinfo(np.int32).max else np.int64
-        self._dense_draws = 2 * math.ceil(dense_features / 2)  # Box-Muller uses pairs
-        draws = self._dense_draws + sum(self.pooling) + 1  # + 1 for the label
-        self._draws = 4 * math.ceil(draws / 4)  # Philox gives 4 draws per counter value
-        # Hidden model: fixed dense weights; per-id weights come from a hash of (feature, id).
-        self._dense_w = np.cos(np.arange(dense_features) * 2.399963) / math.sqrt(dense_features / 2)
+        self.device = device if device is not None else torch.device("cpu")
+        dev = self.device
+        # Constants are made on the host and moved by blocking copies: complete before any CUDA
+        # stream (the training pipeline's copy stream, where batches are made) reads them.
+        f, d = len(self.rows), dense_features
+        self._draws = d + f + 1  # dense, one base id per feature, the label's noise
+        keys = [_key(seed, i) for i in range(4)]
+        self._keys = keys
+        # Per draw column k: an odd multiplier and a key (the draw is mix32((a + m_k * b) ^ c_k)).
+        cols = range(self._draws)
+        self._col_mul = torch.tensor([[(mix32(k ^ keys[2]) & 0x7FFFFFFF) | 1] for k in cols], device=dev)
+        self._col_key = torch.tensor([[mix32((k + keys[3]) & _M32)] for k in cols], device=dev)
+        # Inverse CDF tables, one row per draw column: normal (dense), Zipf x (per feature), logistic.
+        p = _knot_probabilities()
+        normal = np.array([statistics.NormalDist().inv_cdf(q) for q in p])
+        logistic = np.log(p / (1.0 - p))
+        tables = [normal] * d + [_zipf_quantiles(cfg.zipf_alpha, r, p) for r in self.rows] + [logistic]
+        table = np.stack(tables)  # [K, 4097]
+        self._cdf_base = torch.tensor(table[:, :-1].reshape(-1), dtype=torch.float64, device=dev)
+        self._cdf_step = torch.tensor(np.diff(table, axis=1).reshape(-1), dtype=torch.float64, device=dev)
+        self._cdf_row = (torch.arange(self._draws)[:, None] << _KNOT_BITS).to(dev)  # [K, 1]
+        self._max_rank = torch.tensor([[r - 1.0] for r in self.rows], dtype=torch.float64, device=dev)  # max rank
+        self._rows_i64 = torch.tensor([[r] for r in self.rows], dtype=torch.int64, device=dev)  # [F, 1]
+        # Hidden model: fixed dense weights; the weight of (feature f, id) comes from a hash of both.
+        self._dense_w = [math.cos(i * 2.399963) / math.sqrt(d / 2) for i in range(d)]
+        self._feature_salt = torch.tensor([[f_ * 7919 + 1] for f_ in range(f)], device=dev)
+        # Multi-hot offsets: feature f's id j is (base + offsets[f][j]) mod rows, offsets[f][0] = 0.
+        self.offsets = [
+            [0] + [1 + mix32((mix32(fi ^ keys[1]) + j) & _M32) % (r - 1) if r > 1 else 0 for j in range(1, p_)]
+            for fi, (r, p_) in enumerate(zip(self.rows, self.pooling, strict=True))
+        ]
+        self._layouts: dict[int, MultiHotLayout] = {}
 
     def num_batches(self, split: str) -> int | None:
         """Global batches in one pass: None (endless) for train, `eval_batches` for eval."""
@@ -82,58 +178,66 @@ class SyntheticSource:
             step += 1
 
     def samples(self, split: str, first: int, count: int) -> Batch:
-        """Samples first .. first+count-1 of a split as a Batch (dense [B, 13], KJT, labels [B])."""
+        """Samples first .. first+count-1 of a split as a Batch (dense [B, 13], KJT, labels [B]) on `device`."""
         if split not in ("train", "eval"):
             raise ValueError(f"unknown split {split!r}: use 'train' or 'eval'")
         offset = self.cfg.eval_offset if split == "eval" else 0
-        counter = (first + offset) * (self._draws // 4)
-        bits = np.random.Philox(key=[self.seed, 0], counter=counter).random_raw(count * self._draws)
-        u = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * _TO_UNIT  # in (0, 1)
-        u = u.reshape(count, self._draws)
-
-        dense = _box_muller(u[:, : self._dense_draws])[:, : self.dense_features]
-        col = self._dense_draws
-        ids_per_feature: list[np.ndarray] = []
-        for f, pool in enumerate(self.pooling):
-            ids_per_feature.append(self._zipf_ids(u[:, col : col + pool], self.rows[f]))
-            col += pool
-        logit = self._hidden_logit(dense, ids_per_feature)
-        labels = (u[:, col] < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
-
-        values = np.concatenate([ids.reshape(-1) for ids in ids_per_feature]).astype(self._id_dtype)
-        lengths = np.concatenate([np.full(count, pool, dtype=np.int32) for pool in self.pooling])
+        d, f = self.dense_features, len(self.rows)
+        # Column-major throughout ([K, B]: one row per draw), so per-column constants broadcast as
+        # scalars along contiguous rows, and the ids come out key-major, as the KJT wants them.
+        draws = self._uniform_draws(first + offset, count)  # int64 [K, B] in [0, 2**32)
+        values = self._inverse_cdf(draws)  # float64 [K, B]
+        dense = values[:d]
+        ranks = torch.minimum(values[d : d + f].floor_() - 1.0, self._max_rank).clamp_(min=0.0).long()
+        base = self._scatter(ranks)  # int64 [F, B]
+        labels = (values[-1] < self._hidden_logit(dense, base)).float()
         return Batch(
-            dense_features=torch.from_numpy(dense.astype(np.float32)),
-            sparse_features=KeyedJaggedTensor(
-                keys=self.feature_names,
-                values=torch.from_numpy(values),
-                lengths=torch.from_numpy(lengths),
-            ),
-            labels=torch.from_numpy(labels),
+            dense_features=dense.t().float().contiguous(),
+            sparse_features=self._layout(count).kjt(base),
+            labels=labels,
         )
 
-    def _zipf_ids(self, u: np.ndarray, rows: np.uint64) -> np.ndarray:
-        """Ids in [0, rows) with P(rank k) ~ k^-alpha (continuous inverse CDF), hash-scattered."""
-        a, n = self.cfg.zipf_alpha, float(rows)
-        if abs(a - 1.0) < 1e-9:
-            x = np.power(n + 1.0, u)
-        else:
-            x = np.power((np.power(n + 1.0, 1.0 - a) - 1.0) * u + 1.0, 1.0 / (1.0 - a))
-        rank = np.clip(np.floor(x) - 1.0, 0, n - 1).astype(np.uint64)
-        return (rank * _HASH + np.uint64(12345)) % rows
+    def _uniform_draws(self, first: int, count: int) -> torch.Tensor:
+        """32-bit draws [K, count] of samples first, first + 1, ...: a function of (seed, sample, column)."""
+        s = torch.arange(first, first + count, dtype=torch.int64, device=self.device)
+        lo, hi = s & _M32, s >> 32
+        a = mix32_(mix32_(lo ^ self._keys[0]) ^ hi)  # (a, b): a 64-bit state per sample, a bijection
+        b = mix32_(mix32_(lo ^ self._keys[1]) ^ hi)  # of the index for any 2**32 consecutive samples
+        r = b * self._col_mul  # [K, B], < 2**63
+        r += a
+        r &= _M32
+        r ^= self._col_key
+        return mix32_(r)
 
-    def _hidden_logit(self, dense: np.ndarray, ids: list[np.ndarray]) -> np.ndarray:
-        """The labels' true logit: a dense linear term plus a weight in [-1, 1] per (feature, id)."""
-        sparse = np.zeros(dense.shape[0])
-        for f, feature_ids in enumerate(ids):
-            h = (feature_ids * _HASH + np.uint64(f * 7919 + 1)) % np.uint64(1 << 20)
-            sparse += (h.astype(np.float64) / (1 << 19) - 1.0).mean(axis=1)
-        sparse /= math.sqrt(len(ids) / 3.0)  # unit variance for uniform weights
-        return self.cfg.signal * (sparse + 0.5 * dense @ self._dense_w) - 1.0
+    def _inverse_cdf(self, draws: torch.Tensor) -> torch.Tensor:
+        """Each column's quantile function at its draws, from its table: linear within each step."""
+        step = ((draws >> _FRAC_BITS) + self._cdf_row).reshape(-1)
+        frac = (draws & ((1 << _FRAC_BITS) - 1)).double() * 2.0**-_FRAC_BITS  # exact
+        out = self._cdf_step.index_select(0, step).view_as(frac) * frac
+        return out.add_(self._cdf_base.index_select(0, step).view_as(frac))
 
+    def _scatter(self, ranks: torch.Tensor) -> torch.Tensor:
+        """Zipf ranks [F, B] -> ids (rank * _HASH + 12345) mod rows, exact in int64 below 2**47 rows."""
+        rows = self._rows_i64
+        ids = torch.remainder(ranks * _HASH_HI, rows) * 65536
+        ids += ranks * _HASH_LO + 12345
+        return torch.remainder(ids, rows)
 
-def _box_muller(u: np.ndarray) -> np.ndarray:
-    """Standard normals from uniforms in (0, 1): [B, 2k] -> [B, 2k]."""
-    u1, u2 = u[:, 0::2], u[:, 1::2]
-    r = np.sqrt(-2.0 * np.log(u1))
-    return np.concatenate([r * np.cos(2 * math.pi * u2), r * np.sin(2 * math.pi * u2)], axis=1)
+    def _hidden_logit(self, dense: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        """The labels' true logit [B]: a dense linear term plus a weight in [-1, 1) per (feature, base id).
+
+        Summed in a fixed order (integers exactly, floats row by row), never by a float reduction
+        whose order could depend on the batch size or the device.
+        """
+        f = base.shape[0]
+        h = ((base & 0xFFFFF) * (_HASH & 0xFFFFF) + self._feature_salt) & 0xFFFFF  # [F, B] in [0, 2**20)
+        sparse = (h.sum(dim=0).double() * 2.0**-19 - f) / math.sqrt(f / 3.0)  # unit variance
+        linear = dense[0] * self._dense_w[0]
+        for i in range(1, dense.shape[0]):
+            linear += dense[i] * self._dense_w[i]
+        return self.cfg.signal * (sparse + 0.5 * linear) - 1.0
+
+    def _layout(self, count: int) -> MultiHotLayout:
+        if count not in self._layouts:
+            self._layouts[count] = MultiHotLayout(self.feature_names, self.rows, self.offsets, count, self.device)
+        return self._layouts[count]

@@ -69,3 +69,44 @@ def test_small_run_reports_median_windows_and_memory(tmp_path, capsys):
     assert result["world_size"] == 1 and len(result["peak_rss_mb_per_rank"]) == 1 and result["samples_per_cpu_s"] > 0
     assert 0.0 <= result["eval_auc"] <= 1.0 and "Self CPU" in result["profile"]
     assert "samples/s median of 3 windows" in capsys.readouterr().out
+
+
+def test_source_only_reports_speed_per_rank_against_the_gpu_budget(tmp_path, capsys):
+    out = tmp_path / "source.json"
+    window = ["--warmup", "1", "--window", "2", "--windows", "3"]
+    bench.main(
+        [
+            "--source-only",
+            "--ranks",
+            "2",
+            "--device",
+            "cpu",
+            *window,
+            "--out",
+            str(out),
+            "model=tiny",
+            "data.global_batch_size=512",
+        ]
+    )
+    result = json.loads(out.read_text())
+    assert result["ranks"] == 2 and result["samples_per_rank"] == 256 and result["device"] == "cpu"
+    assert result["ids_per_sample"] == 1 + 2 + 1 + 1 + 3  # model=tiny: C1, C2 x2, C3, C5, C4 x3
+    assert len(result["source_samples_per_s_windows"]) == 3 and result["source_samples_per_cpu_s"] > 0
+    assert result["source_samples_per_s_per_rank"] == sorted(result["source_samples_per_s_windows"])[1]
+    assert result["fraction_of_gpu_budget"] == pytest.approx(result["source_samples_per_s_per_rank"] / 1.7e6)
+    assert "samples/s per rank" in capsys.readouterr().out
+
+
+def test_source_only_takes_the_ranks_from_the_topology(capsys):
+    """The MLPerf shape on dgx_h100: 8 ranks of 8,192 samples, 214 ids each (tables capped: no memory)."""
+    args = ["--source-only", "--device", "cpu", "--warmup", "0", "--window", "1", "--windows", "1"]
+    bench.main([*args, "--max-table-rows", "1000", "experiment=bench_dcnv2"])
+    out = capsys.readouterr().out
+    assert "8,192 samples per rank (8 ranks, 214 ids per sample)" in out
+
+
+@pytest.mark.parametrize("args", [["--ranks", "-1"], ["--ranks", "3", "model=tiny"]])
+def test_source_only_bad_ranks_exit_2(args, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--source-only", *args])
+    assert e.value.code == 2 and "--ranks" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dlrm.compose import CONF_DIR, group_options
 from dlrm.config import Config, ConfigError, validate, validate_world
+from tests.helpers.cli import assert_one_error, main_in_process
 
 REPO = Path(__file__).resolve().parents[2]
 GROUPS = ["model", "data", "topology", "sharding", "optim", "trainer", "experiment"]
@@ -70,7 +71,19 @@ BAD = {
     "duplicate feature": (lambda c: setattr(c.model.tables[1], "features", ["C1"]), "one table only"),
     "skip under the pipeline": (lambda c: setattr(c.trainer, "on_nonfinite", "skip"), "set trainer.pipeline=false"),
     "eval_only without resume": (lambda c: setattr(c.trainer, "eval_only", True), "trainer.resume=PATH"),
+    "target auc of one": (lambda c: _target(c, 1.0, 10), "'trainer.target_auc' = 1.0 is invalid: give an AUC in"),
+    "target auc at chance": (lambda c: _target(c, 0.5, 10), "'trainer.target_auc' = 0.5"),
+    "target auc nan": (lambda c: _target(c, float("nan"), 10), "'trainer.target_auc' = nan"),
+    "target auc without evaluations": (lambda c: _target(c, 0.8, 0), "trainer.target_auc stops at an evaluation"),
+    "target auc without eval data": (
+        lambda c: (_target(c, 0.8, 10), setattr(c.data, "eval_batches", 0)),
+        "'data.eval_batches' = 0 is invalid: trainer.target_auc needs an eval set",
+    ),
 }
+
+
+def _target(cfg, auc: float, eval_every: int) -> None:
+    cfg.trainer.target_auc, cfg.trainer.eval_every_steps = auc, eval_every
 
 
 # Choices are enums that OmegaConf enforces while composing: a value outside one is refused there.
@@ -163,3 +176,22 @@ def test_cli_topology_mismatch_with_torchrun_names_both():
     result = _train("topology=cpu_2x2", launcher=(torchrun, "--standalone", "--nproc_per_node=2", "-m"))
     assert result.returncode != 0
     assert "WORLD_SIZE=2" in result.stderr and "topology.nodes" in result.stderr
+
+
+def test_mlperf_recipe_is_the_reference_setup(make_config):
+    """experiment=mlperf_dcnv2: MLPerf's reference DLRM-DCNv2 run (see the yaml for the sources)."""
+    cfg = make_config("experiment=mlperf_dcnv2")
+    validate(cfg)
+    assert cfg.data.global_batch_size == 65536 and cfg.data.criteo.multi_hot_sizes[20] == 100
+    assert cfg.model.interaction == "dcn" and {t.dim for t in cfg.model.tables} == {128}
+    assert cfg.optim.embedding.name == cfg.optim.dense.name == "adagrad"
+    assert cfg.optim.embedding.lr == cfg.optim.dense.lr == 0.005 and cfg.optim.dense.eps == 1e-10
+    assert cfg.optim.schedule.warmup_steps == cfg.optim.schedule.decay_steps == 0
+    assert cfg.trainer.target_auc == 0.80275 and cfg.trainer.eval_every_steps == 3200
+    assert cfg.trainer.max_steps * 65536 >= 4_195_197_692 > (cfg.trainer.max_steps - 1) * 65536  # one epoch
+
+
+def test_mlperf_recipe_on_cpu_is_refused_in_one_line(monkeypatch, capsys):
+    """Here (no GPU, 2 GB per rank) the recipe ends with the memory refusal, before any process group."""
+    code, out, err = main_in_process(monkeypatch, capsys, "experiment=mlperf_dcnv2", "topology=cpu")
+    assert_one_error(code, out, err, "GB on every rank", "topology.ddr_GB")

@@ -61,7 +61,9 @@ def test_batches_have_the_torchrec_shapes_and_the_data(data_dir):
     assert b.dense_features.dtype == torch.float32 and b.dense_features.shape == (6, 13)
     assert b.labels.dtype == torch.float32 and b.labels.shape == (6,)
     kjt = b.sparse_features
-    assert kjt.keys() == NAMES and kjt.values().dtype == torch.int64 and kjt.lengths().dtype == torch.int32
+    assert (
+        kjt.keys() == NAMES and kjt.values().dtype == torch.int32 and kjt.lengths().dtype == torch.int32
+    )  # tables fit int32
     assert kjt.lengths().tolist() == [1] * (26 * 6)
     assert torch.equal(b.dense_features, torch.from_numpy(dense[6:12]))
     assert torch.equal(b.labels, torch.from_numpy(labels[6:12, 0].astype(np.float32)))

@@ -43,12 +43,14 @@ def test_gradients_match_finite_differences(make_config, model):
     row = int(batch.sparse_features["C1"].values()[0])
     loss_of(dense).backward()
     analytic = table.grad[row, 0].item()
+    # The pooled embeddings come out in float32 even from float64 tables, so the difference's
+    # rounding error is ~1e-7 * |loss| / h: h = 1e-3 keeps it well inside the tolerance.
     with torch.no_grad():
-        table[row, 0] += 1e-4
+        table[row, 0] += 1e-3
         up = loss_of(dense).item()
-        table[row, 0] -= 2e-4
+        table[row, 0] -= 2e-3
         down = loss_of(dense).item()
-    assert analytic == pytest.approx((up - down) / 2e-4, rel=1e-5, abs=1e-8)
+    assert analytic == pytest.approx((up - down) / 2e-3, rel=1e-5, abs=1e-8)
 
 
 def test_initial_weights_depend_on_seed_and_names_only(make_config):

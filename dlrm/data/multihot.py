@@ -1,0 +1,127 @@
+"""KeyedJaggedTensors of fixed-length features, and MLPerf DLRM-DCNv2's multi-hot expansion, as torch ops.
+
+Every feature f has a fixed number of ids per sample (its pooling P_f), so a batch's lengths,
+offsets and per-key sizes depend only on the batch size: `MultiHotLayout` makes them once, on the
+device, and `kjt(base)` builds each batch's KJT from one base id per (feature, sample) without a
+device synchronisation (the KJT is handed every size it would otherwise compute with `.tolist()`).
+Multi-hot ids follow MLPerf DLRM-DCNv2's synthesis of multi-hot Criteo: id j of feature f is
+(base + offsets[f][j]) mod rows[f], offsets[f][0] = 0, with offsets fixed for the dataset.
+Used by the synthetic source (`expand`: torch ops on the training device) and the Criteo loader
+(`expand_host`: numpy, in its reader thread, where torch's intra-op thread pool would compete with the
+training thread's: measured on 2 busy cores, 8x slower than one thread).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+_INT32_MAX = torch.iinfo(torch.int32).max
+
+
+class MultiHotLayout:
+    """The constant parts of a KJT of `count` samples, fixed ids per feature, and the expansion.
+
+    Args:
+        keys: feature names, in KJT order.
+        rows: rows of the table behind each feature (ids are below it).
+        offsets: per feature, its P_f offsets, the first 0, each in [0, rows[f]).
+        count: samples per batch (B).
+        device: where the constants live and batches are built.
+    Values are key-major (all of feature 0, then feature 1, ...), each sample's P_f ids contiguous;
+    int32 when every table fits (fbgemm takes int32 indices), else int64. lengths and offsets are
+    int32 [F * B] and [F * B + 1], made once and shared (read-only) by every batch.
+    """
+
+    def __init__(
+        self,
+        keys: Sequence[str],
+        rows: Sequence[int],
+        offsets: Sequence[Sequence[int]],
+        count: int,
+        device: torch.device,
+    ) -> None:
+        self.keys, self.count = list(keys), count
+        rows = [int(r) for r in rows]
+        pooling = [len(o) for o in offsets]
+        if len(rows) != len(self.keys) or len(pooling) != len(self.keys) or min(pooling, default=1) < 1:
+            raise ValueError(f"one row count and at least one offset per key: {len(self.keys)} keys")
+        top = max(rows, default=1)
+        self.id_dtype = torch.int32 if top <= _INT32_MAX else torch.int64
+        # base + offset < 2 * rows: int32 arithmetic below 2**30 rows
+        self._sum_dtype = torch.int32 if 2 * top <= _INT32_MAX else torch.int64
+        # Made on the host and moved by blocking copies: complete before any CUDA stream reads them.
+        per_sample = torch.tensor(pooling, dtype=torch.int32).repeat_interleave(count)
+        self.lengths = per_sample.to(device)
+        starts = torch.cat([torch.zeros(1, dtype=torch.int32), per_sample.cumsum(0, dtype=torch.int32)])
+        self.offsets = starts.to(device)
+        self.length_per_key = [count * p for p in pooling]
+        self.offset_per_key = [0, *np.cumsum(self.length_per_key).tolist()]
+        self.multi_hot = max(pooling, default=1) > 1
+        self._host_shifted = [
+            np.asarray([int(o) - r for o in offs], np.int64) for offs, r in zip(offsets, rows, strict=True)
+        ]
+        self._rows = rows
+        if self.multi_hot:
+            # id j of feature f, sample b: base[f, b] + offsets[f][j] - rows[f], plus rows[f] if negative
+            self._shifted = [
+                torch.tensor([int(o) - r for o in offs]).to(self._sum_dtype).to(device)
+                for offs, r in zip(offsets, rows, strict=True)
+            ]
+            limit = torch.cat(
+                [torch.full((count * p,), r, dtype=torch.int64) for r, p in zip(rows, pooling, strict=True)]
+            )
+            self._limit = limit.to(self._sum_dtype).to(device)
+            self._total = count * sum(pooling)
+
+    def kjt(self, base: torch.Tensor) -> KeyedJaggedTensor:
+        """The batch's KJT from its base ids [F, B] (any integer dtype and strides, on the device)."""
+        return self.kjt_of_values(self.expand(base))
+
+    def kjt_of_values(self, values: torch.Tensor) -> KeyedJaggedTensor:
+        """The batch's KJT from its key-major values (`expand` or `expand_host`)."""
+        return KeyedJaggedTensor(
+            keys=self.keys,
+            values=values,
+            lengths=self.lengths,
+            offsets=self.offsets,
+            stride=self.count,
+            length_per_key=self.length_per_key,
+            offset_per_key=self.offset_per_key,
+        )
+
+    def expand(self, base: torch.Tensor) -> torch.Tensor:
+        """[F, B] base ids -> key-major values [sum(P) * B]: one broadcast add per multi-hot feature,
+        written in place, then one branch-free wrap into [0, rows) for all; one-hot: one copy."""
+        if not self.multi_hot:
+            out = torch.empty(base.shape, dtype=self.id_dtype, device=base.device)
+            return out.copy_(base).reshape(-1)
+        base = base.to(self._sum_dtype)
+        values = torch.empty(self._total, dtype=self._sum_dtype, device=base.device)
+        start = 0
+        for f, shifted in enumerate(self._shifted):
+            end = start + self.count * shifted.numel()
+            torch.add(base[f, :, None], shifted, out=values[start:end].view(self.count, shifted.numel()))
+            start = end
+        wrap = values >> (8 * values.element_size() - 1)  # -1 where negative, else 0
+        values += wrap.bitwise_and_(self._limit)
+        return values if values.dtype == self.id_dtype else values.to(self.id_dtype)
+
+    def expand_host(self, ids: np.ndarray) -> torch.Tensor:
+        """`expand` of ids [B, F] (sample-major, as files hold them) in numpy on the host, one thread:
+        the same values, for reader threads."""
+        dtype = np.int32 if self._sum_dtype == torch.int32 else np.int64
+        ids = ids.astype(dtype, copy=False)
+        parts = []
+        for f, (shifted, rows) in enumerate(zip(self._host_shifted, self._rows, strict=True)):
+            if shifted.size == 1:
+                parts.append(ids[:, f])
+                continue
+            v = ids[:, f, None] + shifted.astype(dtype)  # [B, P]: base + offset - rows
+            v += (v >> (8 * v.itemsize - 1)) & dtype(rows)  # plus rows where negative
+            parts.append(v.reshape(-1))
+        values = np.concatenate(parts)
+        return torch.from_numpy(values.astype(np.int32 if self.id_dtype == torch.int32 else np.int64, copy=False))
