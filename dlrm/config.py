@@ -339,8 +339,8 @@ class TrainerConfig:
     resume: None (start fresh), "auto" (the newest complete checkpoint in checkpoint.dir, if any),
     or the path of one checkpoint (a step_* directory).
     eval_only: load `resume` and evaluate, without training.
-    dense_precision: fp32, or bf16 (autocast of the forward pass: the MLPs and interaction compute
-    in bfloat16; weights, embeddings, gradients and optimizer state stay fp32).
+    dense_precision: fp32, or bf16 (autocast of the forward pass: the MLPs compute in bfloat16, the
+    dot interaction in fp32; weights, embeddings, gradients and optimizer state stay fp32).
     tf32: let CUDA matmuls use TF32 (no effect on CPU).
     on_nonfinite: stop (raise, naming the last good checkpoint) or skip (drop the batch: no
     backward, no update; needs pipeline=false, since the pipeline's fused update runs unchecked).
