@@ -23,13 +23,11 @@ def _embedding_optimizer(cfg: EmbeddingOptimConfig):
 
 
 def _dense_optimizer(cfg: DenseOptimConfig, params) -> torch.optim.Optimizer:
-    """The dense optimizer, multi-tensor (`foreach`): one kernel per step for all the MLPs'
-    parameters instead of one per parameter (torch picks it by itself on CUDA only)."""
     if cfg.name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, foreach=True)
+        return torch.optim.SGD(params, lr=cfg.lr)
     if cfg.name == "adagrad":
-        return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps, foreach=True)
-    return torch.optim.Adam(params, lr=cfg.lr, eps=cfg.eps, foreach=True)
+        return torch.optim.Adagrad(params, lr=cfg.lr, eps=cfg.eps)
+    return torch.optim.Adam(params, lr=cfg.lr, eps=cfg.eps)
 
 
 def fuse_embedding_optimizer(model: torch.nn.Module, cfg: EmbeddingOptimConfig) -> None:
