@@ -359,8 +359,8 @@ class TrainerConfig:
     resume: None (start fresh), "auto" (the newest complete checkpoint in checkpoint.dir, if any),
     or the path of one checkpoint (a step_* directory).
     eval_only: load `resume` and evaluate, without training.
-    dense_precision: fp32, or bf16 (autocast of the forward pass: the MLPs and interaction compute
-    in bfloat16; weights, embeddings, gradients and optimizer state stay fp32).
+    dense_precision: fp32, or bf16 (autocast of the forward pass: the MLPs compute in bfloat16, the
+    dot interaction in fp32; weights, embeddings, gradients and optimizer state stay fp32).
     dense_allreduce_precision: the wire precision of the dense gradients' allreduce (fp32, bf16,
     fp16): torch's DDP compression hooks (bf16_compress_hook / fp16_compress_hook), or with
     dense_allreduce=hierarchical its three steps wrapped by bf16_compress_wrapper / fp16_compress_wrapper.

@@ -124,18 +124,23 @@ def test_dot_models_use_the_scatter_free_interaction(make_config):
     assert net.inter_arch.F == len(net.sparse_arch.sparse_feature_names)
 
 
-def test_dot_interaction_under_bf16_autocast_matches_torchrec():
-    """Same bf16 product; gradients in fp32 (the inputs' dtype) within bf16 rounding."""
+def test_dot_interaction_computes_in_fp32_under_bf16_autocast():
+    """Under bf16 autocast the interaction takes its inputs up to fp32 (the bottom MLP's bf16 output
+    exactly) and computes as TorchRec's module does in fp32, forward and backward; TorchRec's own
+    module would run its bmm in bf16."""
     gen = torch.Generator().manual_seed(1)
-    dense = torch.randn(64, 16, generator=gen, requires_grad=True)
-    sparse = torch.randn(64, 26, 16, generator=gen, requires_grad=True)
+    dense = torch.randn(64, 16, generator=gen).bfloat16().requires_grad_()  # what the bottom MLP gives
+    sparse = torch.randn(64, 26, 16, generator=gen, requires_grad=True)  # fp32 pooled embeddings
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out, ref = DotInteraction(26)(dense, sparse), InteractionArch(26)(dense, sparse)
-    torch.testing.assert_close(out, ref)  # the same bf16 bmm, then a copy of its values
+        out = DotInteraction(26)(dense, sparse)
+    dense32 = dense.detach().float().requires_grad_()
+    ref = InteractionArch(26)(dense32, sparse)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)  # the same fp32 dot products of 16 terms
     grad_out = torch.randn(ref.shape, generator=gen)
     ours = torch.autograd.grad(out, (dense, sparse), grad_out)
-    theirs = torch.autograd.grad(ref, (dense, sparse), grad_out)
-    for a, b in zip(ours, theirs):
-        assert a.dtype == b.dtype == torch.float32
-        # sums of ~27 products of bf16 values (8 significant bits): relative error ~ 27 * 2^-8
-        torch.testing.assert_close(a, b, rtol=0.1, atol=0.1 * b.abs().max().item())
+    theirs = torch.autograd.grad(ref, (dense32, sparse), grad_out)
+    assert ours[0].dtype == torch.bfloat16 and ours[1].dtype == torch.float32  # each input's own dtype
+    # fp32 sums of ~27 products, the dense one then rounded to bf16 (8 significant bits: 2^-8 relative)
+    torch.testing.assert_close(ours[0].float(), theirs[0], rtol=2**-8, atol=2**-8 * theirs[0].abs().max().item())
+    torch.testing.assert_close(ours[1], theirs[1], rtol=1e-5, atol=1e-5)
