@@ -56,6 +56,8 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+from dlrm.io import write_json_atomic
+
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -195,7 +197,7 @@ def main() -> None:
         )
         print("bench: " + json.dumps({k: v for k, v in result.items() if k != "samples_per_s_windows"}))
         if args.out is not None:
-            args.out.write_text(json.dumps(result, indent=1))
+            write_json_atomic(args.out, result)
     dist.barrier()
     dist.destroy_process_group()
 
