@@ -9,6 +9,7 @@ order, one pass. `batches(..., start_step=k)` continues exactly where step k wou
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -17,7 +18,7 @@ from torchrec.datasets.utils import Batch
 
 from dlrm.config import CriteoConfig
 from dlrm.data.criteo import NUM_DENSE, NUM_SPARSE, CriteoDataError
-from dlrm.data.multihot import MultiHotLayout
+from dlrm.data.multihot import BaseIdBatch, MultiHotLayout
 from dlrm.data.prefetch import Prefetcher
 from dlrm.data.verify import load_manifest, verify_days
 
@@ -68,6 +69,8 @@ class CriteoSource:
     """Batches of preprocessed Criteo for one rank: `Batch(dense [b, 13] f32, sparse KJT, labels [b] f32)`.
 
     feature_names[c] is the KJT key of sparse column C{c+1}; table_rows[c] the rows of its table.
+    expand_on: with multi-hot sizes, batches are `BaseIdBatch`es whose ids expand when moved to a
+    device (give the GPU); None expands on the host, in the reader thread.
     Example: `CriteoSource(cfg.data.criteo, names, rows, 2048, seed=0).batches("train", rank, world)`.
     """
 
@@ -78,6 +81,7 @@ class CriteoSource:
         table_rows: list[int],
         global_batch_size: int,
         seed: int,
+        expand_on: torch.device | None = None,
     ):
         if not cfg.dir:
             raise CriteoDataError("data.criteo.dir is not set: point it at the --out directory of dlrm.data.preprocess")
@@ -88,6 +92,7 @@ class CriteoSource:
             )
         self.cfg, self.names, self.table_rows = cfg, list(feature_names), [int(r) for r in table_rows]
         self.global_batch_size, self.seed = int(global_batch_size), int(seed)
+        self.expand_on = expand_on
         self.manifest = load_manifest(cfg.dir)
         days = {int(d["day"]): d for d in self.manifest["days"]}
         eval_days = [int(d) for d in cfg.eval_days]
@@ -122,7 +127,7 @@ class CriteoSource:
             )
 
         self.multi_hot = None
-        self._layouts: dict[int, MultiHotLayout] = {}  # the KJT's constant parts, per batch size
+        self._layouts: dict[tuple[int, torch.device], MultiHotLayout] = {}  # the KJT's constants per batch size
         if cfg.multi_hot_sizes:
             sizes = [int(m) for m in cfg.multi_hot_sizes]
             if len(sizes) != NUM_SPARSE or min(sizes) < 1:
@@ -149,7 +154,7 @@ class CriteoSource:
             return np.random.default_rng([self.seed, epoch]).permutation(n)
         return np.arange(n)
 
-    def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Prefetcher[Batch]:
+    def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Prefetcher[Batch | BaseIdBatch]:
         """This rank's slices of global batches start_step, start_step + 1, ... (train: endless; eval: one pass)."""
         self.num_batches(split)  # checks the split's name
         if self.global_batch_size % world_size or not 0 <= rank < world_size:
@@ -159,7 +164,7 @@ class CriteoSource:
             )
         return Prefetcher(self._produce(split, rank, world_size, start_step), max(1, self.cfg.prefetch_batches))
 
-    def _produce(self, split: str, rank: int, world_size: int, start_step: int) -> Iterator[Batch]:
+    def _produce(self, split: str, rank: int, world_size: int, start_step: int) -> Iterator[Batch | BaseIdBatch]:
         n = self.num_batches(split)
         b = self.global_batch_size // world_size
         step = start_step
@@ -172,16 +177,22 @@ class CriteoSource:
             yield self.make_batch(self.splits[split].read(int(order[j]) * self.global_batch_size + rank * b, b))
             step += 1
 
-    def make_batch(self, rows: dict[str, np.ndarray]) -> Batch:
+    def make_batch(self, rows: dict[str, np.ndarray]) -> Batch | BaseIdBatch:
         """Arrays of b rows -> Batch; KJT values are key-major (all of feature 0, then feature 1, ...),
-        int32 where every table fits, with the multi-hot ids expanded (`dlrm.data.multihot`)."""
+        int32 where every table fits, with the multi-hot ids expanded (`dlrm.data.multihot`): here on
+        the host, or with `expand_on` set (a GPU) a `BaseIdBatch` whose ids expand when moved there."""
         ids = rows["sparse"]  # [b, 26], int32 or int64
         b = ids.shape[0]
-        if b not in self._layouts:
+        dense = torch.from_numpy(np.ascontiguousarray(rows["dense"], np.float32).reshape(b, NUM_DENSE))
+        labels = torch.from_numpy(rows["labels"].reshape(-1).astype(np.float32))
+        if self.expand_on is not None and self.multi_hot is not None:  # ids expanded when moved there
+            return BaseIdBatch(dense, torch.from_numpy(ids), labels, functools.partial(self.layout, b))
+        layout = self.layout(b, torch.device("cpu"))
+        return Batch(dense_features=dense, sparse_features=layout.kjt_of_values(layout.expand_host(ids)), labels=labels)
+
+    def layout(self, count: int, device: torch.device) -> MultiHotLayout:
+        """The multi-hot layout of `count` samples on `device` (made once per pair)."""
+        if (count, device) not in self._layouts:
             offsets = [o.tolist() for o in self.multi_hot[1]] if self.multi_hot is not None else [[0]] * NUM_SPARSE
-            self._layouts[b] = MultiHotLayout(self.names, self.table_rows, offsets, b, torch.device("cpu"))
-        return Batch(
-            dense_features=torch.from_numpy(np.ascontiguousarray(rows["dense"], np.float32).reshape(b, NUM_DENSE)),
-            sparse_features=self._layouts[b].kjt_of_values(self._layouts[b].expand_host(ids)),
-            labels=torch.from_numpy(rows["labels"].reshape(-1).astype(np.float32)),
-        )
+            self._layouts[count, device] = MultiHotLayout(self.names, self.table_rows, offsets, count, device)
+        return self._layouts[count, device]

@@ -12,6 +12,7 @@ import torch
 from dlrm.config import CriteoConfig
 from dlrm.data.criteo import KAGGLE_TABLE_SIZES, MULTI_HOT_SIZES, TB_TABLE_SIZES, ParseOptions
 from dlrm.data.criteo_loader import CriteoDataError, CriteoSource
+from dlrm.data.multihot import BaseIdBatch
 from dlrm.data.preprocess import preprocess
 from tests.helpers.criteo import SAMPLE, needs_sample
 
@@ -128,6 +129,26 @@ def test_multi_hot_is_deterministic_and_in_range(data_dir):
     halves = [next(src.batches("train", r, 2)).sparse_features for r in range(2)]
     for name in NAMES:
         assert torch.equal(torch.cat([h[name].values() for h in halves]), kjt[name].values())
+
+
+def test_multi_hot_expanded_when_moved_equals_the_host_expansion(data_dir):
+    """With expand_on (a GPU in training; the CPU here), batches carry one base id per feature and
+    expand when moved, as TorchRec's pipeline moves them: the same batch as the host expansion."""
+    kw = dict(train_days=[0], shuffle=False, multi_hot_sizes=list(MULTI_HOT_SIZES))
+    host = take(source(data_dir, **kw).batches("train", 1, 2), 3)
+    cpu = torch.device("cpu")
+    lazy_source = CriteoSource(CriteoConfig(dir=data_dir, **kw), NAMES, list(KAGGLE_TABLE_SIZES), GBS, 0, expand_on=cpu)
+    for expected, lazy in zip(host, take(lazy_source.batches("train", 1, 2), 3), strict=True):
+        assert isinstance(lazy, BaseIdBatch) and lazy.base.shape == (GBS // 2, 26)
+        moved = lazy.to(cpu, non_blocking=True)
+        assert torch.equal(moved.dense_features, expected.dense_features)
+        assert torch.equal(moved.labels, expected.labels)
+        got, want = moved.sparse_features, expected.sparse_features
+        assert got.keys() == want.keys() and got.values().dtype == want.values().dtype
+        assert torch.equal(got.values(), want.values()) and torch.equal(got.lengths(), want.lengths())
+        assert torch.equal(got.offsets(), want.offsets())
+    one_hot = CriteoSource(CriteoConfig(dir=data_dir, train_days=[0]), NAMES, list(KAGGLE_TABLE_SIZES), GBS, 0, cpu)
+    assert not isinstance(next(one_hot.batches("train", 0, 1)), BaseIdBatch)  # nothing to expand
 
 
 def test_out_of_range_ids_are_refused_at_load_time(data_dir):
