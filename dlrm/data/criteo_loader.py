@@ -164,7 +164,7 @@ class CriteoSource:
             )
         return Prefetcher(self._produce(split, rank, world_size, start_step), max(1, self.cfg.prefetch_batches))
 
-    def _produce(self, split: str, rank: int, world_size: int, start_step: int) -> Iterator[Batch | BaseIdBatch]:
+    def _produce(self, split: str, rank: int, world_size: int, start_step: int) -> Iterator[Batch]:
         n = self.num_batches(split)
         b = self.global_batch_size // world_size
         step = start_step
@@ -177,10 +177,11 @@ class CriteoSource:
             yield self.make_batch(self.splits[split].read(int(order[j]) * self.global_batch_size + rank * b, b))
             step += 1
 
-    def make_batch(self, rows: dict[str, np.ndarray]) -> Batch | BaseIdBatch:
+    def make_batch(self, rows: dict[str, np.ndarray]) -> Batch:
         """Arrays of b rows -> Batch; KJT values are key-major (all of feature 0, then feature 1, ...),
-        int32 where every table fits, with the multi-hot ids expanded (`dlrm.data.multihot`): here on
-        the host, or with `expand_on` set (a GPU) a `BaseIdBatch` whose ids expand when moved there."""
+        int32 where every table fits, with the multi-hot ids expanded (`dlrm.data.multihot`) on the
+        host. With `expand_on` set (a GPU) and multi-hot sizes, the Batch is a `BaseIdBatch`: the
+        one id per feature of the file, expanded when moved to the device."""
         ids = rows["sparse"]  # [b, 26], int32 or int64
         b = ids.shape[0]
         dense = torch.from_numpy(np.ascontiguousarray(rows["dense"], np.float32).reshape(b, NUM_DENSE))

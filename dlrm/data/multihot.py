@@ -21,7 +21,6 @@ import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-from torchrec.streamable import Pipelineable
 
 _INT32_MAX = torch.iinfo(torch.int32).max
 
@@ -131,12 +130,13 @@ class MultiHotLayout:
         return torch.from_numpy(values.astype(np.int32 if self.id_dtype == torch.int32 else np.int64, copy=False))
 
 
-class BaseIdBatch(Pipelineable):
-    """A batch whose multi-hot ids are still one base id per (sample, feature): moving it to a device
-    (`to`, as TorchRec's pipeline and the trainer do) copies dense [B, 13] f32, base [B, F] and labels
-    [B] f32 and expands the ids there (`MultiHotLayout.expand`), returning a torchrec `Batch`. The
-    host then builds and copies F ids per sample instead of sum(P) (26 instead of 214 for MLPerf
-    DLRM-DCNv2). `layout_for(device)` gives the layout of B samples on that device.
+class BaseIdBatch(Batch):
+    """A Batch of one base id per (sample, feature) that becomes the multi-hot Batch when moved:
+    `to(device)` (as TorchRec's pipeline and the trainer call it) copies dense [B, 13] f32, the base
+    ids and labels [B] f32, and expands the ids there (`MultiHotLayout.expand`). The host then
+    builds and copies F ids per sample instead of sum(P) (26 instead of 214 for MLPerf DLRM-DCNv2).
+    Its own `sparse_features` are the base ids (one per feature); `layout_for(device)` gives the
+    layout of B samples on a device.
     """
 
     def __init__(
@@ -146,19 +146,25 @@ class BaseIdBatch(Pipelineable):
         labels: torch.Tensor,
         layout_for: Callable[[torch.device], MultiHotLayout],
     ) -> None:
-        self.dense, self.base, self.labels, self.layout_for = dense, base, labels, layout_for
+        keys = layout_for(base.device).keys
+        ones = torch.ones(base.numel(), dtype=torch.int32)
+        sparse = KeyedJaggedTensor(keys=keys, values=base.t().reshape(-1), lengths=ones, stride=base.shape[0])
+        super().__init__(dense_features=dense, sparse_features=sparse, labels=labels)
+        self.base, self.layout_for = base, layout_for
 
     def to(self, device: torch.device, non_blocking: bool = False) -> Batch:
         base = self.base.to(device, non_blocking=non_blocking)
         return Batch(
-            dense_features=self.dense.to(device, non_blocking=non_blocking),
+            dense_features=self.dense_features.to(device, non_blocking=non_blocking),
             sparse_features=self.layout_for(torch.device(device)).kjt(base.t()),
             labels=self.labels.to(device, non_blocking=non_blocking),
         )
 
     def pin_memory(self) -> BaseIdBatch:
-        return BaseIdBatch(self.dense.pin_memory(), self.base.pin_memory(), self.labels.pin_memory(), self.layout_for)
+        return BaseIdBatch(
+            self.dense_features.pin_memory(), self.base.pin_memory(), self.labels.pin_memory(), self.layout_for
+        )
 
     def record_stream(self, stream) -> None:
-        for t in (self.dense, self.base, self.labels):
+        for t in (self.dense_features, self.base, self.labels):
             t.record_stream(stream)

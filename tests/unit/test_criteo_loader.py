@@ -140,6 +140,7 @@ def test_multi_hot_expanded_when_moved_equals_the_host_expansion(data_dir):
     lazy_source = CriteoSource(CriteoConfig(dir=data_dir, **kw), NAMES, list(KAGGLE_TABLE_SIZES), GBS, 0, expand_on=cpu)
     for expected, lazy in zip(host, take(lazy_source.batches("train", 1, 2), 3), strict=True):
         assert isinstance(lazy, BaseIdBatch) and lazy.base.shape == (GBS // 2, 26)
+        assert lazy.sparse_features.values().numel() == GBS // 2 * 26  # one id per feature until moved
         moved = lazy.to(cpu, non_blocking=True)
         assert torch.equal(moved.dense_features, expected.dense_features)
         assert torch.equal(moved.labels, expected.labels)
