@@ -78,12 +78,18 @@ def table_sharding(cfg: ShardingConfig, model: ModelConfig) -> dict[str, str | N
     return {t.name: cfg.pinned(t) for t in model.tables}
 
 
-def constraints(cfg: Config) -> dict[str, ParameterConstraints]:
-    """Planner constraints per table: its sharding type (if pinned) and pooling factor."""
+def constraints(cfg: Config, world_size: int) -> dict[str, ParameterConstraints]:
+    """Planner constraints per table: its sharding type and pooling factor.
+
+    The type is the pinned one; else, on one rank, table_wise: every type keeps the whole table on
+    that rank, and table-wise does the least work per step (TorchRec's planner picks row_wise there,
+    which bucketizes every id for nothing); else the planner chooses.
+    """
     pinned = table_sharding(cfg.sharding, cfg.model)
+    single = ["table_wise"] if world_size == 1 else None
     return {
         t.name: ParameterConstraints(
-            sharding_types=[str(kind)] if (kind := pinned[t.name]) else None,
+            sharding_types=[str(kind)] if (kind := pinned[t.name]) else single,
             pooling_factors=[float(t.pooling)] * len(t.features),
         )
         for t in cfg.model.tables
@@ -98,7 +104,7 @@ def make_planner(cfg: Config, topology: Topology, proposer: Proposer | None = No
     return EmbeddingShardingPlanner(
         topology=topology,
         batch_size=cfg.data.global_batch_size // topology.world_size,
-        constraints=constraints(cfg),
+        constraints=constraints(cfg, topology.world_size),
         proposer=proposer,
     )
 

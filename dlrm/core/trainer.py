@@ -23,6 +23,7 @@ from dlrm.core import console
 from dlrm.core.cadence import Every, ThroughputWindow
 from dlrm.core.checkpoint import Checkpointer, CheckpointError, latest_checkpoint, model_signature, step_tensor
 from dlrm.core.dense_sync import use_compressed_allreduce, use_hierarchical_allreduce
+from dlrm.core.host_memory import keep_freed_memory
 from dlrm.core.local_sgd import LocalSGD
 from dlrm.core.logs import JOB_START
 from dlrm.core.memory import dense_param_count
@@ -98,6 +99,7 @@ class Trainer:
             self.comms_bench = load_bench(cfg.trainer.comms_bench)
             fitted_topology(cfg.topology, self.comms_bench, "alltoall", world.local_world_size)  # fails early
         self.run_dir = run_dir if world.is_main else None
+        keep_freed_memory()  # the host blocks a step frees stay for the next: no page faults each step
         self.device = device_for(cfg.topology, world, tf32=cfg.trainer.tf32)
         self.source = make_source(cfg, self.device)  # data errors before any process group or table exists
         self.pg = init_distributed(cfg.topology, world)

@@ -38,9 +38,8 @@ def large_world_planner(cfg: Config, topology, uniform: bool = True):
     from dlrm.core.sharding import AnyDeviceEmbeddingBagCollectionSharder, constraints
 
     kinds = [k for k in AnyDeviceEmbeddingBagCollectionSharder().sharding_types("cuda") if k not in SKIPPED_TYPES]
-    narrowed = {
-        name: c if c.sharding_types else replace(c, sharding_types=list(kinds)) for name, c in constraints(cfg).items()
-    }
+    pinned = constraints(cfg, topology.world_size)
+    narrowed = {name: c if c.sharding_types else replace(c, sharding_types=list(kinds)) for name, c in pinned.items()}
     print(
         f"planning {topology.world_size} ranks (> {LARGE_WORLD}): TorchRec's uniform proposer, no row_wise "
         "candidates for unpinned tables (dlrm.plan.large); --proposer exact runs the trainer's full search",

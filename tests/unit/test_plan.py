@@ -244,3 +244,14 @@ def test_ranks_per_node_flag_plans_a_launcher_topology(capsys):
 def test_cheaper_proposer(capsys):
     report = report_of(capsys, "topology=cpu_2x2", "model=tiny", "--proposer", "uniform", "data.global_batch_size=64")
     assert report["proposer"] == "uniform" and len(report["plan"]) > 0
+
+
+def test_one_rank_shards_unpinned_tables_table_wise(capsys):
+    # On one rank every type keeps whole tables there; table_wise does the least work per step.
+    report = report_of(capsys, "topology=cpu", "model=bench_cpu", "--ranks-per-node", "1")
+    assert report["topology"]["world_size"] == 1
+    assert {t["sharding_type"] for t in report["plan"]} == {"table_wise"}
+    pinned = report_of(capsys, "topology=cpu", "model=bench_cpu", "--ranks-per-node", "1", "sharding=row_wise")
+    assert {t["sharding_type"] for t in pinned["plan"]} == {"row_wise"}  # a pinned type wins
+    two = report_of(capsys, "topology=cpu", "model=bench_cpu", "--ranks-per-node", "2")
+    assert len(two["plan"]) == 26  # two ranks: the planner's own choice, not constrained
