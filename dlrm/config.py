@@ -270,7 +270,7 @@ class ShardingConfig:
     """How tables are sharded: `strategy` for all, overridden per table by `per_table` then table.sharding.
 
     Precedence for a table: sharding.per_table[name], then the table's own `sharding`, then `strategy`.
-    `auto` lets TorchRec's planner choose among every type the device can run.
+    `auto` lets TorchRec's planner choose among every type the device can run (on one rank: table_wise).
     qcomms_forward / qcomms_backward: the wire precision (fp32, fp16, bf16) of the sharded tables'
     collectives, TorchRec's quantized comms (QCommsConfig): the pooled embeddings' alltoall and
     reduce-scatter in the forward pass, their gradients' in the backward pass. The planner's
