@@ -14,9 +14,10 @@ from typing import Any
 import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
-from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain, InteractionArch
+from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain, InteractionArch, SparseArch
 from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, data_type_to_dtype
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from dlrm.config import ModelConfig
 
@@ -77,7 +78,29 @@ def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:
     else:
         net = DLRM(**common)
         net.inter_arch = DotInteraction(num_sparse_features=net.inter_arch.F)
+    net.sparse_arch = PooledSparseArch(ebc)
     return net
+
+
+@torch.fx.wrap  # a leaf for torch.fx: TorchRec's pipeline traces the model, and the keys are known at run time
+def pooled_in_order(pooled: KeyedTensor, names: list[str], dim: int) -> torch.Tensor:
+    """The pooled embeddings [B, F, D] of `pooled`, features in the order `names`, as TorchRec's SparseArch
+    gives them: a view of its values [B, F * D] when the keys come in that order, each D wide (one rank,
+    and shardings that keep the order), else TorchRec's split by feature and concatenation.
+    """
+    values = pooled.values()
+    if pooled.keys() == names and pooled.length_per_key() == [dim] * len(names):
+        return values.view(values.shape[0], len(names), dim)
+    per_feature = pooled.to_dict()
+    return torch.cat([per_feature[name] for name in names], dim=1).view(-1, len(names), dim)
+
+
+class PooledSparseArch(SparseArch):
+    """TorchRec's SparseArch, same output [B, F, D], without splitting the pooled embeddings by feature
+    and concatenating them again when they are already in order (a copy forward, another backward)."""
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        return pooled_in_order(self.embedding_bag_collection(features), self.sparse_feature_names, self.D)
 
 
 class _DotInteraction(torch.autograd.Function):

@@ -3,9 +3,17 @@
 import pytest
 import torch
 from torchrec.models.dlrm import InteractionArch
+from torchrec.sparse.jagged_tensor import KeyedTensor
 
 from dlrm.config import ScheduleConfig
-from dlrm.core.model import DotInteraction, build_model, initialize, table_rows_init
+from dlrm.core.model import (
+    DotInteraction,
+    PooledSparseArch,
+    build_model,
+    initialize,
+    pooled_in_order,
+    table_rows_init,
+)
 from dlrm.core.optim import lr_factor
 from dlrm.data.loader import make_source
 
@@ -144,3 +152,30 @@ def test_dot_interaction_computes_in_fp32_under_bf16_autocast():
     # fp32 sums of ~27 products, the dense one then rounded to bf16 (8 significant bits: 2^-8 relative)
     torch.testing.assert_close(ours[0].float(), theirs[0], rtol=2**-8, atol=2**-8 * theirs[0].abs().max().item())
     torch.testing.assert_close(ours[1], theirs[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("order", ["same", "shuffled", "uneven"])
+def test_pooled_embeddings_equal_torchrecs_sparse_arch(order):
+    """[B, F, D] in the model's feature order, as TorchRec's SparseArch gives it, and its gradient:
+    a view of the pooled values when their keys come in that order, each D wide; else (a sharded
+    collection reorders them, a key is not D wide) TorchRec's split-and-concatenate."""
+    names, dim = ["a", "b", "c", "d"], 4
+    keys = {"same": names, "shuffled": ["c", "a", "d", "b"], "uneven": names}[order]
+    lengths = [dim] * 4 if order != "uneven" else [dim, dim, 2, 2 * dim - 2]  # same total, other split
+    values = torch.randn(5, 4 * dim, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    pooled = KeyedTensor(keys=keys, length_per_key=lengths, values=values)
+    out = pooled_in_order(pooled, names, dim)
+    per_feature = pooled.to_dict()
+    ref = torch.cat([per_feature[n] for n in names], dim=1).reshape(-1, 4, dim)  # TorchRec's SparseArch
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    assert (out.data_ptr() == values.data_ptr()) == (order == "same")  # in order: no copy
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    (ours,) = torch.autograd.grad(out, values, grad)
+    (theirs,) = torch.autograd.grad(ref, values, grad)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+def test_models_use_the_pooled_sparse_arch(make_config):
+    for model in ("tiny", "dcn_small"):
+        net = build_model(make_config(f"model={model}").model, torch.device("cpu")).model
+        assert isinstance(net.sparse_arch, PooledSparseArch)
