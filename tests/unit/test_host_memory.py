@@ -33,7 +33,7 @@ CYCLES = textwrap.dedent(
 
 @pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's: other C libraries keep their own defaults")
 def test_freed_blocks_are_reused_without_page_faults():
-    # glibc's defaults fault the 9 MiB in again every cycle (~2,300 faults); kept, the heap holds them.
+    # glibc's defaults fault most of the 9 MiB in again every cycle (~1,500 faults); kept, the heap holds them.
     # 64 faults of slack for the interpreter's own allocations.
     out = subprocess.run([sys.executable, "-c", CYCLES], capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == "True"
