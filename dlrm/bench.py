@@ -33,7 +33,6 @@ import gc
 import itertools
 import json
 import statistics
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,7 +44,7 @@ from dlrm.compose import compose
 from dlrm.config import Config, validate, validate_world
 from dlrm.core.metrics import peak_rss_mb
 from dlrm.core.topology import World
-from dlrm.errors import UserError
+from dlrm.errors import ArgumentParser, UserError, exit_on_user_error
 from dlrm.io import write_json_atomic
 
 GPU_BUDGET_SAMPLES_PER_S = 1.7e6  # per GPU: MLPerf DLRM-DCNv2 trains ~13.8M samples/s on 8 H100
@@ -252,7 +251,7 @@ def run(args: argparse.Namespace, cfg: Config) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m dlrm.bench", description=(__doc__ or "").split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m dlrm.bench", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps first (default 20)")
     parser.add_argument("--window", type=int, default=20, help="steps per timed window (default 20)")
     parser.add_argument("--windows", type=int, default=9, help="timed windows (default 9)")
@@ -265,28 +264,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ranks", type=int, default=0, help="--source-only: world size (0: the topology's)")
     parser.add_argument("--device", default=None, help="--source-only: where synthetic batches are made (cpu, cuda)")
     parser.add_argument("--threads", type=int, default=0, help="--source-only: intra-op threads (0: torch's default)")
-    args, overrides = parser.parse_known_args(argv)
-    if (
-        min(args.warmup, args.profile, args.cache_batches, args.max_table_rows) < 0
-        or min(args.window, args.windows) < 1
-    ):
-        print(
-            "error: --window and --windows must be >= 1; --warmup, --profile, --cache-batches, --max-table-rows >= 0",
-            file=sys.stderr,
-        )
-        sys.exit(2)
-    if min(args.ranks, args.threads) < 0:
-        print("error: --ranks and --threads must be >= 0 (0: the topology's ranks; torch's threads)", file=sys.stderr)
-        sys.exit(2)
-    try:
+    try:  # a bad option or config is met by every rank alike: rank 0 prints it once, exit 2
+        args, overrides = parser.parse_known_args(argv)
+        if (
+            min(args.warmup, args.profile, args.cache_batches, args.max_table_rows) < 0
+            or min(args.window, args.windows) < 1
+        ):
+            parser.error(
+                "--window and --windows must be >= 1; --warmup, --profile, --cache-batches, --max-table-rows >= 0"
+            )
+        if min(args.ranks, args.threads) < 0:
+            parser.error("--ranks and --threads must be >= 0 (0: the topology's ranks; torch's threads)")
         cfg = compose_config(overrides, args.max_table_rows)
         if args.source_only:
             _report_source(args, source_only(args, cfg))
             return
         result = run(args, cfg)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    except Exception as e:
+        exit_on_user_error(e, World.from_env().rank)
+        raise
     if World.from_env().is_main:
         if "profile" in result:
             print(f"profile of {result['profile_steps']} steps:\n{result['profile']}")

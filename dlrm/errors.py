@@ -25,8 +25,14 @@ class UserError(Exception):
     same_on_all_ranks = False  # True: every rank raises the same error, so only rank 0 prints it
 
 
+class UsageError(UserError):
+    """A bad command-line option or value."""
+
+    same_on_all_ranks = True  # under torchrun every rank gets the same command line
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse for our command-line tools: a usage error is a UserError (one `error:` line, exit 2),
+    """argparse for our command-line tools: a usage error is a UsageError (one `error:` line, exit 2),
     and `--help` shows each option's default."""
 
     def __init__(self, *args, **kwargs) -> None:
@@ -34,7 +40,7 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # argparse's hook for usage errors
-        raise UserError(f"{message} (see `{self.prog} --help`)")
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
 def user_error_in(e: BaseException) -> UserError | None:

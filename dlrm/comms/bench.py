@@ -35,6 +35,7 @@ from pathlib import Path
 
 from dlrm.comms.costmodel import CommsError, busbw_factor
 from dlrm.config import TopologyConfig
+from dlrm.errors import ArgumentParser, UserError, exit_on_user_error
 from dlrm.io import figure_png, write_atomic
 
 COLLECTIVES = ("allreduce", "alltoall", "alltoall_uneven", "reduce_scatter", "allgather")
@@ -240,11 +241,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="python -m dlrm.comms.bench",
-        description=(__doc__ or "").split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    ap = ArgumentParser(prog="python -m dlrm.comms.bench", description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--collectives", default=",".join(COLLECTIVES), help=f"comma list of {','.join(COLLECTIVES)}")
     ap.add_argument("--min-bytes", default="1K", help="smallest message size, e.g. 1K")
     ap.add_argument("--max-bytes", default="64M", help="largest message size, e.g. 64M (doubling from min)")
@@ -376,7 +373,5 @@ def main(argv: Sequence[str] | None = None) -> list[dict] | None:
 if __name__ == "__main__":
     try:
         main()
-    except (CommsError, FileNotFoundError) as e:  # one line from rank 0, exit 2 (dlrm.errors)
-        from dlrm.errors import exit_on_user_error
-
-        exit_on_user_error(e if isinstance(e, CommsError) else CommsError(str(e)), int(os.environ.get("RANK", "0")))
+    except (UserError, FileNotFoundError) as e:  # one line from rank 0, exit 2 (dlrm.errors)
+        exit_on_user_error(e if isinstance(e, UserError) else CommsError(str(e)), int(os.environ.get("RANK", "0")))

@@ -29,6 +29,7 @@ from dlrm.comms.costmodel import (
     fit_alpha_beta,
     two_level_time,
 )
+from dlrm.errors import ArgumentParser, UserError
 from dlrm.io import figure_png, write_atomic
 
 COMPARED = ("ring", "fully_connected")
@@ -184,11 +185,7 @@ def bench_plot(curves: dict[tuple, tuple]) -> bytes:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        prog="python -m dlrm.comms.report",
-        description=(__doc__ or "").split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    ap = ArgumentParser(prog="python -m dlrm.comms.report", description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--topology", default="zion", help="name in conf/topology/ or YAML path: link alpha and B")
     ap.add_argument("--ranks", type=int, default=8, help="ranks per node")
     ap.add_argument("--min-bytes", default="1K")
@@ -300,6 +297,6 @@ def main(argv: Sequence[str] | None = None) -> str:
 if __name__ == "__main__":
     try:
         main()
-    except (CommsError, FileNotFoundError) as e:  # one line, exit 2 (dlrm.errors)
+    except (UserError, FileNotFoundError) as e:  # one line, exit 2 (dlrm.errors)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -10,8 +10,7 @@ import warnings
 from collections.abc import Sequence
 
 from dlrm.compose import compose
-from dlrm.config import ConfigError
-from dlrm.core.memory import PlanError
+from dlrm.errors import ArgumentParser, UserError
 from dlrm.plan.planner import PROPOSERS, make_plan
 from dlrm.plan.report import format_report
 from dlrm.plan.scaling_cli import scaling_main
@@ -26,11 +25,10 @@ def _quiet_torchrec() -> None:
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m dlrm.plan",
         description="Sharding plan, per-rank memory and per-iteration communication, without the hardware. "
         "Other arguments are Hydra overrides, as for dlrm.train (e.g. model=mlperf_dcnv2 topology=dgx_h100).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     parser.add_argument("--ranks-per-node", type=int, default=None, help="for topologies with ranks_per_node=null")
@@ -54,15 +52,15 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the planner for these arguments; print the report; return the exit status (0, or 2)."""
-    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    if argv is None:  # as a command: TorchRec's warnings and INFO logs would drown the report
-        _quiet_torchrec()
     try:
+        args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+        if argv is None:  # as a command: TorchRec's warnings and INFO logs would drown the report
+            _quiet_torchrec()
         if args.scale is not None:
             return scaling_main(args, overrides)
         cfg = compose(overrides)
         report = make_plan(cfg, args.ranks_per_node, args.proposer)
-    except (ConfigError, PlanError) as e:
+    except UserError as e:  # ConfigError, PlanError, a bad option
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=1) if args.json else format_report(report))

@@ -2,12 +2,19 @@
 
 import csv
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from dlrm.comms.bench import COLLECTIVES, check_request, group_layout, main, parse_size, sweep_sizes, uneven_splits
 from dlrm.comms.costmodel import CommsError
+from tests.helpers.cli import TORCHRUN_VARS, assert_one_error
 from tests.helpers.harness import launch
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
@@ -51,6 +58,18 @@ def test_bad_input_names_the_value_and_the_fix():
         parse_size("12X")
     assert parse_size("64M") == 64 * 2**20 and parse_size("1KiB") == 1024
     assert sweep_sizes(1024, 4096) == [1024, 2048, 4096]
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [(["--warmup", "x"], ["--warmup", "invalid int value: 'x'"]), (["--scopes", "nowhere"], ["'nowhere'", "world"])],
+)
+def test_user_error_is_one_line_under_torchrun(args, words):
+    """A bad option (argparse's check) or value (ours) on 2 ranks: rank 0 prints it, rank 1 and torchrun nothing."""
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
+    launch = [sys.executable, "-m", "dlrm.torchrun", "--standalone", "--nproc_per_node=2", "-m", "dlrm.comms.bench"]
+    r = subprocess.run([*launch, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert_one_error(r.returncode, r.stdout, r.stderr, *words)
 
 
 def test_groups_and_uneven_splits():

@@ -1,12 +1,19 @@
 """The benchmark command: its materialised-batch source, its refusals, and one small real run."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from dlrm import bench
 from dlrm.data.loader import make_source
+from tests.helpers.cli import TORCHRUN_VARS, assert_one_error
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_cached_source_repeats_the_first_batches(make_config):
@@ -40,6 +47,15 @@ def test_bad_override_is_a_user_error(capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["data.global_batch_size=0"])
     assert e.value.code == 2 and "global_batch_size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["--windows", "0"], ["data.global_batch_size=0"]])
+def test_user_error_is_one_line_under_torchrun(args):
+    """Two ranks meet the same bad option or config: rank 0 prints it, rank 1 and torchrun nothing."""
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
+    launch = [sys.executable, "-m", "dlrm.torchrun", "--standalone", "--nproc_per_node=2", "-m", "dlrm.bench"]
+    r = subprocess.run([*launch, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert_one_error(r.returncode, r.stdout, r.stderr, args[0].split("=")[0])
 
 
 @pytest.mark.slow

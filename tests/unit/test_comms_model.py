@@ -194,6 +194,15 @@ def test_report_model_and_bench(tmp_path):
         assert (tmp_path / "r" / name).stat().st_size > 0
 
 
+def test_report_bad_option_is_a_user_error():
+    """A usage error is one `error:` line and exit 2 (its __main__), not argparse's usage block."""
+    from dlrm.comms import report
+    from dlrm.errors import UserError
+
+    with pytest.raises(UserError, match="--ranks: invalid int value: 'q'"):
+        report.main(["--ranks", "q"])
+
+
 @pytest.mark.parametrize(
     "change,match",
     [

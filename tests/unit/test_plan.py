@@ -226,6 +226,7 @@ def test_table_wise_pin_too_big_for_one_rank(capsys, no_planner):
         (["topology=zion", "model=tiny", "topology.nodes=0"], ["topology.nodes"]),
         (["topology=zion", "model=tiny", "+sharding.per_table={nope: row_wise}"], ["sharding.per_table.nope"]),
         (["topology=zion", "model=no_such_model"], ["unknown option 'no_such_model' for config group 'model'"]),
+        (["--proposer", "best"], ["error: argument --proposer: invalid choice: 'best'", "python -m dlrm.plan --help"]),
     ],
 )
 def test_bad_inputs_fail_fast(capsys, no_planner, args, words):
