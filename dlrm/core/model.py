@@ -74,9 +74,9 @@ def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:
         dense_device=device,
     )
     if cfg.interaction == "dcn":
-        net = DLRM_DCN(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim, **common)
+        net = LookupFirstDLRM_DCN(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim, **common)
     else:
-        net = DLRM(**common)
+        net = LookupFirstDLRM(**common)
         net.inter_arch = DotInteraction(num_sparse_features=net.inter_arch.F)
     net.sparse_arch = PooledSparseArch(ebc)
     return net
@@ -101,6 +101,35 @@ class PooledSparseArch(SparseArch):
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         return pooled_in_order(self.embedding_bag_collection(features), self.sparse_feature_names, self.D)
+
+
+def lookup_first_forward(net: DLRM, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
+    """TorchRec's DLRM forward, with the embedding lookup started before the bottom MLP and awaited after.
+
+    A sharded collection returns an awaitable whose alltoall is in flight while the bottom MLP
+    computes. In the backward pass autograd (latest forward op first) then issues the gradients'
+    alltoall before the bottom MLP's backward and waits for it after. Same operations, same result.
+    dense [B, dense_in], sparse KJT -> logits [B, 1].
+    """
+    sparse = net.sparse_arch
+    pooled = sparse.embedding_bag_collection(sparse_features)
+    embedded_dense = net.dense_arch(dense_features)
+    embedded_sparse = pooled_in_order(pooled, sparse.sparse_feature_names, sparse.D)
+    return net.over_arch(net.inter_arch(dense_features=embedded_dense, sparse_features=embedded_sparse))
+
+
+class LookupFirstDLRM(DLRM):
+    """TorchRec's DLRM (dot interaction), lookup first: see `lookup_first_forward`."""
+
+    def forward(self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
+        return lookup_first_forward(self, dense_features, sparse_features)
+
+
+class LookupFirstDLRM_DCN(DLRM_DCN):
+    """TorchRec's DLRM-DCN, lookup first: see `lookup_first_forward`."""
+
+    def forward(self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
+        return lookup_first_forward(self, dense_features, sparse_features)
 
 
 class _DotInteraction(torch.autograd.Function):

@@ -2,12 +2,15 @@
 
 import pytest
 import torch
-from torchrec.models.dlrm import InteractionArch
+from torchrec.distributed.types import LazyAwaitable
+from torchrec.models.dlrm import DLRM, InteractionArch
 from torchrec.sparse.jagged_tensor import KeyedTensor
 
 from dlrm.config import ScheduleConfig
 from dlrm.core.model import (
     DotInteraction,
+    LookupFirstDLRM,
+    LookupFirstDLRM_DCN,
     PooledSparseArch,
     build_model,
     initialize,
@@ -179,3 +182,53 @@ def test_models_use_the_pooled_sparse_arch(make_config):
     for model in ("tiny", "dcn_small"):
         net = build_model(make_config(f"model={model}").model, torch.device("cpu")).model
         assert isinstance(net.sparse_arch, PooledSparseArch)
+
+
+@pytest.mark.parametrize("model, cls", [("tiny", LookupFirstDLRM), ("dcn_small", LookupFirstDLRM_DCN)])
+def test_lookup_first_forward_equals_torchrecs(make_config, model, cls):
+    """The reordered forward computes exactly TorchRec's DLRM forward: same logits, same gradients."""
+    cfg = make_config(f"model={model}", "data.global_batch_size=8")
+    train = build_model(cfg.model, torch.device("cpu"))
+    initialize(train, cfg.model, seed=0)
+    net = train.model
+    assert type(net) is cls
+    batch = make_source(cfg).samples("train", 0, 8)
+    grads = []
+    for forward in (net.forward, lambda d, s: DLRM.forward(net, d, s)):
+        net.zero_grad()
+        logits = forward(batch.dense_features, batch.sparse_features)
+        logits.sum().backward()
+        grads.append((logits.detach(), [p.grad.clone() for p in net.parameters()]))
+    (ours, ours_grads), (theirs, theirs_grads) = grads
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+    for a, b in zip(ours_grads, theirs_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_lookup_starts_before_the_bottom_mlp_and_is_awaited_after(make_config):
+    """A sharded collection returns an awaitable (its alltoall in flight): the bottom MLP runs in between."""
+    cfg = make_config("model=tiny", "data.global_batch_size=8")
+    net = build_model(cfg.model, torch.device("cpu")).model
+    initialize(net, cfg.model, seed=0)
+    events = []
+    collection = net.sparse_arch.embedding_bag_collection
+
+    class Pending(LazyAwaitable[KeyedTensor]):
+        def __init__(self, pooled: KeyedTensor) -> None:
+            super().__init__()
+            self.pooled = pooled
+
+        def _wait_impl(self) -> KeyedTensor:
+            events.append("wait")
+            return self.pooled
+
+    class Sharded(torch.nn.Module):  # what a sharded collection returns: not yet the embeddings
+        def forward(self, features):
+            events.append("lookup")
+            return Pending(collection(features))
+
+    net.sparse_arch.embedding_bag_collection = Sharded()
+    net.dense_arch.register_forward_hook(lambda *_: events.append("bottom MLP"))
+    batch = make_source(cfg).samples("train", 0, 8)
+    net(batch.dense_features, batch.sparse_features)
+    assert events == ["lookup", "bottom MLP", "wait"]
