@@ -7,6 +7,7 @@ Notation: B = batch, F = sparse features, D = embedding dim.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from typing import Any
@@ -85,14 +86,26 @@ def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:
 @torch.fx.wrap  # a leaf for torch.fx: TorchRec's pipeline traces the model, and the keys are known at run time
 def pooled_in_order(pooled: KeyedTensor, names: list[str], dim: int) -> torch.Tensor:
     """The pooled embeddings [B, F, D] of `pooled`, features in the order `names`, as TorchRec's SparseArch
-    gives them: a view of its values [B, F * D] when the keys come in that order, each D wide (one rank,
-    and shardings that keep the order), else TorchRec's split by feature and concatenation.
+    gives them. Each key D wide: a view of its values [B, F * D] when the keys come in that order (one
+    rank, and shardings that keep the order), else one gather of the features (a sharded collection
+    groups them by rank). Keys of other widths: TorchRec's split by feature and concatenation.
     """
     values = pooled.values()
-    if pooled.keys() == names and pooled.length_per_key() == [dim] * len(names):
-        return values.view(values.shape[0], len(names), dim)
+    keys = pooled.keys()
+    if pooled.length_per_key() == [dim] * len(names) and len(keys) == len(names):
+        features = values.view(values.shape[0], len(names), dim)
+        if keys == names:
+            return features
+        return features.index_select(1, _positions(tuple(keys), tuple(names), values.device))
     per_feature = pooled.to_dict()
     return torch.cat([per_feature[name] for name in names], dim=1).view(-1, len(names), dim)
+
+
+@functools.lru_cache(maxsize=64)
+def _positions(keys: tuple[str, ...], names: tuple[str, ...], device: torch.device) -> torch.Tensor:
+    """[F] int64: the position in `keys` of each of `names`."""
+    where = {key: i for i, key in enumerate(keys)}
+    return torch.tensor([where[name] for name in names], device=device)
 
 
 class PooledSparseArch(SparseArch):

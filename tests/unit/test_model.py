@@ -160,8 +160,8 @@ def test_dot_interaction_computes_in_fp32_under_bf16_autocast():
 @pytest.mark.parametrize("order", ["same", "shuffled", "uneven"])
 def test_pooled_embeddings_equal_torchrecs_sparse_arch(order):
     """[B, F, D] in the model's feature order, as TorchRec's SparseArch gives it, and its gradient:
-    a view of the pooled values when their keys come in that order, each D wide; else (a sharded
-    collection reorders them, a key is not D wide) TorchRec's split-and-concatenate."""
+    a view of the pooled values when their keys come in that order, each D wide; one gather when a
+    sharded collection reorders them; TorchRec's split-and-concatenate when a key is not D wide."""
     names, dim = ["a", "b", "c", "d"], 4
     keys = {"same": names, "shuffled": ["c", "a", "d", "b"], "uneven": names}[order]
     lengths = [dim] * 4 if order != "uneven" else [dim, dim, 2, 2 * dim - 2]  # same total, other split
