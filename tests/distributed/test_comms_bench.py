@@ -60,6 +60,7 @@ def test_bad_input_names_the_value_and_the_fix():
     assert sweep_sizes(1024, 4096) == [1024, 2048, 4096]
 
 
+@pytest.mark.slow  # two processes under torchrun
 @pytest.mark.parametrize(
     "args, words",
     [(["--warmup", "x"], ["--warmup", "invalid int value: 'x'"]), (["--scopes", "nowhere"], ["'nowhere'", "world"])],

@@ -49,6 +49,7 @@ def test_bad_override_is_a_user_error(capsys):
     assert e.value.code == 2 and "global_batch_size" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # two processes under torchrun
 @pytest.mark.parametrize("args", [["--windows", "0"], ["data.global_batch_size=0"]])
 def test_user_error_is_one_line_under_torchrun(args):
     """Two ranks meet the same bad option or config: rank 0 prints it, rank 1 and torchrun nothing."""
