@@ -252,9 +252,9 @@ def run(args: argparse.Namespace, cfg: Config) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(prog="python -m dlrm.bench", description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--warmup", type=int, default=20, help="untimed steps first (default 20)")
-    parser.add_argument("--window", type=int, default=20, help="steps per timed window (default 20)")
-    parser.add_argument("--windows", type=int, default=9, help="timed windows (default 9)")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed steps first")
+    parser.add_argument("--window", type=int, default=20, help="steps per timed window")
+    parser.add_argument("--windows", type=int, default=9, help="timed windows")
     parser.add_argument("--profile", type=int, default=0, help="profile this many steps after the windows")
     parser.add_argument("--profile-rows", type=int, default=25, help="rows of the profile table")
     parser.add_argument("--cache-batches", type=int, default=0, help="train on N materialised batches in a loop")
