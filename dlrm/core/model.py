@@ -92,7 +92,7 @@ def pooled_in_order(pooled: KeyedTensor, names: list[str], dim: int) -> torch.Te
     """
     values = pooled.values()
     keys = pooled.keys()
-    if pooled.length_per_key() == [dim] * len(names) and len(keys) == len(names):
+    if pooled.length_per_key() == [dim] * len(names):  # as many keys as names, each D wide
         features = values.view(values.shape[0], len(names), dim)
         if keys == names:
             return features
@@ -110,7 +110,7 @@ def _positions(keys: tuple[str, ...], names: tuple[str, ...], device: torch.devi
 
 class PooledSparseArch(SparseArch):
     """TorchRec's SparseArch, same output [B, F, D], without splitting the pooled embeddings by feature
-    and concatenating them again when they are already in order (a copy forward, another backward)."""
+    and concatenating them again (see `pooled_in_order`: a view, or one gather when reordered)."""
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         return pooled_in_order(self.embedding_bag_collection(features), self.sparse_feature_names, self.D)
