@@ -11,7 +11,8 @@ and samples per CPU-second (all ranks' process CPU time over the windows: on a m
 with other jobs it moves far less than wall-clock speed, so compare variants with it too).
 Then: eval AUC on the eval split, peak RSS per rank (and peak CUDA memory), the data source's own
 speed (batches generated per second on one rank, outside the training loop), and with
-`--profile K` a torch.profiler table of K further steps (not part of the timed windows).
+`--profile K` a torch.profiler table of K further steps (not part of the timed windows) and their
+mean ms per phase (`dlrm.core.phases`): on the training thread, and on CUDA of device time too.
 `--cache-batches N` trains on the first N batches of each rank in a loop (materialised once,
 like a preprocessed dataset), to measure the model when the data source is slower than it.
 Prints one summary line and writes the figures as JSON to `--out` (rank 0).
@@ -43,6 +44,7 @@ import torch.distributed as dist
 from dlrm.compose import compose
 from dlrm.config import Config, validate, validate_world
 from dlrm.core.metrics import peak_rss_mb
+from dlrm.core.phases import PHASES, device_breakdown, spans_of, step_breakdown
 from dlrm.core.topology import World
 from dlrm.errors import ArgumentParser, UserError, exit_on_user_error
 from dlrm.io import write_json_atomic
@@ -159,9 +161,11 @@ def source_only(args: argparse.Namespace, cfg: Config) -> dict:
     }
 
 
-def _measure(trainer, args: argparse.Namespace, steps: int) -> tuple[list[float], float, str | None]:
+def _measure(trainer, args: argparse.Namespace, steps: int) -> tuple[list[float], float, dict | None]:
     """Train `steps` steps: warm-up, timed windows, profiled steps. Returns samples/s per window, this
-    process's CPU seconds over the windows, and the profile table (None without --profile)."""
+    process's CPU seconds over the windows, and with --profile: the profile table, and the mean ms per
+    step of each phase on the training thread (`dlrm.core.phases.step_breakdown`) and, on CUDA, of
+    device time (`device_breakdown`)."""
     device, batch = trainer.device, trainer.cfg.data.global_batch_size
     batches = trainer._batches("train", 0, steps)
     trainer.model.train()
@@ -188,18 +192,28 @@ def _measure(trainer, args: argparse.Namespace, steps: int) -> tuple[list[float]
         sync()
         window_rates.append(args.window * batch / (time.perf_counter() - start))
     cpu_seconds = time.process_time() - cpu_start  # this process, all its threads, over the windows
-    profile_table = None
-    if args.profile:
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if device.type == "cuda":
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        with torch.profiler.profile(activities=activities) as prof:
-            for _ in range(args.profile):
-                step()
-            sync()
-        sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-        profile_table = prof.key_averages().table(sort_by=sort, row_limit=args.profile_rows)
-    return window_rates, cpu_seconds, profile_table
+    if not args.profile:
+        return window_rates, cpu_seconds, None
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(args.profile):
+            step()
+        sync()
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    spans = spans_of(prof)
+
+    def mean_ms(per_step: list[dict[str, float]]) -> dict[str, float]:
+        return {k: 1e3 * statistics.fmean(p[k] for p in per_step) for k in PHASES}
+
+    profile = {
+        "profile": prof.key_averages().table(sort_by=sort, row_limit=args.profile_rows),
+        "phase_ms": mean_ms([phases for phases, _ in step_breakdown(spans)]),
+    }
+    if device.type == "cuda":
+        profile["device_phase_ms"] = mean_ms(device_breakdown(spans))
+    return window_rates, cpu_seconds, profile
 
 
 def run(args: argparse.Namespace, cfg: Config) -> dict:
@@ -214,7 +228,7 @@ def run(args: argparse.Namespace, cfg: Config) -> dict:
     loader_speed = source_speed(trainer.source, world.rank, world.world_size)
     if args.cache_batches:
         trainer.source = CachedSource(trainer.source, args.cache_batches)
-    window_rates, cpu_seconds, profile_table = _measure(trainer, args, steps)
+    window_rates, cpu_seconds, profile = _measure(trainer, args, steps)
     evaluation = trainer.evaluate()
 
     mine = torch.tensor([peak_rss_mb(), cpu_seconds], dtype=torch.float64, device=device)
@@ -240,9 +254,9 @@ def run(args: argparse.Namespace, cfg: Config) -> dict:
     if device.type == "cuda":
         result["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
         result["gpu"] = torch.cuda.get_device_name(device)
-    if profile_table is not None:
+    if profile is not None:
         result["profile_steps"] = args.profile
-        result["profile"] = profile_table
+        result.update(profile)
     del trainer
     gc.collect()
     dist.barrier()
@@ -286,6 +300,10 @@ def main(argv: list[str] | None = None) -> None:
     if World.from_env().is_main:
         if "profile" in result:
             print(f"profile of {result['profile_steps']} steps:\n{result['profile']}")
+            for key, what in (("phase_ms", "training thread"), ("device_phase_ms", "device time")):
+                if key in result:
+                    ms = ", ".join(f"{k} {v:.2f}" for k, v in result[key].items() if v > 0)
+                    print(f"phases, ms per step ({what}): {ms}")
         brief = {k: v for k, v in result.items() if k not in ("profile", "samples_per_s_windows")}
         rates = result["samples_per_s_windows"]
         print(

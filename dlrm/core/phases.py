@@ -19,7 +19,8 @@ itself (`STEP_RANGE`) and, without the pipeline, its own parts with the same nam
 Each instant of the step's thread counts once, for the innermost range with a phase, so the phases
 add up to the step. Collectives run on the backend's threads (Gloo) or on the GPU (NCCL); their
 durations, per kind, are returned apart (`comm_s`), for comparison with the cost model.
-On CUDA the CPU-side ranges include the waits on the GPU that the step performs, not kernel times.
+On CUDA the CPU-side ranges include the waits on the GPU that the step performs, not kernel times;
+`device_breakdown` gives those: each kernel's (or copy's) time, for the phase of the op that launched it.
 """
 
 from __future__ import annotations
@@ -157,21 +158,32 @@ def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> floa
 
 @dataclass(frozen=True)
 class Span:
-    """One profiler event: name, the thread it started on, start and end (s), and whether it ran on
-    a device (a GPU kernel) rather than a CPU thread."""
+    """One profiler event: name, the thread it started on, start and end (s), whether it ran on a
+    device (a GPU kernel) rather than a CPU thread, its correlation id, and for a device event the
+    correlation id of the CPU event that launched it (0: none)."""
 
     name: str
     thread: int
     start: float
     end: float
     device: bool = False
+    correlation: int = 0
+    linked: int = 0
 
 
 def spans_of(prof) -> list[Span]:
     """The events of a stopped `torch.profiler.profile`, read straight from its Kineto results
     (building torch's FunctionEvent tree with `prof.events()` costs several times more)."""
     return [
-        Span(e.name(), e.start_thread_id(), e.start_ns() / 1e9, e.end_ns() / 1e9, e.device_type().name != "CPU")
+        Span(
+            e.name(),
+            e.start_thread_id(),
+            e.start_ns() / 1e9,
+            e.end_ns() / 1e9,
+            e.device_type().name != "CPU",
+            e.correlation_id(),
+            e.linked_correlation_id(),
+        )
         for e in prof.profiler.kineto_results.events()
     ]
 
@@ -259,4 +271,28 @@ def step_breakdown(spans: list[Span]) -> list[tuple[dict[str, float], dict[str, 
             for kind, intervals in collectives.items()
         }
         out.append((phases, comm))
+    return out
+
+
+def device_breakdown(spans: list[Span]) -> list[dict[str, float]]:
+    """Per profiled step (each `STEP_RANGE` span): device seconds per phase. Each device event (GPU
+    kernel, copy) counts for the phase of the CPU event that launched it, when that event lies in the
+    step's ranges; so a step's kernels count for it even where they run after its CPU side returned.
+    Kernels on several streams can overlap: the phases add up to device time, not to the step."""
+    device = [s for s in spans if s.device and s.linked]
+    out = []
+    for step in (s for s in spans if s.name == STEP_RANGE):
+        phase_by_correlation: dict[int, str] = {}
+        todo = [_tree(step, spans)]
+        while todo:
+            node = todo.pop()
+            if node.span.correlation:
+                phase_by_correlation[node.span.correlation] = node.phase
+            todo.extend(node.children)
+        phases: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        for s in device:
+            phase = phase_by_correlation.get(s.linked)
+            if phase is not None:
+                phases[phase] += s.end - s.start
+        out.append(phases)
     return out

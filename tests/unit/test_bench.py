@@ -85,7 +85,10 @@ def test_small_run_reports_median_windows_and_memory(tmp_path, capsys):
     assert result["samples_per_s_median"] == sorted(rates)[1]
     assert result["world_size"] == 1 and len(result["peak_rss_mb_per_rank"]) == 1 and result["samples_per_cpu_s"] > 0
     assert 0.0 <= result["eval_auc"] <= 1.0 and "Self CPU" in result["profile"]
-    assert "samples/s median of 3 windows" in capsys.readouterr().out
+    phases = result["phase_ms"]  # the profiled step's training thread, split into phases
+    assert phases["dense_fwd"] > 0 and phases["backward"] > 0 and "device_phase_ms" not in result
+    printed = capsys.readouterr().out
+    assert "samples/s median of 3 windows" in printed and "phases, ms per step (training thread): " in printed
 
 
 def test_source_only_reports_speed_per_rank_against_the_gpu_budget(tmp_path, capsys):

@@ -163,6 +163,40 @@ def test_breakdown_of_a_profiled_toy_step():
     assert comm == {} and not math.isnan(sum(phases.values()))
 
 
+def test_device_breakdown_follows_the_launching_op():
+    """Hand-made spans (seconds): each kernel counts for the phase of the CPU event that launched it
+    (linked by correlation id), even when it runs after the step's CPU side; kernels launched outside
+    the step, or by nothing, count for no step."""
+    from dlrm.core.phases import STEP_RANGE, Span, device_breakdown
+
+    def cpu(name, a, b, correlation=0):
+        return Span(name, 1, a, b, correlation=correlation)
+
+    def kernel(a, b, linked):
+        return Span("kernel", 7, a, b, device=True, linked=linked)
+
+    spans = [
+        cpu(STEP_RANGE, 0, 10),
+        cpu("## forward ##", 0, 4),
+        cpu("[lookup]_[t]", 1, 2),
+        cpu("aten::index_select", 1.2, 1.5, correlation=11),
+        cpu("aten::mm", 2.5, 3.5, correlation=12),
+        cpu("## backward ##", 4, 9),
+        cpu("cudaLaunchKernel", 4.1, 4.2, correlation=13),
+        cpu("aten::mm", 20, 21, correlation=14),  # outside the step
+        kernel(1.4, 2.4, linked=11),
+        kernel(3.0, 3.25, linked=12),
+        kernel(9.5, 12.0, linked=13),  # runs past the step's CPU side
+        kernel(20.5, 21.0, linked=14),
+        kernel(5, 6, linked=0),
+    ]
+    (phases,) = device_breakdown(spans)
+    assert phases == pytest.approx(
+        {"emb_lookup": 1.0, "dense_fwd": 0.25, "backward": 2.5}
+        | {k: 0.0 for k in ("data", "input_dist", "emb_a2a_fwd", "grad_a2a", "dense_allreduce", "optimizer", "other")}
+    )
+
+
 def test_fitted_topology_recovers_the_bench_links(make_config):
     """A bench whose times follow alpha + factor * n / B exactly gives back alpha and B."""
     from dlrm.comms.costmodel import Link, collective_time
