@@ -367,6 +367,9 @@ class TrainerConfig:
     Each rank's gradients are rounded to it, averaged in it, and cast back to fp32 for the optimizer.
     Not with dense_sync=local_sgd (after its warm-up nothing is allreduced to compress).
     tf32: let CUDA matmuls use TF32 (no effect on CPU).
+    compile_dense: torch.compile (Inductor) the bottom MLP, the interaction and the top MLP, each at
+    its first call (tens of seconds per process); the embedding lookup stays eager. It fuses the DCN
+    cross net's element-wise work on a GPU; on CPU it measured no faster (README "Benchmark").
     on_nonfinite: stop (raise, naming the last good checkpoint) or skip (drop the batch: no
     backward, no update; needs pipeline=false, since the pipeline's fused update runs unchecked).
     tensorboard: write TensorBoard scalars to <run dir>/tensorboard.
@@ -395,6 +398,7 @@ class TrainerConfig:
     dense_precision: DensePrecision = DensePrecision.fp32
     dense_allreduce_precision: Precision = Precision.fp32
     tf32: bool = True
+    compile_dense: bool = False
     on_nonfinite: OnNonfinite = OnNonfinite.stop
     tensorboard: bool = True
     breakdown: bool = True

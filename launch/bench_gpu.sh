@@ -3,7 +3,8 @@
 # the MLPerf DLRM-DCNv2 shape (tables capped at 2M rows), each in fp32 (TF32 matmuls) and bf16, 8192
 # samples per GPU per step, trained on 16 materialised batches per rank; each run prints samples/s
 # (median of timed windows), peak CUDA memory, the source's own speed, and a profile of 10 steps (the
-# top kernels, then ms per step of each phase: on the training thread and of GPU time).
+# top kernels, then ms per step of each phase: on the training thread and of GPU time); and TorchRec's
+# own DLRM example at the bench_cpu shape (benchmarks/torchrec_example, pinned batches, EXAMPLE_STEPS).
 # Then the synthetic source alone (python -m dlrm.bench --source-only, one process, SOURCE_STEPS):
 # samples/s per rank made on the GPU and on the host, against the 1.7M per GPU of MLPerf DCNv2; last,
 # training on batches made on the GPU as it trains (no materialised batches), and with fp16 tables.
@@ -14,7 +15,7 @@
 #   BATCH_PER_GPU (8192), MAX_TABLE_ROWS (2000000), STEPS (the dlrm.bench step options), TOPOLOGY
 #   (dgx_h100): smaller values give a quick check, e.g. on CPU: TOPOLOGY=cpu NGPU=1 BATCH_PER_GPU=64
 #   MAX_TABLE_ROWS=1000 STEPS="--warmup 1 --window 1 --windows 1 --profile 1" SOURCE_STEPS="--warmup 1
-#   --window 1 --windows 1" DEVICE=cpu launch/bench_gpu.sh
+#   --window 1 --windows 1" EXAMPLE_STEPS="--warmup 1 --window 1 --windows 1" DEVICE=cpu launch/bench_gpu.sh
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
@@ -28,6 +29,7 @@ common=(--cache-batches 16 "${steps[@]}" --profile-rows 20
         "topology=${TOPOLOGY:-dgx_h100}" "topology.ranks_per_node=$NGPU" "data.global_batch_size=$((BATCH_PER_GPU * NGPU))"
         trainer.progress=none)
 read -r -a source_steps <<< "${SOURCE_STEPS:---warmup 5 --window 20 --windows 5}"
+read -r -a example_steps <<< "${EXAMPLE_STEPS:---warmup 30 --window 50 --windows 8}"
 status=0
 in_budget() {
   if [[ -n ${BUDGET_S:-} ]] && ((SECONDS >= BUDGET_S)); then
@@ -53,6 +55,13 @@ run() {
 }
 run cpu_shape_fp32 experiment=bench_cpu
 run cpu_shape_bf16 experiment=bench_cpu trainer.dense_precision=bf16
+if in_budget torchrec_example; then
+  echo "== torchrec_example: ${example_steps[*]}"
+  PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout "${RUN_TIMEOUT:-240}" "$PY" -m torch.distributed.run --standalone \
+    "--nproc_per_node=$NGPU" benchmarks/torchrec_example/run_example.py --device "${DEVICE:-cuda}" --pin-memory \
+    --global-batch-size $((BATCH_PER_GPU * NGPU)) "${example_steps[@]}" --out "$OUT_DIR/torchrec_example.json" ||
+    { echo "== torchrec_example failed ($?)"; status=1; }
+fi
 run dcnv2_fp32 experiment=bench_dcnv2 --max-table-rows "$MAX_TABLE_ROWS"
 run dcnv2_bf16 experiment=bench_dcnv2 --max-table-rows "$MAX_TABLE_ROWS" trainer.dense_precision=bf16
 source_speed source_dcnv2_device experiment=bench_dcnv2

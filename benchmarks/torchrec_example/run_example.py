@@ -23,7 +23,9 @@ The example's own loop runs `train_pipeline.progress(it)` until the iterator end
 call is made for `--warmup` untimed steps, then `--windows` timed windows of `--window` steps
 (median window reported, like `dlrm.bench`), then the example's evaluation (`--eval-batches`
 batches through the pipeline in eval mode into torchmetrics' AUROC). CPU time counts this process and its DataLoader
-workers (from /proc). Run under torchrun (see README.md here):
+workers (from /proc). Where there is a GPU (or with `--device cuda`) each rank trains on its own GPU
+over NCCL (the example's `--pin_memory` is `--pin-memory` here) and the peak CUDA memory is reported.
+Run under torchrun (see README.md here):
 
     .venv/bin/python -m dlrm.torchrun --nproc_per_node=2 benchmarks/torchrec_example/run_example.py --out F
 """
@@ -125,7 +127,7 @@ def build(args: argparse.Namespace, device: torch.device, world_size: int):
         ),
         batch_size=None,
         batch_sampler=None,
-        pin_memory=False,
+        pin_memory=args.pin_memory,
         num_workers=args.num_workers,
     )
     return model, pipeline, iter(loader)
@@ -144,22 +146,36 @@ def main() -> None:
     p.add_argument("--window", type=int, default=20)
     p.add_argument("--windows", type=int, default=9)
     p.add_argument("--eval-batches", type=int, default=10, help="the example's default limit_val_batches")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if there is one (NCCL)")
+    p.add_argument("--pin-memory", action="store_true", help="the example's --pin_memory (pinned batches)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
 
-    device = torch.device("cpu")
-    dist.init_process_group(backend="gloo")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     rank, world_size = dist.get_rank(), dist.get_world_size()
     model, pipeline, it = build(args, device, world_size)
     model.train()
     for _ in range(args.warmup):
         pipeline.progress(it)
+    sync()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # as dlrm.bench: the peak of the timed steps
     rates = []
     cpu_start = tree_cpu_seconds()
     for _ in range(args.windows):
         start = time.perf_counter()
         for _ in range(args.window):
             pipeline.progress(it)
+        sync()
         rates.append(args.window * args.global_batch_size / (time.perf_counter() - start))
     cpu_seconds = tree_cpu_seconds() - cpu_start
     # The example's evaluation: the pipeline in eval mode (forward only), AUROC from torchmetrics
@@ -172,7 +188,7 @@ def main() -> None:
     eval_auroc = auroc.compute().item()
 
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    mine = torch.tensor([peak_rss_mb, cpu_seconds], dtype=torch.float64)
+    mine = torch.tensor([peak_rss_mb, cpu_seconds], dtype=torch.float64, device=device)
     gathered = [torch.empty_like(mine) for _ in range(world_size)]
     dist.all_gather(gathered, mine)
     result = {
@@ -187,7 +203,11 @@ def main() -> None:
         "samples_per_cpu_s": args.windows * args.window * args.global_batch_size / sum(float(t[1]) for t in gathered),
         "peak_rss_mb_per_rank": [float(t[0]) for t in gathered],
         "eval_auroc_random_labels": eval_auroc,
+        "device": device.type,
     }
+    if device.type == "cuda":
+        result["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+        result["gpu"] = torch.cuda.get_device_name(device)
     if rank == 0:
         print(
             f"torchrec example: {world_size} rank(s): {result['samples_per_s_median']:.0f} samples/s median of "

@@ -62,6 +62,15 @@ def build_model(cfg: ModelConfig, device: torch.device = META) -> DLRMTrain:
     return DLRMTrain(_build_net(cfg, device))
 
 
+def compile_dense(model: DLRMTrain) -> None:
+    """Compile the bottom MLP, the interaction and the top MLP in place (`nn.Module.compile`: same
+    parameters and state-dict keys), each at its first call; the sparse arch (TorchRec's sharded
+    lookup and its awaitables) stays eager."""
+    net = model.model
+    for part in (net.dense_arch, net.inter_arch, net.over_arch):
+        part.compile()
+
+
 def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:
     ebc = EmbeddingBagCollection(tables=embedding_configs(cfg), device=device)
     # TorchRec's unsharded bags are fp32 for DataType.FP32 and fp16 for any other type; store them in

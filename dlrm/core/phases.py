@@ -274,24 +274,55 @@ def step_breakdown(spans: list[Span]) -> list[tuple[dict[str, float], dict[str, 
     return out
 
 
+def _launch_phases(step: Span, spans: list[Span]) -> dict[int, str]:
+    """Correlation id -> phase of the CPU events of `step`: those of its thread, nested in its ranges,
+    and those of other threads that start within it (on CUDA the autograd engine's own thread runs the
+    backward pass): nested likewise, where the outermost take the phase the step's thread is in."""
+    root = _tree(step, spans)
+    phases: dict[int, str] = {}
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        if node.span.correlation:
+            phases[node.span.correlation] = node.phase
+        todo.extend(node.children)
+
+    def phase_at(t: float) -> str:
+        node = root
+        while True:  # children are disjoint and sorted by start: descend into the one holding t
+            inside = [c for c in node.children if c.span.start <= t < c.span.end]
+            if not inside:
+                return node.phase
+            node = inside[0]
+
+    others: dict[int, list[Span]] = {}
+    for s in spans:
+        if not s.device and s.thread != step.thread and step.start <= s.start <= step.end:
+            others.setdefault(s.thread, []).append(s)
+    for thread_spans in others.values():
+        stack: list[tuple[Span, str]] = []
+        for s in sorted(thread_spans, key=lambda s: (s.start, -s.end)):
+            while stack and s.end > stack[-1][0].end:
+                stack.pop()
+            phase = phase_of(s.name) or (stack[-1][1] if stack else phase_at(s.start))
+            stack.append((s, phase))
+            if s.correlation:
+                phases[s.correlation] = phase
+    return phases
+
+
 def device_breakdown(spans: list[Span]) -> list[dict[str, float]]:
     """Per profiled step (each `STEP_RANGE` span): device seconds per phase. Each device event (GPU
-    kernel, copy) counts for the phase of the CPU event that launched it, when that event lies in the
-    step's ranges; so a step's kernels count for it even where they run after its CPU side returned.
-    Kernels on several streams can overlap: the phases add up to device time, not to the step."""
+    kernel, copy) counts for the phase of the CPU event that launched it (`_launch_phases`), so a
+    step's kernels count for it even where they run after its CPU side returned. Kernels on several
+    streams can overlap: the phases add up to device time, not to the step."""
     device = [s for s in spans if s.device and s.linked]
     out = []
     for step in (s for s in spans if s.name == STEP_RANGE):
-        phase_by_correlation: dict[int, str] = {}
-        todo = [_tree(step, spans)]
-        while todo:
-            node = todo.pop()
-            if node.span.correlation:
-                phase_by_correlation[node.span.correlation] = node.phase
-            todo.extend(node.children)
+        launched = _launch_phases(step, spans)
         phases: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         for s in device:
-            phase = phase_by_correlation.get(s.linked)
+            phase = launched.get(s.linked)
             if phase is not None:
                 phases[phase] += s.end - s.start
         out.append(phases)

@@ -28,7 +28,7 @@ from dlrm.core.local_sgd import LocalSGD
 from dlrm.core.logs import JOB_START
 from dlrm.core.memory import dense_param_count
 from dlrm.core.metrics import MetricsLog, Progress, peak_rss_mb, score_on_rank0
-from dlrm.core.model import build_model, initialize
+from dlrm.core.model import build_model, compile_dense, initialize
 from dlrm.core.optim import LRSchedule, build_optimizer, fuse_embedding_optimizer, lr_factor
 from dlrm.core.phases import STEP_RANGE, fitted_topology
 from dlrm.core.profiling import StepProfiler, comm_vs_model
@@ -105,6 +105,8 @@ class Trainer:
         self.pg = init_distributed(cfg.topology, world)
 
         model = build_model(cfg.model)
+        if cfg.trainer.compile_dense:
+            compile_dense(model)
         self.dense_params = dense_param_count(model)
         fuse_embedding_optimizer(model, cfg.optim.embedding)
         topology = planner_topology(cfg.topology, world.world_size, world.local_world_size)

@@ -66,3 +66,14 @@ def test_data_parallel_tables_get_the_embedding_optimizer_and_schedule(make_conf
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "interaction", [[], ["model.interaction=dcn", "model.dcn_num_layers=2", "model.dcn_low_rank_dim=4"]]
+)
+def test_compiled_dense_arch_trains_as_the_eager_reference(make_config, interaction):
+    """trainer.compile_dense (Inductor) computes the MLPs and the interaction as eager PyTorch does."""
+    cfg = config(make_config, "sharding=table_wise", "trainer.compile_dense=true", *interaction)
+    ref_losses, ref_weights = train_unsharded(cfg)
+    assert_matches_reference(launch(train_and_report, 2, cfg), ref_losses, ref_weights)

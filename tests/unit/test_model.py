@@ -13,6 +13,7 @@ from dlrm.core.model import (
     LookupFirstDLRM_DCN,
     PooledSparseArch,
     build_model,
+    compile_dense,
     initialize,
     pooled_in_order,
     table_rows_init,
@@ -28,6 +29,28 @@ def test_forward_shapes(make_config, model):
     initialize(net, cfg.model, seed=0)
     loss, (_, logits, labels) = net(make_source(cfg).samples("train", 0, 8))
     assert loss.shape == () and logits.shape == (8,) and labels.shape == (8,)
+
+
+@pytest.mark.slow
+def test_compile_dense_compiles_the_mlps_and_interaction_only(make_config):
+    """Each part's forward runs under torch.compile after compile_dense, the lookup does not, and
+    the state-dict keys (checkpoints) stay those of the eager model."""
+    cfg = make_config("model=tiny", "data.global_batch_size=8")
+    net = build_model(cfg.model, torch.device("cpu"))
+    initialize(net, cfg.model, seed=0)
+    keys = list(net.state_dict())
+    compiling: dict[str, list[bool]] = {}
+    parts = ("dense_arch", "inter_arch", "over_arch", "sparse_arch")
+    for name in parts:
+        seen = compiling.setdefault(name, [])
+        getattr(net.model, name).register_forward_pre_hook(
+            lambda *_, seen=seen: seen.append(torch.compiler.is_compiling())
+        )
+    compile_dense(net)
+    loss, _ = net(make_source(cfg).samples("train", 0, 8))
+    loss.backward()
+    assert {name: any(seen) for name, seen in compiling.items()} == dict(zip(parts, [True, True, True, False]))
+    assert list(net.state_dict()) == keys
 
 
 def test_meta_build_allocates_no_tables_or_mlps(make_config):
