@@ -205,7 +205,7 @@ def _measure(trainer, args: argparse.Namespace, steps: int) -> tuple[list[float]
     spans = spans_of(prof)
 
     def mean_ms(per_step: list[dict[str, float]]) -> dict[str, float]:
-        return {k: 1e3 * statistics.fmean(p[k] for p in per_step) for k in PHASES}
+        return {k: 1e3 * sum(p[k] for p in per_step) / max(1, len(per_step)) for k in PHASES}
 
     profile = {
         "profile": prof.key_averages().table(sort_by=sort, row_limit=args.profile_rows),

@@ -7,7 +7,8 @@
 # own DLRM example at the bench_cpu shape (benchmarks/torchrec_example, pinned batches, EXAMPLE_STEPS).
 # Then the synthetic source alone (python -m dlrm.bench --source-only, one process, SOURCE_STEPS):
 # samples/s per rank made on the GPU and on the host, against the 1.7M per GPU of MLPerf DCNv2; last,
-# training on batches made on the GPU as it trains (no materialised batches), and with fp16 tables.
+# training on batches made on the GPU as it trains (no materialised batches), with fp16 tables, and
+# with the dense arch compiled (trainer.compile_dense).
 #   NGPU         GPUs to use (default: all that nvidia-smi lists)
 #   OUT_DIR      where each run's JSON goes (default outputs/bench_gpu)
 #   PYTHON       interpreter (default python3); RUN_TIMEOUT seconds per run (default 240)
@@ -70,4 +71,6 @@ source_speed source_cpu_shape_device experiment=bench_cpu
 run dcnv2_fp32_live experiment=bench_dcnv2 --max-table-rows "$MAX_TABLE_ROWS" --cache-batches 0
 run dcnv2_bf16_fp16_tables experiment=bench_dcnv2 --max-table-rows "$MAX_TABLE_ROWS" trainer.dense_precision=bf16 \
   model.embedding_precision=fp16
+run dcnv2_bf16_compiled experiment=bench_dcnv2 --max-table-rows "$MAX_TABLE_ROWS" trainer.dense_precision=bf16 \
+  trainer.compile_dense=true
 exit $status
