@@ -110,6 +110,17 @@ def pooled_in_order(pooled: KeyedTensor, names: list[str], dim: int) -> torch.Te
     return torch.cat([per_feature[name] for name in names], dim=1).view(-1, len(names), dim)
 
 
+@torch.fx.wrap  # a leaf for torch.fx, as pooled_in_order
+def pooled_by_key(pooled: KeyedTensor, names: list[str], dim: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The pooled embeddings [B, F, D] in the collection's order, each key D wide, with the [F] int64
+    positions in them of `names` (None: already in that order); keys of other widths give
+    (`pooled_in_order`, None). `DotInteraction` takes them as they are: no gather."""
+    values, keys = pooled.values(), pooled.keys()
+    if keys != names and pooled.length_per_key() == [dim] * len(names):
+        return values.view(values.shape[0], len(names), dim), _positions(tuple(keys), tuple(names), values.device)
+    return pooled_in_order(pooled, names, dim), None
+
+
 @functools.lru_cache(maxsize=64)
 def _positions(keys: tuple[str, ...], names: tuple[str, ...], device: torch.device) -> torch.Tensor:
     """[F] int64: the position in `keys` of each of `names`."""
@@ -136,8 +147,13 @@ def lookup_first_forward(net: DLRM, dense_features: torch.Tensor, sparse_feature
     sparse = net.sparse_arch
     pooled = sparse.embedding_bag_collection(sparse_features)
     embedded_dense = net.dense_arch(dense_features)
-    embedded_sparse = pooled_in_order(pooled, sparse.sparse_feature_names, sparse.D)
-    return net.over_arch(net.inter_arch(dense_features=embedded_dense, sparse_features=embedded_sparse))
+    if isinstance(net.inter_arch, DotInteraction):  # takes the features in the collection's order
+        by_key = pooled_by_key(pooled, sparse.sparse_feature_names, sparse.D)
+        interaction = net.inter_arch(embedded_dense, by_key[0], by_key[1])
+    else:
+        embedded_sparse = pooled_in_order(pooled, sparse.sparse_feature_names, sparse.D)
+        interaction = net.inter_arch(dense_features=embedded_dense, sparse_features=embedded_sparse)
+    return net.over_arch(interaction)
 
 
 class LookupFirstDLRM(DLRM):
@@ -189,8 +205,11 @@ class _DotInteraction(torch.autograd.Function):
 class DotInteraction(InteractionArch):
     """TorchRec's dot interaction, same output, with a backward free of scatters, always in fp32.
 
-    forward(dense [B, D], sparse [B, F, D]) -> [B, D + F + F(F-1)/2] fp32: the dense vector, then
-    the upper triangle (row-major, diagonal excluded) of the pairwise dot products of [dense; sparse].
+    forward(dense [B, D], sparse [B, F, D], positions [F] | None) -> [B, D + F + F(F-1)/2] fp32: the
+    dense vector, then the upper triangle (row-major, diagonal excluded) of the pairwise dot products
+    of [dense; sparse]. With `positions` the model's feature i is sparse row positions[i] (the order a
+    sharded collection returns, `pooled_by_key`): the same output as for sparse[:, positions], from
+    reordered index buffers instead of a gather of the features.
 
     Under bf16 autocast the interaction still computes in fp32 (its inputs cast up: the bottom MLP's
     bf16 output exactly, the fp32 embeddings unchanged): it is ~2% of the model's FLOPs, and CPU
@@ -210,13 +229,24 @@ class DotInteraction(InteractionArch):
         position[cols, rows] = triangle
         self.register_buffer("mirror", position.flatten(), persistent=False)
 
-    def forward(self, dense_features: torch.Tensor, sparse_features: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, dense_features: torch.Tensor, sparse_features: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self.F <= 0:
             return dense_features
+        upper, mirror = (self.upper, self.mirror) if positions is None else self._reordered(positions)
         with torch.autocast(dense_features.device.type, enabled=False):
             dtype = torch.promote_types(torch.promote_types(dense_features.dtype, sparse_features.dtype), torch.float32)
             dense, sparse = dense_features.to(dtype), sparse_features.to(dtype)
-            return _DotInteraction.apply(dense, sparse, self.upper, self.mirror)
+            return _DotInteraction.apply(dense, sparse, upper, mirror)
+
+    def _reordered(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`upper` and `mirror` for [dense; sparse] whose row 1 + positions[i] holds the model's feature i."""
+        n = self.F + 1
+        row = torch.cat((positions.new_zeros(1), positions + 1))  # [n]: the row of each of the model's rows
+        upper = row[self.upper // n] * n + row[self.upper % n]  # the product is symmetric: any (i, j) order
+        model_row = row.argsort()  # [n]: the model's row of each row
+        return upper, self.mirror.view(n, n)[model_row][:, model_row].flatten()
 
 
 CPU = torch.device("cpu")

@@ -15,6 +15,7 @@ from dlrm.core.model import (
     build_model,
     compile_dense,
     initialize,
+    pooled_by_key,
     pooled_in_order,
     table_rows_init,
 )
@@ -201,6 +202,44 @@ def test_pooled_embeddings_equal_torchrecs_sparse_arch(order):
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
 
 
+def test_dot_interaction_takes_reordered_features_without_a_gather():
+    """sparse rows in another order plus their positions: the same output as the features in order,
+    and the same gradients, in the rows' own order (each entry the same dot product of 16 terms; the
+    gradients sum the same ~27 terms in another order: fp32 rounding)."""
+    gen = torch.Generator().manual_seed(2)
+    order = torch.randperm(26, generator=gen)  # sparse row r holds the model's feature order[r]
+    dense = torch.randn(64, 16, generator=gen, requires_grad=True)
+    reordered = torch.randn(64, 26, 16, generator=gen, requires_grad=True)
+    positions = order.argsort()  # the row of each of the model's features
+    module = DotInteraction(26)
+    out = module(dense, reordered, positions)
+    ref = module(dense, reordered[:, positions])
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    grad_out = torch.randn(ref.shape, generator=gen)
+    ours = torch.autograd.grad(out, (dense, reordered), grad_out)
+    theirs = torch.autograd.grad(ref, (dense, reordered), grad_out)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("order", ["same", "shuffled", "uneven"])
+def test_pooled_by_key_views_the_collections_order(order):
+    """Keys each D wide: a view of the values in the collection's order, with the positions of the
+    model's features (None when already in order); other widths: pooled_in_order's [B, F, D]."""
+    names, dim = ["a", "b", "c", "d"], 4
+    keys = {"same": names, "shuffled": ["c", "a", "d", "b"], "uneven": names}[order]
+    lengths = [dim] * 4 if order != "uneven" else [dim, dim, 2, 2 * dim - 2]
+    values = torch.randn(5, 4 * dim, generator=torch.Generator().manual_seed(0))
+    pooled = KeyedTensor(keys=keys, length_per_key=lengths, values=values)
+    features, positions = pooled_by_key(pooled, names, dim)
+    if order == "shuffled":
+        assert features.data_ptr() == values.data_ptr() and positions.tolist() == [1, 3, 0, 2]
+        features = features[:, positions]
+    else:
+        assert positions is None
+    torch.testing.assert_close(features, pooled_in_order(pooled, names, dim), rtol=0, atol=0)
+
+
 def test_models_use_the_pooled_sparse_arch(make_config):
     for model in ("tiny", "dcn_small"):
         net = build_model(make_config(f"model={model}").model, torch.device("cpu")).model
@@ -226,6 +265,36 @@ def test_lookup_first_forward_equals_torchrecs(make_config, model, cls):
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
     for a, b in zip(ours_grads, theirs_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("model", ["tiny", "dcn_small"])
+def test_lookup_first_forward_equals_torchrecs_on_reordered_keys(make_config, model):
+    """A sharded collection returns its keys grouped by rank: logits and gradients still equal
+    TorchRec's forward (the dot interaction reads them in place: fp32 rounding of reordered sums)."""
+    cfg = make_config(f"model={model}", "data.global_batch_size=8")
+    train = build_model(cfg.model, torch.device("cpu"))
+    initialize(train, cfg.model, seed=0)
+    net = train.model
+    collection = net.sparse_arch.embedding_bag_collection
+
+    class Reordering(torch.nn.Module):
+        def forward(self, features):
+            per_key = collection(features).to_dict()
+            keys = list(per_key)[1::2] + list(per_key)[::2]
+            return KeyedTensor.from_tensor_list(keys, [per_key[k] for k in keys])
+
+    net.sparse_arch.embedding_bag_collection = Reordering()
+    batch = make_source(cfg).samples("train", 0, 8)
+    grads = []
+    for forward in (net.forward, lambda d, s: DLRM.forward(net, d, s)):
+        net.zero_grad()
+        logits = forward(batch.dense_features, batch.sparse_features)
+        logits.sum().backward()
+        grads.append((logits.detach(), [p.grad.clone() for p in net.parameters()]))
+    (ours, ours_grads), (theirs, theirs_grads) = grads
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+    for a, b in zip(ours_grads, theirs_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_lookup_starts_before_the_bottom_mlp_and_is_awaited_after(make_config):
