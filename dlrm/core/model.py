@@ -243,10 +243,11 @@ class DotInteraction(InteractionArch):
     def _reordered(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`upper` and `mirror` for [dense; sparse] whose row 1 + positions[i] holds the model's feature i."""
         n = self.F + 1
+        upper, mirror = self.get_buffer("upper"), self.get_buffer("mirror")
         row = torch.cat((positions.new_zeros(1), positions + 1))  # [n]: the row of each of the model's rows
-        upper = row[self.upper // n] * n + row[self.upper % n]  # the product is symmetric: any (i, j) order
         model_row = row.argsort()  # [n]: the model's row of each row
-        return upper, self.mirror.view(n, n)[model_row][:, model_row].flatten()
+        # the products are symmetric: (row i, row j) in either order
+        return row[upper // n] * n + row[upper % n], mirror.view(n, n)[model_row][:, model_row].flatten()
 
 
 CPU = torch.device("cpu")
