@@ -246,22 +246,39 @@ def test_models_use_the_pooled_sparse_arch(make_config):
         assert isinstance(net.sparse_arch, PooledSparseArch)
 
 
-@pytest.mark.parametrize("model, cls", [("tiny", LookupFirstDLRM), ("dcn_small", LookupFirstDLRM_DCN)])
-def test_lookup_first_forward_equals_torchrecs(make_config, model, cls):
-    """The reordered forward computes exactly TorchRec's DLRM forward: same logits, same gradients."""
+def _ours_and_torchrecs(make_config, model, reorder_keys=False):
+    """Logits and every parameter's gradient from our forward and from TorchRec's DLRM.forward on the
+    same net and batch; with `reorder_keys` the collection returns its keys as a sharded one does,
+    grouped (here: odd keys first), not in the model's order. Returns (net, ours, theirs)."""
     cfg = make_config(f"model={model}", "data.global_batch_size=8")
     train = build_model(cfg.model, torch.device("cpu"))
     initialize(train, cfg.model, seed=0)
     net = train.model
-    assert type(net) is cls
+    if reorder_keys:
+        collection = net.sparse_arch.embedding_bag_collection
+
+        class Reordering(torch.nn.Module):
+            def forward(self, features):
+                per_key = collection(features).to_dict()
+                keys = list(per_key)[1::2] + list(per_key)[::2]
+                return KeyedTensor.from_tensor_list(keys, [per_key[k] for k in keys])
+
+        net.sparse_arch.embedding_bag_collection = Reordering()
     batch = make_source(cfg).samples("train", 0, 8)
-    grads = []
+    results = []
     for forward in (net.forward, lambda d, s: DLRM.forward(net, d, s)):
         net.zero_grad()
         logits = forward(batch.dense_features, batch.sparse_features)
         logits.sum().backward()
-        grads.append((logits.detach(), [p.grad.clone() for p in net.parameters()]))
-    (ours, ours_grads), (theirs, theirs_grads) = grads
+        results.append((logits.detach(), [p.grad.clone() for p in net.parameters()]))
+    return net, results[0], results[1]
+
+
+@pytest.mark.parametrize("model, cls", [("tiny", LookupFirstDLRM), ("dcn_small", LookupFirstDLRM_DCN)])
+def test_lookup_first_forward_equals_torchrecs(make_config, model, cls):
+    """The reordered forward computes exactly TorchRec's DLRM forward: same logits, same gradients."""
+    net, (ours, ours_grads), (theirs, theirs_grads) = _ours_and_torchrecs(make_config, model)
+    assert type(net) is cls
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
     for a, b in zip(ours_grads, theirs_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -271,27 +288,7 @@ def test_lookup_first_forward_equals_torchrecs(make_config, model, cls):
 def test_lookup_first_forward_equals_torchrecs_on_reordered_keys(make_config, model):
     """A sharded collection returns its keys grouped by rank: logits and gradients still equal
     TorchRec's forward (the dot interaction reads them in place: fp32 rounding of reordered sums)."""
-    cfg = make_config(f"model={model}", "data.global_batch_size=8")
-    train = build_model(cfg.model, torch.device("cpu"))
-    initialize(train, cfg.model, seed=0)
-    net = train.model
-    collection = net.sparse_arch.embedding_bag_collection
-
-    class Reordering(torch.nn.Module):
-        def forward(self, features):
-            per_key = collection(features).to_dict()
-            keys = list(per_key)[1::2] + list(per_key)[::2]
-            return KeyedTensor.from_tensor_list(keys, [per_key[k] for k in keys])
-
-    net.sparse_arch.embedding_bag_collection = Reordering()
-    batch = make_source(cfg).samples("train", 0, 8)
-    grads = []
-    for forward in (net.forward, lambda d, s: DLRM.forward(net, d, s)):
-        net.zero_grad()
-        logits = forward(batch.dense_features, batch.sparse_features)
-        logits.sum().backward()
-        grads.append((logits.detach(), [p.grad.clone() for p in net.parameters()]))
-    (ours, ours_grads), (theirs, theirs_grads) = grads
+    _, (ours, ours_grads), (theirs, theirs_grads) = _ours_and_torchrecs(make_config, model, reorder_keys=True)
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
     for a, b in zip(ours_grads, theirs_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
