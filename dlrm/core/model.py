@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensor
@@ -21,6 +21,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from dlrm.config import ModelConfig
+from dlrm.core.mlp import ReLUMLP
 
 EMBEDDING_INIT_BLOCK_ROWS = 4096  # the unit of random generation: part of the initial values' definition
 INIT_CHUNK_ROWS = 1 << 18  # rows generated at a time when filling a shard: only bounds the memory (on its device)
@@ -89,7 +90,16 @@ def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:
         net = LookupFirstDLRM(**common)
         net.inter_arch = DotInteraction(num_sparse_features=net.inter_arch.F)
     net.sparse_arch = PooledSparseArch(ebc)
+    net.dense_arch.model = relu_mlp_like(net.dense_arch.model, device)
+    top = cast(torch.nn.Sequential, net.over_arch.model)  # TorchRec's: the ReLU MLP, then the last Linear
+    top[0] = relu_mlp_like(top[0], device)
     return net
+
+
+def relu_mlp_like(mlp: torch.nn.Module, device: torch.device) -> ReLUMLP:
+    """A `ReLUMLP` with the layer sizes of TorchRec's ReLU `mlp` (the same state-dict keys)."""
+    layers = [m for m in mlp.modules() if isinstance(m, torch.nn.Linear)]
+    return ReLUMLP(layers[0].in_features, [layer.out_features for layer in layers], device=device)
 
 
 @torch.fx.wrap  # a leaf for torch.fx: TorchRec's pipeline traces the model, and the keys are known at run time

@@ -1,0 +1,60 @@
+"""TorchRec's ReLU MLP with each layer one autograd node: the ReLU in place, the weight's gradient contiguous.
+
+Same parameters, state-dict keys and results as `torchrec.modules.mlp.MLP(activation="relu")`, less
+work. Eager autograd runs a layer as `addmm`, then `relu` into a new [B, out] tensor (a pass that
+misses the cache), and in the backward computes the weight's gradient as the transpose of x^T g,
+which is then copied, strided, into the contiguous `.grad`. Here the ReLU overwrites the product and
+the backward computes g^T x [out, in] directly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchrec.modules.mlp import MLP
+
+
+class _LinearReLU(torch.autograd.Function):
+    """relu(x w^T + b) [B, out] of x [B, in], w [out, in], b [out]; under autocast in its dtype (the
+    inputs cast once, as autocast's `addmm` does; autograd casts the gradients back)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        device = x.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            x, weight, bias = x.to(dtype), weight.to(dtype), bias.to(dtype)
+        out = torch.addmm(bias, x, weight.t()).relu_()
+        ctx.save_for_backward(x, weight, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, out = ctx.saved_tensors
+        grad = torch.ops.aten.threshold_backward(grad.to(out.dtype), out, 0)  # ReLU's: grad where out > 0, else 0
+        grad_x = grad.mm(weight) if ctx.needs_input_grad[0] else None
+        return grad_x, grad.t().mm(x), grad.sum(0)
+
+
+@torch.fx.wrap  # a leaf for torch.fx (TorchRec's pipeline traces the model)
+def linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """relu(x weight^T + bias) [B, out] of x [B, in], as `_LinearReLU`; when compiled (`trainer.compile_dense`)
+    as plain ops, which the compiler fuses itself (its functional graph has no place for the in-place backward)."""
+    if torch.compiler.is_compiling():
+        return torch.relu(torch.nn.functional.linear(x, weight, bias))
+    return _LinearReLU.apply(x, weight, bias)
+
+
+class ReLUMLP(MLP):
+    """`MLP(in_size, layer_sizes, activation="relu")` whose layers run as `linear_relu`.
+
+    forward(x [B, in_size]) -> [B, layer_sizes[-1]]. Layers are the module's `nn.Linear`s in order.
+    """
+
+    def __init__(self, in_size: int, layer_sizes: list[int], device: torch.device | None = None) -> None:
+        super().__init__(in_size, layer_sizes, bias=True, activation="relu", device=device)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        for layer in self.modules():
+            if isinstance(layer, torch.nn.Linear):
+                input = linear_relu(input, layer.weight, layer.bias)
+        return input
