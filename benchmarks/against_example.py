@@ -13,8 +13,10 @@ per rank. Run from the repository root (see the README's "Benchmark"):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -76,14 +78,34 @@ def run_once(name: str, timing: Sequence[str], cache_batches: int, timeout_s: fl
     with tempfile.TemporaryDirectory(prefix="against_example_") as tmp:
         out = Path(tmp) / "figures.json"
         cmd, env = command(name, timing, out, cache_batches)
-        try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired as e:
-            raise RunFailed(f"{name}: no result within {timeout_s:.0f} s (--timeout): {' '.join(cmd)}") from e
+        # In its own session, so that a timeout or Ctrl-C stops the whole run (torchrun and its ranks).
+        with subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        ) as proc:
+            try:
+                output, _ = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired as e:
+                _stop(proc)
+                raise RunFailed(f"{name}: no result within {timeout_s:.0f} s (--timeout): {' '.join(cmd)}") from e
+            except BaseException:
+                _stop(proc)
+                raise
         if proc.returncode != 0 or not out.exists():
-            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
+            tail = "\n".join(output.splitlines()[-15:])
             raise RunFailed(f"{name}: exited {proc.returncode}: {' '.join(cmd)}\n{tail}")
         return json.loads(out.read_text())
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """Stop `proc`'s process group: SIGTERM (torchrun passes it on to its ranks), then after the
+    launcher exits, or after `grace_s`, SIGKILL to whatever of the group is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.communicate(timeout=grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
 
 
 def round_order(names: Sequence[str], round_number: int) -> list[str]:
@@ -230,6 +252,9 @@ def main(argv: list[str] | None = None) -> None:
     except RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:  # the run in progress has been stopped (see `run_once`)
+        print("interrupted: the rounds completed are in --out, if given", file=sys.stderr)
+        sys.exit(130)
     for line in table(summary(rows, names)):
         _say(line)
 

@@ -165,3 +165,20 @@ def test_one_real_round_against_the_example(tmp_path):
     assert ratio == pytest.approx(runs[1]["samples_per_s"] / runs[0]["samples_per_s"])
     assert 0.0 < runs[1]["eval_auc"] < 1.0 and runs[0]["eval_auc"] is None
     assert "bf16_1p1t (ours, 1 process x 1 thread" in proc.stdout
+
+
+def test_a_timed_out_run_is_stopped_with_all_its_processes(tmp_path, monkeypatch):
+    # The run starts a child that would outlive it (as torchrun's ranks would): the timeout stops both.
+    pids = tmp_path / "pids"
+    script = (
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+        "time.sleep(300)\n"
+    )
+    monkeypatch.setattr(ae, "command", lambda name, timing, out, cb: ([sys.executable, "-c", script], None))
+    with pytest.raises(ae.RunFailed, match=r"fp32: no result within 3 s \(--timeout\)"):
+        ae.run_once("fp32", [], 0, 3)
+    for pid in map(int, pids.read_text().split()):
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().split(") ")[1].startswith("Z"), pid  # gone or a zombie
