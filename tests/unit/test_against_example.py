@@ -15,16 +15,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def fake_run(speeds: dict[tuple[int, str], float], calls: list[str]):
-    """A `run` whose figures depend on (round, config): the round is counted from the example's runs."""
-    state = {"round": 0, "seen": set()}
+    """A `run` whose figures depend on (round, config); every round runs each config of `speeds` once."""
+    per_round = len({name for _, name in speeds})
 
     def run(name: str) -> dict:
-        if name in state["seen"] or not state["seen"]:
-            state["round"] += 1
-            state["seen"] = set()
-        state["seen"].add(name)
+        rnd = len(calls) // per_round + 1
         calls.append(name)
-        speed = speeds[(state["round"], name)]
+        speed = speeds[(rnd, name)]
         return {
             "samples_per_s_median": speed,
             "samples_per_cpu_s": speed / 2,
