@@ -126,14 +126,13 @@ def figures(result: dict) -> dict:
 
 def ratios(rows: list[dict], name: str) -> dict[str, list[float]]:
     """Per figure, the ratio of `name`'s run to the example's of the same round, round by round."""
-    by_round = {(row["round"], row["config"]): row for row in rows}
+    example = {row["round"]: row for row in rows if row["config"] == EXAMPLE}
     out: dict[str, list[float]] = {"samples_per_s": [], "samples_per_cpu_s": [], "peak_rss_mb": []}
-    for (rnd, config), row in sorted(by_round.items()):
-        base = by_round.get((rnd, EXAMPLE))
-        if config != name or base is None:
-            continue
-        for key, values in out.items():
-            values.append(row[key] / base[key])
+    for row in sorted((row for row in rows if row["config"] == name), key=lambda row: row["round"]):
+        base = example.get(row["round"])
+        if base is not None:
+            for key, values in out.items():
+                values.append(row[key] / base[key])
     return out
 
 
