@@ -1,6 +1,7 @@
 """Checkpoints: resume == uninterrupted, resharding, elastic recovery, atomicity, guards, export."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,21 +13,20 @@ import torch
 
 from dlrm.core.checkpoint import latest_checkpoint
 from dlrm.export import export, load_exported
-from tests.helpers.equivalence import assert_matches_reference, config
-from tests.helpers.harness import free_port, launch
-from tests.helpers.reference import train_unsharded
+from tests.helpers.equivalence import assert_matches_reference, reference, tiny
+from tests.helpers.families import PAIR, SINGLE, TWO_NODES, error_of
+from tests.helpers.harness import free_port
 from tests.helpers.workers import train_and_report, train_summary, train_with_a_nan_batch
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def ckpt_config(make_config, tmp_path, *overrides):
+def ckpt_config(root, *overrides):
     # Default optimizers (row-wise Adagrad + Adagrad, with state) and a warmup across the resume point.
-    return config(
-        make_config,
+    return tiny(
         "optim=rowwise_adagrad",
         "optim.schedule.warmup_steps=8",
-        f"checkpoint.dir={tmp_path}",
+        f"checkpoint.dir={root}",
         "checkpoint.every_steps=4",
         "trainer.max_steps=12",
         *overrides,
@@ -42,15 +42,47 @@ def gather(results):
     return merged
 
 
+RESHARDED = ((SINGLE, "row_wise"), (TWO_NODES, "row_wise"), (PAIR, "column_wise"))
+NAN_SKIP = tiny("sharding=row_wise", "trainer.pipeline=false", "trainer.on_nonfinite=skip")
+
+PAIR.add("ckpt/whole", train_and_report, ckpt_config(PAIR.dir("ckpt_a"), "sharding=table_wise", "checkpoint.keep=3"))
+_AT_4 = PAIR.dir("ckpt_a") / "step_00000004"
+PAIR.add(
+    "ckpt/resumed", train_and_report, ckpt_config(PAIR.dir("ckpt_b"), "sharding=table_wise", f"trainer.resume={_AT_4}")
+)
+PAIR.add("ckpt/saved", train_summary, ckpt_config(PAIR.dir("ckpt_tw"), "sharding=table_wise"))
+_LAST = PAIR.dir("ckpt_tw") / "step_00000012"
+for _family, _sharding in RESHARDED:
+    _topology = "topology=cpu_2x2" if _family is TWO_NODES else "topology=cpu"
+    _overrides = (f"sharding={_sharding}", _topology, f"trainer.resume={_LAST}", "trainer.eval_only=true")
+    _family.add(f"ckpt/resharded/{_sharding}", train_summary, ckpt_config(_family.dir("resharded"), *_overrides))
+PAIR.add("ckpt/export", train_and_report, ckpt_config(PAIR.dir("ckpt_c"), "sharding=row_wise"))
+PAIR.add("nan_batch", train_with_a_nan_batch, NAN_SKIP, 3, 1)
+SINGLE.add("ckpt/four_steps", train_summary, ckpt_config(SINGLE.dir("ckpt_d"), "trainer.max_steps=4"))
+SINGLE.add(
+    "ckpt/incompatible",
+    train_summary,
+    ckpt_config(
+        SINGLE.dir("ckpt_e"),
+        f"trainer.resume={SINGLE.dir('ckpt_d') / 'step_00000004'}",
+        "model.tables.0.rows=200",  # only the rows differ
+    ),
+    expect_error=True,
+)
+SINGLE.add("nonfinite/first", train_summary, ckpt_config(SINGLE.dir("nonfinite"), "optim=sgd", "trainer.max_steps=4"))
+SINGLE.add(
+    "nonfinite/diverged",
+    train_summary,
+    ckpt_config(
+        SINGLE.dir("nonfinite"), "optim=sgd", "optim.dense.lr=1e30", "optim.embedding.lr=1e30", "trainer.resume=auto"
+    ),
+    expect_error=True,
+)
+
+
 @pytest.mark.slow
-def test_resume_equals_uninterrupted(make_config, tmp_path):
-    whole = launch(
-        train_and_report, 2, ckpt_config(make_config, tmp_path / "a", "sharding=table_wise", "checkpoint.keep=3")
-    )
-    resumed_cfg = ckpt_config(
-        make_config, tmp_path / "b", "sharding=table_wise", f"trainer.resume={tmp_path / 'a' / 'step_00000004'}"
-    )
-    resumed = launch(train_and_report, 2, resumed_cfg)
+def test_resume_equals_uninterrupted():
+    whole, resumed = PAIR["ckpt/whole"], PAIR["ckpt/resumed"]
     assert resumed[0]["losses"] == whole[0]["losses"][4:]  # bit-exact: same maths, same order
     a, b = gather(whole), gather(resumed)
     for name in a:
@@ -59,30 +91,20 @@ def test_resume_equals_uninterrupted(make_config, tmp_path):
 
 
 @pytest.mark.slow
-def test_resharding_keeps_the_eval_loss(make_config, tmp_path):
-    saved = launch(train_summary, 2, ckpt_config(make_config, tmp_path / "tw", "sharding=table_wise"))[0]
-    last = tmp_path / "tw" / "step_00000012"
-    for nnodes, nproc, sharding in ((1, 1, "row_wise"), (2, 2, "row_wise"), (1, 2, "column_wise")):
-        topology = "topology=cpu_2x2" if nnodes == 2 else "topology=cpu"
-        cfg = ckpt_config(
-            make_config,
-            tmp_path / f"r{nnodes}{nproc}",
-            f"sharding={sharding}",
-            topology,
-            f"trainer.resume={last}",
-            "trainer.eval_only=true",
-        )
-        loaded = launch(train_summary, nproc, cfg, nnodes=nnodes)[0]
-        assert loaded["eval_logloss"] == pytest.approx(saved["eval_logloss"], rel=1e-6), (nnodes, nproc, sharding)
-        assert loaded["eval_auc"] == pytest.approx(saved["eval_auc"], rel=1e-6)
+@pytest.mark.parametrize("family, sharding", RESHARDED, ids=["1x1-row_wise", "2x2-row_wise", "1x2-column_wise"])
+def test_resharding_keeps_the_eval_loss(family, sharding):
+    saved = PAIR["ckpt/saved"][0]
+    loaded = family[f"ckpt/resharded/{sharding}"][0]
+    assert loaded["eval_logloss"] == pytest.approx(saved["eval_logloss"], rel=1e-6)
+    assert loaded["eval_auc"] == pytest.approx(saved["eval_auc"], rel=1e-6)
 
 
 @pytest.mark.slow
-def test_export_is_the_unsharded_model(make_config, tmp_path):
-    results = launch(train_and_report, 2, ckpt_config(make_config, tmp_path / "c", "sharding=row_wise"))
-    checkpoint = tmp_path / "c" / "step_00000012"
-    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["step_00000008", "step_00000012"]  # keep=2
-    exported = export(checkpoint, tmp_path / "model.pt")
+def test_export_is_the_unsharded_model(tmp_path):
+    results = PAIR["ckpt/export"]
+    root = PAIR.dir("ckpt_c")
+    assert sorted(p.name for p in root.iterdir()) == ["step_00000008", "step_00000012"]  # keep=2
+    exported = export(root / "step_00000012", tmp_path / "model.pt")
     for name, pieces in gather(results).items():
         for (r0, c0), piece in pieces:
             full = exported[name]
@@ -141,23 +163,17 @@ def test_incomplete_checkpoints_are_ignored(tmp_path):
 
 
 @pytest.mark.slow
-def test_incompatible_checkpoint_is_refused(make_config, tmp_path):
-    launch(train_summary, 1, ckpt_config(make_config, tmp_path / "d", "trainer.max_steps=4"))
-    cfg = ckpt_config(make_config, tmp_path / "e", f"trainer.resume={tmp_path / 'd' / 'step_00000004'}")
-    cfg.model.tables[0].rows = 200
-    cfg.model.tables[1].dim = cfg.model.tables[0].dim  # unchanged: only the rows differ
-    with pytest.raises(Exception, match=r"table t_C1: rows 100 in the checkpoint, 200 in this model"):
-        launch(train_summary, 1, cfg)
+def test_incompatible_checkpoint_is_refused():
+    error = error_of(SINGLE["ckpt/incompatible"])
+    assert re.search(r"table t_C1: rows 100 in the checkpoint, 200 in this model", error.message), error
 
 
 @pytest.mark.slow
-def test_nonfinite_loss_stops_and_names_the_checkpoint(make_config, tmp_path):
-    launch(train_summary, 1, ckpt_config(make_config, tmp_path, "optim=sgd", "trainer.max_steps=4"))
-    cfg = ckpt_config(
-        make_config, tmp_path, "optim=sgd", "optim.dense.lr=1e30", "optim.embedding.lr=1e30", "trainer.resume=auto"
-    )
-    with pytest.raises(Exception, match=r"loss is (nan|inf) in steps 6\.\.6; last good checkpoint: .*step_00000004"):
-        launch(train_summary, 1, cfg)
+def test_nonfinite_loss_stops_and_names_the_checkpoint():
+    SINGLE["nonfinite/first"]
+    error = error_of(SINGLE["nonfinite/diverged"])
+    pattern = r"loss is (nan|inf) in steps 6\.\.6; last good checkpoint: .*step_00000004"
+    assert re.search(pattern, error.message), error
 
 
 def _torchrun(run_dir: Path, port: int, *overrides: str) -> subprocess.Popen:
@@ -229,12 +245,9 @@ def test_killed_rank_restarts_and_resumes(tmp_path):
 
 
 @pytest.mark.slow
-def test_nonfinite_batch_is_skipped_on_every_rank(make_config):
+def test_nonfinite_batch_is_skipped_on_every_rank():
     """A NaN in rank 1's slice of batch 3: both ranks drop that batch, and training equals the
     unsharded model trained without it."""
-
-    cfg = config(make_config, "sharding=row_wise", "trainer.pipeline=false", "trainer.on_nonfinite=skip")
-    ref_losses, ref_weights = train_unsharded(cfg, skip_batches=(3,))
-    results = launch(train_with_a_nan_batch, 2, cfg, 3, 1)
+    results = PAIR["nan_batch"]
     assert [r["skipped"] for r in results] == [[4], [4]]  # 1-based step 4 = batch 3
-    assert_matches_reference(results, ref_losses, ref_weights)
+    assert_matches_reference(results, *reference(NAN_SKIP, skip_batches=(3,)))

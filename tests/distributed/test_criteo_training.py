@@ -9,7 +9,7 @@ from tests.helpers.criteo import SAMPLE, needs_sample
 from tests.helpers.equivalence import assert_matches_reference
 from tests.helpers.harness import launch
 from tests.helpers.reference import train_unsharded
-from tests.helpers.workers import train_and_report, train_summary
+from tests.helpers.workers import train_and_report
 
 pytestmark = needs_sample
 
@@ -35,6 +35,7 @@ def test_training_on_preprocessed_sample(make_config, tmp_path):
         "sharding=row_wise",
     )
     ref_losses, ref_weights = train_unsharded(cfg)
-    assert_matches_reference(launch(train_and_report, 2, cfg), ref_losses, ref_weights)
-    summary = launch(train_summary, 2, cfg)[0]
+    results = launch(train_and_report, 2, cfg)
+    assert_matches_reference(results, ref_losses, ref_weights)
+    summary = results[0]["summary"]
     assert summary["steps"] == 8 and summary["eval_logloss"] > 0

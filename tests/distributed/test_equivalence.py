@@ -1,62 +1,81 @@
-"""A sharded multi-rank run equals the unsharded single-process run on the same global batches."""
+"""A sharded multi-rank run equals the unsharded single-process run on the same global batches.
+
+The runs are jobs of the 2-rank family (tests/helpers/families.py): one launch for the session.
+"""
 
 import pytest
 import torch
 
-from tests.helpers.equivalence import assert_matches_reference, config
-from tests.helpers.harness import launch
-from tests.helpers.reference import train_unsharded
+from dlrm.compose import compose
+from tests.helpers.equivalence import matches, reference, tiny
+from tests.helpers.families import PAIR
 from tests.helpers.workers import train_and_report
+
+SHARDINGS = ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel", "mixed"]
+FP32 = tiny("sharding=table_wise")  # the baseline several modules compare against
+DP_OPTIMS = ("optim=rowwise_adagrad", "optim.dense.name=sgd", "optim.dense.lr=0.1", "optim.schedule.warmup_steps=6")
+COMPILED = {
+    "mlp": tiny("sharding=table_wise", "trainer.compile_dense=true"),
+    "dcn": tiny(
+        "sharding=table_wise",
+        "trainer.compile_dense=true",
+        "model.interaction=dcn",
+        "model.dcn_num_layers=2",
+        "model.dcn_low_rank_dim=4",
+    ),
+}
+
+PAIR.add("fp32/table_wise", train_and_report, FP32)
+for _sharding in SHARDINGS[1:]:
+    PAIR.add(f"fp32/{_sharding}", train_and_report, tiny(f"sharding={_sharding}"))
+PAIR.add("fp32/table_wise/seed1", train_and_report, tiny("sharding=table_wise", "seed=1"))
+PAIR.add("fp32/table_wise/plain", train_and_report, tiny("sharding=table_wise", "trainer.pipeline=false"))
+PAIR.add("bf16_dense", train_and_report, tiny("sharding=table_wise", "trainer.dense_precision=bf16"))
+PAIR.add("dp_optim/table_wise", train_and_report, tiny("sharding=table_wise", *DP_OPTIMS))
+PAIR.add("dp_optim/data_parallel", train_and_report, tiny("sharding=data_parallel", *DP_OPTIMS))
+for _name, _overrides in COMPILED.items():
+    PAIR.add(f"compiled/{_name}", train_and_report, _overrides)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "sharding", ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel", "mixed"]
-)
-def test_two_ranks_equal_one_process(make_config, sharding):
-    cfg = config(make_config, f"sharding={sharding}")
-    ref_losses, ref_weights = train_unsharded(cfg)
+@pytest.mark.parametrize("sharding", SHARDINGS)
+def test_two_ranks_equal_one_process(sharding):
+    overrides = tiny(f"sharding={sharding}")
+    ref_losses, _ = reference(overrides)
     assert ref_losses[-1] < ref_losses[0], "the reference must learn, or the test proves little"
-    results = launch(train_and_report, 2, cfg)
+    results = PAIR[f"fp32/{sharding}"]
+    cfg = compose(list(overrides))
     planned = {row["table"]: row["sharding_type"] for row in results[0]["plan"]}
     expected = {t.name: cfg.sharding.per_table.get(t.name, cfg.sharding.strategy) for t in cfg.model.tables}
     assert planned == expected
-    assert_matches_reference(results, ref_losses, ref_weights)
+    matches(results, overrides)
 
 
 @pytest.mark.slow
-def test_a_different_start_is_detected(make_config):
+def test_a_different_start_is_detected():
     """The comparison has teeth: another seed on the ranks must not match the reference."""
-    ref_losses, ref_weights = train_unsharded(config(make_config, "sharding=table_wise"))
-    results = launch(train_and_report, 2, config(make_config, "sharding=table_wise", "seed=1"))
     with pytest.raises(AssertionError):
-        assert_matches_reference(results, ref_losses, ref_weights)
+        matches(PAIR["fp32/table_wise/seed1"], FP32)
 
 
 @pytest.mark.slow
-def test_non_pipelined_two_ranks_equal_one_process(make_config):
-    cfg = config(make_config, "sharding=table_wise", "trainer.pipeline=false")
-    ref_losses, ref_weights = train_unsharded(cfg)
-    assert_matches_reference(launch(train_and_report, 2, cfg), ref_losses, ref_weights)
+def test_non_pipelined_two_ranks_equal_one_process():
+    matches(PAIR["fp32/table_wise/plain"], tiny("sharding=table_wise", "trainer.pipeline=false"))
 
 
 @pytest.mark.slow
-def test_bf16_dense_precision_trains_close_to_fp32(make_config):
-    fp32 = launch(train_and_report, 2, config(make_config, "sharding=table_wise"))[0]["losses"]
-    bf16 = launch(train_and_report, 2, config(make_config, "sharding=table_wise", "trainer.dense_precision=bf16"))[0][
-        "losses"
-    ]
+def test_bf16_dense_precision_trains_close_to_fp32():
+    fp32 = PAIR["fp32/table_wise"][0]["losses"]
+    bf16 = PAIR["bf16_dense"][0]["losses"]
     assert bf16 != fp32, "autocast must change the arithmetic"
     assert bf16 == pytest.approx(fp32, rel=2e-2)
 
 
 @pytest.mark.slow
-def test_data_parallel_tables_get_the_embedding_optimizer_and_schedule(make_config):
+def test_data_parallel_tables_get_the_embedding_optimizer_and_schedule():
     """Data-parallel tables (replicated, outside the fused kernels) train like table-wise ones
     (fbgemm's fused row-wise Adagrad): same optimizer, lr and warmup, not the dense optimizer's."""
-    opts = ("optim=rowwise_adagrad", "optim.dense.name=sgd", "optim.dense.lr=0.1", "optim.schedule.warmup_steps=6")
-    fused = launch(train_and_report, 2, config(make_config, "sharding=table_wise", *opts))
-    replicated = launch(train_and_report, 2, config(make_config, "sharding=data_parallel", *opts))
+    fused, replicated = PAIR["dp_optim/table_wise"], PAIR["dp_optim/data_parallel"]
     assert replicated[0]["losses"] == pytest.approx(fused[0]["losses"], rel=1e-5, abs=1e-6)
 
     def whole(results):  # each table is whole on one rank (table-wise) or on every rank (replicated)
@@ -69,11 +88,7 @@ def test_data_parallel_tables_get_the_embedding_optimizer_and_schedule(make_conf
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "interaction", [[], ["model.interaction=dcn", "model.dcn_num_layers=2", "model.dcn_low_rank_dim=4"]]
-)
-def test_compiled_dense_arch_trains_as_the_eager_reference(make_config, interaction):
+@pytest.mark.parametrize("interaction", sorted(COMPILED))
+def test_compiled_dense_arch_trains_as_the_eager_reference(interaction):
     """trainer.compile_dense (Inductor) computes the MLPs and the interaction as eager PyTorch does."""
-    cfg = config(make_config, "sharding=table_wise", "trainer.compile_dense=true", *interaction)
-    ref_losses, ref_weights = train_unsharded(cfg)
-    assert_matches_reference(launch(train_and_report, 2, cfg), ref_losses, ref_weights)
+    matches(PAIR[f"compiled/{interaction}"], COMPILED[interaction])

@@ -1,33 +1,70 @@
-"""trainer.dense_sync=local_sgd: torch's post-local SGD on the dense part (dlrm.core.local_sgd)."""
+"""trainer.dense_sync=local_sgd: torch's post-local SGD on the dense part (dlrm.core.local_sgd).
+
+The runs are jobs of the 2-rank family (tests/helpers/families.py).
+"""
 
 import pytest
 import torch
 
 from dlrm.export import export
 from tests.helpers.cli import assert_one_error, main_in_process
-from tests.helpers.equivalence import STEPS, assert_matches_reference, config
-from tests.helpers.harness import launch
+from tests.helpers.equivalence import STEPS, matches, tiny
+from tests.helpers.families import PAIR, Overrides
 from tests.helpers.local_sgd_workers import count_allreduces, dense_after_each_step
-from tests.helpers.reference import train_unsharded
-from tests.helpers.workers import train_and_report, train_in_turn, train_summary
+from tests.helpers.workers import train_and_report, train_losses, train_summary
 
 LOCAL = ("trainer.dense_sync=local_sgd",)
+COUNTED = ("sharding=table_wise", "trainer.max_steps=10", "trainer.log_every_steps=10", "trainer.breakdown=false")
+QUIET = ("trainer.progress=none",)
+
+
+def _resumable(name, *overrides):
+    """Saved every 2 steps, period 2 after a 2-step warm-up, 7 steps, into the family's directory `name`."""
+    return tiny(
+        "sharding=table_wise",
+        *LOCAL,
+        "trainer.sync_period=2",
+        "trainer.local_sgd_warmup_steps=2",
+        "trainer.max_steps=7",
+        "checkpoint.every_steps=2",
+        "checkpoint.keep=5",
+        f"checkpoint.dir={PAIR.dir(name)}",
+        *overrides,
+    )
+
+
+PAIR.add("local_sgd/period1", train_and_report, tiny("sharding=table_wise", *LOCAL, "trainer.sync_period=1"))
+for _sharding in ("table_wise", "data_parallel"):
+    PAIR.add(
+        f"local_sgd/agree/{_sharding}",
+        dense_after_each_step,
+        tiny(f"sharding={_sharding}", *LOCAL, "trainer.sync_period=4"),
+    )
+PAIR.add(
+    "local_sgd/warmup",
+    dense_after_each_step,
+    tiny(*LOCAL, "trainer.sync_period=2", "trainer.local_sgd_warmup_steps=4"),
+)
+PAIR.add("local_sgd/count/sync", count_allreduces, tiny(*COUNTED))
+PAIR.add("local_sgd/count/local", count_allreduces, tiny(*COUNTED, *LOCAL, "trainer.sync_period=4"))
+PAIR.add("main_job/sync", train_summary, Overrides(*QUIET))
+PAIR.add("main_job/local_sgd", train_summary, Overrides(*QUIET, *LOCAL, "trainer.sync_period=4"))
+PAIR.add("local_sgd/resume/whole", train_losses, _resumable("local_whole"))
+_AT_4 = PAIR.dir("local_whole") / "step_00000004"
+PAIR.add("local_sgd/resume/same", train_losses, _resumable("local_same", f"trainer.resume={_AT_4}"))
 
 
 @pytest.mark.slow
-def test_period_one_equals_synchronous_training(make_config):
+def test_period_one_equals_synchronous_training():
     """With SGD, averaging the weights after every local step is averaging the gradients."""
-    cfg = config(make_config, "sharding=table_wise", *LOCAL, "trainer.sync_period=1")
-    ref_losses, ref_weights = train_unsharded(config(make_config, "sharding=table_wise"))
-    assert_matches_reference(launch(train_and_report, 2, cfg), ref_losses, ref_weights)
+    matches(PAIR["local_sgd/period1"], tiny("sharding=table_wise"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding", ["table_wise", "data_parallel"])
-def test_ranks_agree_right_after_each_averaging_step_only(make_config, sharding):
+def test_ranks_agree_right_after_each_averaging_step_only(sharding):
     """The replicated weights (the MLPs; with data_parallel, the tables too) drift apart between averagings."""
-    cfg = config(make_config, f"sharding={sharding}", *LOCAL, "trainer.sync_period=4")
-    r0, r1 = launch(dense_after_each_step, 2, cfg)
+    r0, r1 = PAIR[f"local_sgd/agree/{sharding}"]
     assert len(r0["steps"]) == STEPS == 8
     for step, (a, b) in enumerate(zip(r0["steps"], r1["steps"], strict=True), start=1):
         if step % 4 == 0:
@@ -38,20 +75,17 @@ def test_ranks_agree_right_after_each_averaging_step_only(make_config, sharding)
 
 
 @pytest.mark.slow
-def test_warmup_steps_are_synchronous(make_config):
-    cfg = config(make_config, *LOCAL, "trainer.sync_period=2", "trainer.local_sgd_warmup_steps=4")
-    r0, r1 = launch(dense_after_each_step, 2, cfg)
+def test_warmup_steps_are_synchronous():
+    r0, r1 = PAIR["local_sgd/warmup"]
     agree = [bool(torch.equal(a, b)) for a, b in zip(r0["steps"], r1["steps"], strict=True)]
     assert agree == [True, True, True, True, False, True, False, True]
 
 
 @pytest.mark.slow
-def test_allreduces_drop_by_the_period_and_the_run_ends_averaged(make_config):
+def test_allreduces_drop_by_the_period_and_the_run_ends_averaged():
     """10 steps, H=4: averages after steps 4 and 8, and once more at the end (step 10 is not an
     averaging step), instead of DDP's allreduce of the gradients in each of the 10 backward passes."""
-    common = ("sharding=table_wise", "trainer.max_steps=10", "trainer.log_every_steps=10", "trainer.breakdown=false")
-    sync = launch(count_allreduces, 2, config(make_config, *common))
-    local = launch(count_allreduces, 2, config(make_config, *common, *LOCAL, "trainer.sync_period=4"))
+    sync, local = PAIR["local_sgd/count/sync"], PAIR["local_sgd/count/local"]
     print(f"allreduces in 10 steps: synchronous {sync[0]['allreduces']}, local SGD H=4 {local[0]['allreduces']}")
     other = local[0]["allreduces"] - 3  # the trainer's own (the logged loss)
     assert other >= 0, local[0]
@@ -61,39 +95,23 @@ def test_allreduces_drop_by_the_period_and_the_run_ends_averaged(make_config):
 
 
 @pytest.mark.slow
-def test_default_job_with_period_four_reaches_the_synchronous_auc(make_config):
+def test_default_job_with_period_four_reaches_the_synchronous_auc():
     """The main job (model=dlrm_small, 200 steps, 2 ranks): local SGD every 4 steps loses < 0.005 AUC."""
-    quiet = ("trainer.progress=none",)
-    sync = launch(train_summary, 2, make_config(*quiet))[0]
-    local = launch(train_summary, 2, make_config(*quiet, *LOCAL, "trainer.sync_period=4"))[0]
+    sync, local = PAIR["main_job/sync"][0], PAIR["main_job/local_sgd"][0]
     print(f"eval AUC: synchronous {sync['eval_auc']:.5f}, local SGD H=4 {local['eval_auc']:.5f}")
     assert sync["eval_auc"] > 0.6, "the synthetic task must be learnt, or the comparison says little"
     assert abs(local["eval_auc"] - sync["eval_auc"]) < 0.005
 
 
 @pytest.mark.slow
-def test_resumed_equals_uninterrupted(make_config, tmp_path):
+def test_resumed_equals_uninterrupted(tmp_path):
     """Saved at an averaging step (4) after the warm-up, resumed to step 7 (not one: the run ends
     with an average): the resume restores the hook's and the averager's step counts."""
-
-    def cfg(name, *overrides):
-        return config(
-            make_config,
-            "sharding=table_wise",
-            *LOCAL,
-            "trainer.sync_period=2",
-            "trainer.local_sgd_warmup_steps=2",
-            "trainer.max_steps=7",
-            "checkpoint.every_steps=2",
-            "checkpoint.keep=5",
-            f"checkpoint.dir={tmp_path / name}",
-            *overrides,
-        )
-
-    resume = f"trainer.resume={tmp_path / 'whole' / 'step_00000004'}"
-    whole, same = launch(train_in_turn, 2, cfg("whole"), cfg("same", resume))[0]
+    whole, same = PAIR["local_sgd/resume/whole"][0], PAIR["local_sgd/resume/same"][0]
     assert len(whole) == 7 and same == whole[4:]
-    final = {name: export(tmp_path / name / "step_00000007", tmp_path / f"{name}.pt") for name in ("whole", "same")}
+    final = {
+        name: export(PAIR.dir(f"local_{name}") / "step_00000007", tmp_path / f"{name}.pt") for name in ("whole", "same")
+    }
     for key, expected in final["whole"].items():
         assert torch.equal(final["same"][key], expected), key
 

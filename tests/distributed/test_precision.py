@@ -4,22 +4,96 @@ compressed dense allreduce, and evaluation scored on rank 0.
 Tolerances come from the formats' unit roundoff u (fp16 2^-11 ~ 4.9e-4, bf16 2^-8 ~ 3.9e-3): one
 rounding moves a value by at most u relative; over the 8 steps of these runs the losses stay within
 a few u of the fp32 run (the bounds below are 4 u), and must still differ from it: the option ran.
+The runs are jobs of the 2-rank, 2 x 2 and 1-rank families (tests/helpers/families.py).
 """
 
 import numpy as np
 import pytest
 import torch
 
+from dlrm.compose import compose
 from dlrm.data.loader import make_source
 from dlrm.export import export, load_exported
-from tests.helpers.equivalence import STEPS, config
-from tests.helpers.harness import launch
+from tests.helpers.equivalence import STEPS, tiny
+from tests.helpers.families import PAIR, SINGLE, TWO_NODES
 from tests.helpers.precision_workers import compressed_gradients, score_slices
+from tests.helpers.scoring import numpy_auc
 from tests.helpers.workers import train_and_report, train_summary
-from tests.unit.test_precision import numpy_auc
 
 U = {"fp16": 2.0**-11, "bf16": 2.0**-8}
 TABLES = "embedding_bags"
+QCOMMS = [
+    ("table_wise", "fp16", "fp32"),  # alltoall of the pooled embeddings
+    ("table_wise", "fp32", "fp16"),  # alltoall of their gradients
+    ("table_wise", "fp16", "fp16"),
+    ("row_wise", "fp16", "fp16"),  # reduce-scatter forward, allgather of the gradients backward
+]
+
+
+def _fp16_resume(name, *overrides):
+    """Row-wise Adagrad with fp16 tables, checkpoints every 4 steps, in the family's directory `name`."""
+    return tiny(
+        "sharding=table_wise",
+        "model.embedding_precision=fp16",
+        "optim=rowwise_adagrad",
+        "trainer.max_steps=8",
+        "checkpoint.every_steps=4",
+        "checkpoint.keep=3",
+        f"checkpoint.dir={PAIR.dir(name)}",
+        *overrides,
+    )
+
+
+def _into_fp16(name, *overrides):
+    return tiny(
+        "sharding=table_wise",
+        "optim=rowwise_adagrad",
+        "checkpoint.every_steps=4",
+        f"checkpoint.dir={PAIR.dir(name)}",
+        *overrides,
+    )
+
+
+# The fp32 baselines (shared with test_equivalence: the same jobs).
+for _sharding in ("table_wise", "row_wise"):
+    PAIR.add(f"fp32/{_sharding}", train_and_report, tiny(f"sharding={_sharding}"))
+PAIR.add("fp16_tables/table_wise", train_and_report, tiny("sharding=table_wise", "model.embedding_precision=fp16"))
+PAIR.add("fp16_tables/row_wise", train_and_report, tiny("sharding=row_wise", "model.embedding_precision=fp16"))
+PAIR.add("fp16_resume/whole", train_and_report, _fp16_resume("fp16_whole"))
+_AT_4 = PAIR.dir("fp16_whole") / "step_00000004"
+PAIR.add("fp16_resume/again", train_and_report, _fp16_resume("fp16_again", f"trainer.resume={_AT_4}"))
+PAIR.add("into_fp16/fp32", train_and_report, _into_fp16("into_fp32"))
+_INTO_AT_4 = PAIR.dir("into_fp32") / "step_00000004"
+PAIR.add(
+    "into_fp16/fp16",
+    train_and_report,
+    _into_fp16("into_fp16", "model.embedding_precision=fp16", f"trainer.resume={_INTO_AT_4}"),
+)
+for _s, _f, _b in QCOMMS:
+    PAIR.add(
+        f"qcomms/{_s}/{_f}/{_b}",
+        train_and_report,
+        tiny(f"sharding={_s}", f"sharding.qcomms_forward={_f}", f"sharding.qcomms_backward={_b}"),
+    )
+for _p in ("bf16", "fp16"):
+    PAIR.add(f"hook/{_p}", compressed_gradients, _p, 1, 2)
+    PAIR.add(
+        f"compressed_dense/{_p}",
+        train_and_report,
+        tiny("sharding=table_wise", f"trainer.dense_allreduce_precision={_p}"),
+    )
+TWO_NODES.add("hook/bf16/hierarchical", compressed_gradients, "bf16", 2, 2)
+
+_G = np.random.default_rng(0)
+LABELS = (_G.random(2 * 500) < 0.4).astype(np.float32)
+LOGITS = (_G.integers(0, 7, 2 * 500) + LABELS).astype(np.float32)  # many ties across the two slices
+_BOTH = torch.from_numpy(np.stack([LOGITS, LABELS]))
+_ONE_CLASS = torch.stack([torch.arange(8.0), torch.ones(8)])
+PAIR.add("score/slices", score_slices, [_BOTH[:, :500], _BOTH[:, 500:]])
+PAIR.add("score/one_class", score_slices, [_ONE_CLASS[:, :4], _ONE_CLASS[:, 4:]])
+EVAL4 = tiny("sharding=table_wise", "data.eval_batches=4")
+PAIR.add("eval4", train_summary, EVAL4)
+SINGLE.add("eval4", train_summary, EVAL4)
 
 
 def _within_rounding(seen, locals_, u, roundings):
@@ -41,9 +115,9 @@ def _close_but_not_equal(losses, reference, precision):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding", ["table_wise", "row_wise"])
-def test_fp16_tables_train_close_to_fp32(make_config, sharding):
-    fp32 = launch(train_and_report, 2, config(make_config, f"sharding={sharding}"))
-    fp16 = launch(train_and_report, 2, config(make_config, f"sharding={sharding}", "model.embedding_precision=fp16"))
+def test_fp16_tables_train_close_to_fp32(sharding):
+    fp32 = PAIR[f"fp32/{sharding}"]
+    fp16 = PAIR[f"fp16_tables/{sharding}"]
     _close_but_not_equal(fp16[0]["losses"], fp32[0]["losses"], "fp16")
     for rank in range(2):
         for name, pieces in fp16[rank]["pieces"].items():
@@ -56,27 +130,12 @@ def test_fp16_tables_train_close_to_fp32(make_config, sharding):
 
 
 @pytest.mark.slow
-def test_fp16_tables_resume_and_export(make_config, tmp_path):
+def test_fp16_tables_resume_and_export(tmp_path):
     """Row-wise Adagrad (fp32 state in fbgemm) with fp16 weights: a resume continues exactly, and the
     export holds the fp16 tables, which the rebuilt unsharded model runs."""
-
-    def cfg(name, *overrides):
-        return config(
-            make_config,
-            "sharding=table_wise",
-            "model.embedding_precision=fp16",
-            "optim=rowwise_adagrad",
-            "trainer.max_steps=8",
-            "checkpoint.every_steps=4",
-            "checkpoint.keep=3",
-            f"checkpoint.dir={tmp_path / name}",
-            *overrides,
-        )
-
-    whole = launch(train_and_report, 2, cfg("whole"))
-    resumed = launch(train_and_report, 2, cfg("again", f"trainer.resume={tmp_path / 'whole' / 'step_00000004'}"))
+    whole, resumed = PAIR["fp16_resume/whole"], PAIR["fp16_resume/again"]
     assert resumed[0]["losses"] == whole[0]["losses"][4:]
-    exported = export(tmp_path / "again" / "step_00000008", tmp_path / "model.pt")
+    exported = export(PAIR.dir("fp16_again") / "step_00000008", tmp_path / "model.pt")
     for result in resumed:
         for name, pieces in result["pieces"].items():
             for (r0, c0), piece in pieces:
@@ -84,28 +143,15 @@ def test_fp16_tables_resume_and_export(make_config, tmp_path):
                 expected = full[r0 : r0 + piece.shape[0], c0 : c0 + piece.shape[1]] if full.dim() == 2 else full
                 assert expected.dtype == piece.dtype and torch.equal(piece, expected), name
     model = load_exported(tmp_path / "model.pt")
-    batch = make_source(cfg("x")).samples("eval", 0, 16)
+    batch = make_source(compose(list(_fp16_resume("x")))).samples("eval", 0, 16)
     loss, _ = model(batch)
     assert torch.isfinite(loss)
 
 
 @pytest.mark.slow
-def test_an_fp32_checkpoint_resumes_into_fp16_tables(make_config, tmp_path):
+def test_an_fp32_checkpoint_resumes_into_fp16_tables():
     """The precision may change at a resume: DCP casts the saved fp32 tables into the fp16 ones."""
-
-    def cfg(name, *overrides):
-        return config(
-            make_config,
-            "sharding=table_wise",
-            "optim=rowwise_adagrad",
-            "checkpoint.every_steps=4",
-            f"checkpoint.dir={tmp_path / name}",
-            *overrides,
-        )
-
-    whole = launch(train_and_report, 2, cfg("fp32"))
-    half = cfg("fp16", "model.embedding_precision=fp16", f"trainer.resume={tmp_path / 'fp32' / 'step_00000004'}")
-    resumed = launch(train_and_report, 2, half)
+    whole, resumed = PAIR["into_fp16/fp32"], PAIR["into_fp16/fp16"]
     _close_but_not_equal(resumed[0]["losses"], whole[0]["losses"][4:], "fp16")
     tables = [piece for name, pieces in resumed[0]["pieces"].items() if TABLES in name for _, piece in pieces]
     assert tables and all(t.dtype == torch.float16 for t in tables)
@@ -115,20 +161,10 @@ def test_an_fp32_checkpoint_resumes_into_fp16_tables(make_config, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "sharding, forward, backward",
-    [
-        ("table_wise", "fp16", "fp32"),  # alltoall of the pooled embeddings
-        ("table_wise", "fp32", "fp16"),  # alltoall of their gradients
-        ("table_wise", "fp16", "fp16"),
-        ("row_wise", "fp16", "fp16"),  # reduce-scatter forward, allgather of the gradients backward
-    ],
-)
-def test_quantized_embedding_comms_train_close_to_fp32(make_config, sharding, forward, backward):
-    fp32 = launch(train_and_report, 2, config(make_config, f"sharding={sharding}"))[0]["losses"]
-    q = ("sharding.qcomms_forward=" + forward, "sharding.qcomms_backward=" + backward)
-    losses = launch(train_and_report, 2, config(make_config, f"sharding={sharding}", *q))[0]["losses"]
-    _close_but_not_equal(losses, fp32, "fp16")
+@pytest.mark.parametrize("sharding, forward, backward", QCOMMS)
+def test_quantized_embedding_comms_train_close_to_fp32(sharding, forward, backward):
+    fp32 = PAIR[f"fp32/{sharding}"][0]["losses"]
+    _close_but_not_equal(PAIR[f"qcomms/{sharding}/{forward}/{backward}"][0]["losses"], fp32, "fp16")
 
 
 # --- compressed dense allreduce ------------------------------------------------------------------------
@@ -139,7 +175,7 @@ def test_quantized_embedding_comms_train_close_to_fp32(make_config, sharding, fo
 def test_compression_hook_gives_the_rounded_mean(precision):
     """Flat (torch's bf16/fp16_compress_hook): the optimizer sees exactly each rank's gradient rounded
     to the format, halved and summed there, cast back; not the fp32 mean."""
-    results = launch(compressed_gradients, 2, precision, 1, 2)
+    results = PAIR[f"hook/{precision}"]
     mean = torch.stack(results[0]["locals"]).mean(0)
     for r in results:
         assert r["hooked"] == 1
@@ -152,7 +188,7 @@ def test_compression_hook_gives_the_rounded_mean(precision):
 def test_compression_composes_with_the_hierarchical_allreduce():
     """2 nodes x 2 ranks, bf16: the three steps ran in bf16 (every gradient is a bf16 value), and
     the result is the mean within bf16 rounding, the same on every rank."""
-    results = launch(compressed_gradients, 2, "bf16", 2, 2, nnodes=2)
+    results = TWO_NODES["hook/bf16/hierarchical"]
     mean = torch.stack(results[0]["locals"]).mean(0)
     for r in results:
         assert r["hooked"] == 1
@@ -164,10 +200,9 @@ def test_compression_composes_with_the_hierarchical_allreduce():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_compressed_dense_allreduce_trains_close_to_fp32(make_config, precision):
-    fp32 = launch(train_and_report, 2, config(make_config, "sharding=table_wise"))[0]["losses"]
-    cfg = config(make_config, "sharding=table_wise", f"trainer.dense_allreduce_precision={precision}")
-    _close_but_not_equal(launch(train_and_report, 2, cfg)[0]["losses"], fp32, precision)
+def test_compressed_dense_allreduce_trains_close_to_fp32(precision):
+    fp32 = PAIR["fp32/table_wise"][0]["losses"]
+    _close_but_not_equal(PAIR[f"compressed_dense/{precision}"][0]["losses"], fp32, precision)
 
 
 # --- evaluation on rank 0 ----------------------------------------------------------------------------
@@ -175,24 +210,17 @@ def test_compressed_dense_allreduce_trains_close_to_fp32(make_config, precision)
 
 @pytest.mark.slow
 def test_rank0_scores_every_slice_and_every_rank_gets_the_result():
-    g = np.random.default_rng(0)
-    labels = (g.random(2 * 500) < 0.4).astype(np.float32)
-    logits = (g.integers(0, 7, 2 * 500) + labels).astype(np.float32)  # many ties across the two slices
-    both = torch.from_numpy(np.stack([logits, labels]))
-    results = launch(score_slices, 2, [both[:, :500], both[:, 500:]])
+    results = PAIR["score/slices"]
     assert results[0] == results[1]
     assert results[0]["samples"] == 1000
-    assert results[0]["auc"] == pytest.approx(numpy_auc(logits, labels), abs=1e-12)
-    expected_logloss = torch.nn.functional.binary_cross_entropy_with_logits(both[0], both[1]).item()
+    assert results[0]["auc"] == pytest.approx(numpy_auc(LOGITS, LABELS), abs=1e-12)
+    expected_logloss = torch.nn.functional.binary_cross_entropy_with_logits(_BOTH[0], _BOTH[1]).item()
     assert results[0]["logloss"] == pytest.approx(expected_logloss, rel=1e-6)
-    one_class = torch.stack([torch.arange(8.0), torch.ones(8)])
-    assert launch(score_slices, 2, [one_class[:, :4], one_class[:, 4:]])[1]["auc"] is None
+    assert PAIR["score/one_class"][1]["auc"] is None
 
 
 @pytest.mark.slow
-def test_two_ranks_evaluate_like_one_process(make_config):
-    cfg = config(make_config, "sharding=table_wise", "data.eval_batches=4")
-    one = launch(train_summary, 1, cfg)[0]
-    two = launch(train_summary, 2, cfg)
+def test_two_ranks_evaluate_like_one_process():
+    (one,), two = SINGLE["eval4"], PAIR["eval4"]
     assert two[0]["eval_auc"] == two[1]["eval_auc"] == pytest.approx(one["eval_auc"], abs=1e-5)
     assert two[0]["eval_logloss"] == pytest.approx(one["eval_logloss"], rel=1e-5)

@@ -7,17 +7,24 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.harness import launch
+from tests.helpers.families import PAIR, Overrides
 from tests.helpers.workers import train_summary
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["data.global_batch_size=256", "data.eval_batches=4", "trainer.eval_every_steps=10", "trainer.progress=none"]
 
 
+PAIR.add(
+    "target/reachable",
+    train_summary,
+    Overrides(*SMALL, "trainer.max_steps=200", "trainer.log_every_steps=4", "trainer.target_auc=0.6"),
+)
+PAIR.add("target/unreachable", train_summary, Overrides(*SMALL, "trainer.max_steps=20", "trainer.target_auc=0.999"))
+
+
 @pytest.mark.slow
-def test_a_reachable_target_stops_the_run_early(make_config):
-    cfg = make_config(*SMALL, "trainer.max_steps=200", "trainer.log_every_steps=4", "trainer.target_auc=0.6")
-    summaries = launch(train_summary, 2, cfg)
+def test_a_reachable_target_stops_the_run_early():
+    summaries = PAIR["target/reachable"]
     first = summaries[0]
     assert first["reached_target"] is True and first["target_auc"] == 0.6
     stop = first["steps_to_target"]
@@ -27,9 +34,8 @@ def test_a_reachable_target_stops_the_run_early(make_config):
 
 
 @pytest.mark.slow
-def test_an_unreachable_target_runs_to_max_steps(make_config):
-    cfg = make_config(*SMALL, "trainer.max_steps=20", "trainer.target_auc=0.999")
-    first = launch(train_summary, 2, cfg)[0]
+def test_an_unreachable_target_runs_to_max_steps():
+    first = PAIR["target/unreachable"][0]
     assert first["reached_target"] is False and first["steps"] == 20
     assert first["steps_to_target"] is None and first["samples_to_target"] is None
 

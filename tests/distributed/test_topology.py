@@ -1,17 +1,39 @@
-"""Simulated 2 nodes x 2 ranks: process-group layout, hierarchical allreduce, sharded equivalence."""
+"""Simulated 2 nodes x 2 ranks: process-group layout, hierarchical allreduce, sharded equivalence.
+
+The runs are jobs of the 2 x 2 family (tests/helpers/families.py): one launch for the session.
+"""
 
 import pytest
 
-from tests.helpers.equivalence import assert_matches_reference, config
-from tests.helpers.harness import launch
-from tests.helpers.reference import train_unsharded
+from dlrm.compose import compose
+from tests.helpers.equivalence import matches, tiny
+from tests.helpers.families import TWO_NODES
 from tests.helpers.workers import hierarchical_vs_flat, process_group_layout, train_and_report
+
+CASES = [
+    ("table_wise", "hierarchical"),
+    ("row_wise", "flat"),
+    ("column_wise", "flat"),
+    ("table_row_wise", "hierarchical"),
+    ("data_parallel", "hierarchical"),
+    ("mixed", "flat"),
+    ("grid_shard", "flat"),
+]
+
+
+def _overrides(sharding, allreduce):
+    return tiny("topology=cpu_2x2", f"sharding={sharding}", f"trainer.dense_allreduce={allreduce}")
+
+
+TWO_NODES.add("layout", process_group_layout, 2, 2)
+TWO_NODES.add("hierarchical_vs_flat", hierarchical_vs_flat, 2, 2)
+for _sharding, _allreduce in CASES:
+    TWO_NODES.add(f"2x2/{_sharding}/{_allreduce}", train_and_report, _overrides(_sharding, _allreduce))
 
 
 @pytest.mark.slow
 def test_process_groups_follow_the_topology():
-    layouts = launch(process_group_layout, 2, 2, 2, nnodes=2)
-    for rank, layout in enumerate(layouts):
+    for rank, layout in enumerate(TWO_NODES["layout"]):
         node, local = divmod(rank, 2)
         assert layout["intra_node"] == [2 * node, 2 * node + 1]
         assert layout["inter_node"] == [local, 2 + local]
@@ -19,26 +41,15 @@ def test_process_groups_follow_the_topology():
 
 @pytest.mark.slow
 def test_hierarchical_allreduce_equals_flat():
-    assert max(launch(hierarchical_vs_flat, 2, 2, 2, nnodes=2)) < 1e-6
+    assert max(TWO_NODES["hierarchical_vs_flat"]) < 1e-6
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "sharding,allreduce",
-    [
-        ("table_wise", "hierarchical"),
-        ("row_wise", "flat"),
-        ("column_wise", "flat"),
-        ("table_row_wise", "hierarchical"),
-        ("data_parallel", "hierarchical"),
-        ("mixed", "flat"),
-        ("grid_shard", "flat"),
-    ],
-)
-def test_two_nodes_of_two_ranks_equal_one_process(make_config, sharding, allreduce):
-    cfg = config(make_config, "topology=cpu_2x2", f"sharding={sharding}", f"trainer.dense_allreduce={allreduce}")
-    ref_losses, ref_weights = train_unsharded(cfg)
-    results = launch(train_and_report, 2, cfg, nnodes=2)
+@pytest.mark.parametrize("sharding,allreduce", CASES)
+def test_two_nodes_of_two_ranks_equal_one_process(sharding, allreduce):
+    overrides = _overrides(sharding, allreduce)
+    cfg = compose(list(overrides))
+    results = TWO_NODES[f"2x2/{sharding}/{allreduce}"]
     planned = {row["table"]: row["sharding_type"] for row in results[0]["plan"]}
     assert planned == {t.name: cfg.sharding.per_table.get(t.name, cfg.sharding.strategy) for t in cfg.model.tables}
-    assert_matches_reference(results, ref_losses, ref_weights)
+    matches(results, overrides)

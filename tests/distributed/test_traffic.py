@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dlrm.comms.traffic import traffic
-from tests.helpers.harness import launch
+from tests.helpers.families import TWO_NODES, Overrides
 from tests.helpers.traffic_workers import measured_traffic
 
 GLOBAL_BATCH = 6400  # 1,600 samples per rank: each feature's ids per rank are a multiple of its table's rows
@@ -25,26 +25,32 @@ COMMON = [
 SPLITS_BYTES = 32
 
 
+MIXED = Overrides(
+    *COMMON,
+    "sharding.strategy=table_wise",
+    "+sharding.per_table.t_C1=row_wise",
+    "+sharding.per_table.t_C2=column_wise",
+    "+sharding.per_table.t_C3=table_row_wise",
+)
+# dim 256: the planner splits each grid table into 2 column blocks
+GRID = Overrides(
+    *COMMON,
+    "sharding=grid_shard",
+    "+sharding.per_table.t_C4=data_parallel",
+    *(f"model.tables.{i}.dim=256" for i in range(4)),
+    "model.bottom_mlp=[16,256]",
+)
+TWO_NODES.add("traffic", measured_traffic, 2, MIXED, GRID)
+
+
 @pytest.mark.slow
-def test_modelled_bytes_equal_torchrecs_collectives_per_rank_pair(make_config):
-    mixed = make_config(
-        *COMMON,
-        "sharding.strategy=table_wise",
-        "+sharding.per_table.t_C1=row_wise",
-        "+sharding.per_table.t_C2=column_wise",
-        "+sharding.per_table.t_C3=table_row_wise",
-    )
-    grid = make_config(*COMMON, "sharding=grid_shard", "+sharding.per_table.t_C4=data_parallel")
-    for table in grid.model.tables:  # dim 256: the planner splits each grid table into 2 column blocks
-        table.dim = 256
-    grid.model.bottom_mlp = [16, 256]
+def test_modelled_bytes_equal_torchrecs_collectives_per_rank_pair():
+    per_rank = TWO_NODES["traffic"]
 
-    per_rank = launch(measured_traffic, 2, 2, mixed, grid, nnodes=2)
-
-    for i, cfg in enumerate((mixed, grid)):
+    for i, overrides in enumerate((MIXED, GRID)):
         tables = per_rank[0][i]["tables"]
         kinds = {t.sharding_type for t in tables}
-        if cfg is grid:  # grid shards on both nodes: the cross-node alltoall is exercised
+        if overrides is GRID:  # grid shards on both nodes: the cross-node alltoall is exercised
             assert kinds == {"grid_shard", "data_parallel"}
             assert {s.col_offset for t in tables if t.sharding_type == "grid_shard" for s in t.shards} == {0, 128}
         else:

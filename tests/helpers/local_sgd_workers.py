@@ -5,18 +5,8 @@ from __future__ import annotations
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from dlrm.config import Config, validate, validate_world
-from dlrm.core.topology import World
-from tests.helpers.workers import teardown
-
-
-def _trainer(cfg: Config):
-    from dlrm.core.trainer import Trainer
-
-    validate(cfg)
-    world = World.from_env()
-    validate_world(cfg, world.world_size, world.local_world_size)
-    return Trainer(cfg, world)
+from dlrm.config import Config
+from tests.helpers.workers import build_trainer
 
 
 def _replicated_params(trainer) -> list[torch.nn.Parameter]:
@@ -32,7 +22,7 @@ def _flat(params: list[torch.nn.Parameter]) -> torch.Tensor:
 
 def dense_after_each_step(cfg: Config) -> dict:
     """Train; the replicated weights right after each optimizer step (the pipeline's too), and at the end."""
-    trainer = _trainer(cfg)
+    trainer = build_trainer(cfg)
     snapshots, params, step = [], _replicated_params(trainer), trainer.optimizer.step
 
     def step_and_snapshot(*args, **kwargs):
@@ -41,24 +31,18 @@ def dense_after_each_step(cfg: Config) -> dict:
 
     trainer.optimizer.step = step_and_snapshot  # the pipeline calls the instance's step
     trainer.train()
-    result = {"steps": snapshots, "final": _flat(_replicated_params(trainer)), "losses": trainer.losses}
-    del trainer
-    teardown()
-    return result
+    return {"steps": snapshots, "final": _flat(_replicated_params(trainer)), "losses": trainer.losses}
 
 
 def count_allreduces(cfg: Config) -> dict:
     """Train under torch.profiler; how many allreduces ran (c10d's dispatched op: DDP's, the
     averager's, the trainer's own), and the final replicated weights."""
-    trainer = _trainer(cfg)
+    trainer = build_trainer(cfg)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         trainer.train()
     names = [e.name for e in prof.events() or []]
-    result = {
+    return {
         "allreduces": sum(1 for n in names if n == "c10d::allreduce_"),
         "names": sorted({n for n in names if n.startswith("c10d::") or "gloo" in n}),
         "final": _flat(_replicated_params(trainer)),
     }
-    del trainer
-    teardown()
-    return result

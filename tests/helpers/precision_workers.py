@@ -9,6 +9,7 @@ from torch.nn.parallel import DistributedDataParallel
 from dlrm.core.dense_sync import use_compressed_allreduce, use_hierarchical_allreduce
 from dlrm.core.metrics import score_on_rank0
 from dlrm.core.topology import build_process_groups
+from tests.helpers.harness import default_group
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -30,7 +31,7 @@ def compressed_gradients(precision: str, nodes: int, ranks_per_node: int) -> dic
     gradients, and what the flat hook must give: each rank's gradient rounded to `precision`,
     divided by the world size there, summed there (gloo, 2 ranks: one rounding) and cast back.
     """
-    dist.init_process_group("gloo")
+    default_group()
     rank, world = dist.get_rank(), dist.get_world_size()
     ddp = DistributedDataParallel(_net(rank), bucket_cap_mb=1)
     if nodes == 1:
@@ -51,13 +52,11 @@ def compressed_gradients(precision: str, nodes: int, ranks_per_node: int) -> dic
     summed = torch.zeros_like(local, dtype=dtype)
     for g in every:
         summed = summed + g.to(dtype).div(world)  # each add rounds to `dtype`
-    dist.destroy_process_group()
     return {"hooked": hooked, "seen": seen, "locals": every, "flat_expected": summed.float()}
 
 
 def score_slices(slices: list[torch.Tensor]) -> dict:
     """`score_on_rank0` of this rank's [2, N] slice of `slices`."""
-    dist.init_process_group("gloo")
+    default_group()
     result = score_on_rank0(slices[dist.get_rank()], dist.group.WORLD)
-    dist.destroy_process_group()
     return result

@@ -15,7 +15,6 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from dlrm.config import Config, validate, validate_world
 from dlrm.core.sharding import table_plans
 from dlrm.core.topology import World
-from tests.helpers.workers import teardown
 
 
 class SentBytes:
@@ -100,7 +99,6 @@ def measured_traffic(steps: int, *cfgs: Config) -> list[dict]:
         validate_world(cfg, world.world_size, world.local_world_size)
         results.append(_sent_per_step(Trainer(cfg, world), cfg, world, steps))
         gc.collect()
-    teardown()
     return results
 
 

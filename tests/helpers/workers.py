@@ -1,8 +1,10 @@
-"""Functions run on each rank by the distributed tests (importable, so spawn can pickle them)."""
+"""Functions run on each rank by the distributed tests (importable, so spawn can pickle them).
+
+Each builds what it needs in the job's default process group and leaves the group to the harness
+(tests/helpers/harness.py), so several of them share one launch.
+"""
 
 from __future__ import annotations
-
-import gc
 
 import torch
 
@@ -10,36 +12,50 @@ from dlrm.config import Config, validate, validate_world
 from dlrm.core.model import local_pieces
 from dlrm.core.sharding import describe_plan
 from dlrm.core.topology import World
+from tests.helpers.harness import default_group
 
 
-def train_and_report(cfg: Config) -> dict:
-    """Train on this rank; return the logged losses and this rank's pieces of the final weights.
-
-    pieces: {param name: [((row offset, col offset), tensor), ...]}; plan: dlrm.core.sharding.describe_plan
-    """
+def build_trainer(cfg: Config):
+    """A validated Trainer for this rank (the world from the launcher's environment)."""
     from dlrm.core.trainer import Trainer
 
     validate(cfg)
     world = World.from_env()
     validate_world(cfg, world.world_size, world.local_world_size)
-    trainer = Trainer(cfg, world)
-    trainer.train()
-    model = trainer.detached_model()
-    pieces = {
+    return Trainer(cfg, world)
+
+
+def pieces_of(model: torch.nn.Module) -> dict:
+    """{param name: [((row offset, col offset), tensor copy), ...]}: this rank's pieces of the weights."""
+    return {
         name: [(offsets, t.detach().clone()) for t, offsets, _ in local_pieces(value)]
         for name, value in model.state_dict().items()
     }
-    result = {"losses": trainer.losses, "pieces": pieces, "plan": describe_plan(trainer.plan)}
-    del trainer, model
-    teardown()
-    return result
 
 
-def teardown() -> None:
-    """As dlrm.train.run does: free the trainer's cycles (in-flight Gloo work), then the groups."""
-    gc.collect()
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+def train_and_report(cfg: Config) -> dict:
+    """Train on this rank; the logged losses, this rank's pieces of the final weights (`pieces_of`),
+    the plan (dlrm.core.sharding.describe_plan) and the summary."""
+    trainer = build_trainer(cfg)
+    summary = trainer.train()
+    return {
+        "losses": trainer.losses,
+        "pieces": pieces_of(trainer.detached_model()),
+        "plan": describe_plan(trainer.plan),
+        "summary": summary,
+    }
+
+
+def train_summary(cfg: Config) -> dict:
+    """Train (or evaluate, with trainer.eval_only) on this rank and return the run summary."""
+    return build_trainer(cfg).train()
+
+
+def train_losses(cfg: Config) -> list[float]:
+    """Train on this rank; the logged losses."""
+    trainer = build_trainer(cfg)
+    trainer.train()
+    return trainer.losses
 
 
 def hierarchical_vs_flat(nodes: int, ranks_per_node: int) -> float:
@@ -47,7 +63,7 @@ def hierarchical_vs_flat(nodes: int, ranks_per_node: int) -> float:
     from dlrm.core.dense_sync import hierarchical_allreduce_
     from dlrm.core.topology import build_process_groups
 
-    torch.distributed.init_process_group("gloo")
+    default_group()
     groups = build_process_groups(torch.device("cpu"), nodes, ranks_per_node)
     rank = torch.distributed.get_rank()
     worst = 0.0
@@ -57,7 +73,6 @@ def hierarchical_vs_flat(nodes: int, ranks_per_node: int) -> float:
         torch.distributed.all_reduce(flat)
         flat /= torch.distributed.get_world_size()
         worst = max(worst, (hierarchical_allreduce_(t, groups) - flat).abs().max().item())
-    torch.distributed.destroy_process_group()
     return worst
 
 
@@ -65,26 +80,13 @@ def process_group_layout(nodes: int, ranks_per_node: int) -> dict:
     """The global ranks in this rank's intra-node and inter-node groups."""
     from dlrm.core.topology import build_process_groups
 
-    torch.distributed.init_process_group("gloo")
+    default_group()
     groups = build_process_groups(torch.device("cpu"), nodes, ranks_per_node)
     layout = {
         "intra_node": torch.distributed.get_process_group_ranks(groups.intra_node),
         "inter_node": torch.distributed.get_process_group_ranks(groups.inter_node),
     }
-    torch.distributed.destroy_process_group()
     return layout
-
-
-def train_summary(cfg: Config) -> dict:
-    """Train (or evaluate, with trainer.eval_only) on this rank and return the run summary."""
-    from dlrm.core.trainer import Trainer
-
-    validate(cfg)
-    world = World.from_env()
-    validate_world(cfg, world.world_size, world.local_world_size)
-    summary = Trainer(cfg, world).train()
-    teardown()
-    return summary
 
 
 class _NaNInjector:
@@ -105,39 +107,10 @@ class _NaNInjector:
 
 def train_with_a_nan_batch(cfg: Config, index: int, rank: int) -> dict:
     """train_and_report, with a NaN injected into one rank's slice of global batch `index`."""
-    from dlrm.core.trainer import Trainer
-
-    validate(cfg)
-    world = World.from_env()
-    trainer = Trainer(cfg, world)
+    trainer = build_trainer(cfg)
     trainer.source = _NaNInjector(trainer.source, index, rank)
     trainer.train()
-    pieces = {
-        name: [(offsets, t.detach().clone()) for t, offsets, _ in local_pieces(value)]
-        for name, value in trainer.model.state_dict().items()
-    }
-    result = {"losses": trainer.losses, "pieces": pieces, "skipped": trainer.skipped_steps}
-    del trainer
-    teardown()
-    return result
-
-
-def train_in_turn(*cfgs: Config) -> list:
-    """Train each config in turn in this job (e.g. uninterrupted, then resumed); each one's logged losses."""
-    from dlrm.core.trainer import Trainer
-
-    world = World.from_env()
-    losses = []
-    for cfg in cfgs:
-        validate(cfg)
-        validate_world(cfg, world.world_size, world.local_world_size)
-        trainer = Trainer(cfg, world)
-        trainer.train()
-        losses.append(trainer.losses)
-        del trainer
-        gc.collect()
-    teardown()
-    return losses
+    return {"losses": trainer.losses, "pieces": pieces_of(trainer.model), "skipped": trainer.skipped_steps}
 
 
 def resume_error(cfg: Config) -> str:
@@ -149,6 +122,5 @@ def resume_error(cfg: Config) -> str:
     try:
         Trainer(cfg, World.from_env())
     except CheckpointError as e:
-        torch.distributed.destroy_process_group()
         return str(e)
     raise AssertionError("the checkpoint was loaded")

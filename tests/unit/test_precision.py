@@ -16,6 +16,7 @@ from dlrm.core.sharding import plan_sharding, qcomms_registry, sharders
 from dlrm.core.topology import planner_topology
 from dlrm.data.loader import make_source
 from tests.helpers.cli import assert_one_error, main_in_process
+from tests.helpers.scoring import numpy_auc
 
 TABLE = "model.sparse_arch.embedding_bag_collection.embedding_bags.{}.weight"
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -190,14 +191,6 @@ def test_sharders_carry_the_registry_to_planner_and_dmp(make_config):
 
 
 # --- exact AUC on the device ---------------------------------------------------------------------
-
-
-def numpy_auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Reference: P(score+ > score-) + P(score+ == score-) / 2, by sorting the negatives."""
-    pos, neg = np.sort(scores[labels == 1]), np.sort(scores[labels == 0])
-    below = np.searchsorted(neg, pos, side="left")
-    at_or_below = np.searchsorted(neg, pos, side="right")
-    return float((below + (at_or_below - below) / 2).sum() / (len(pos) * len(neg)))
 
 
 @pytest.mark.parametrize("distinct", [3, 50, 100_000])  # heavy ties ... almost none

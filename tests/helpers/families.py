@@ -1,0 +1,102 @@
+"""Scenario families: the distributed tests' jobs grouped by launch shape, each family run in ONE launch.
+
+A test module registers its jobs when it is imported (`PAIR.add(key, fn, *args)`); the first test
+that reads a result (`PAIR[key]`: one value per rank) runs every job registered in that family, in
+registration order, in one elastic launch, and later tests read the cached results. So the session
+pays the ~6 CPU-seconds of imports per rank once per family instead of once per test, and a baseline
+that several tests compare against (the fp32 table-wise run) trains once.
+
+Arguments of type `Overrides` are composed into a Config in the parent when the family runs (not at
+import: collection stays fast). `Family.dir(name)` is a directory for one job's files (checkpoints),
+under a root that lives for the session. A family that reads another's files names it in `after`.
+
+Running one test runs its module's jobs of that family (every registered job): a few seconds more
+than the test alone, never a different result.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import shutil
+import tempfile
+from pathlib import Path
+
+from dlrm.compose import compose
+from tests.helpers.harness import Job, JobError, launch_jobs
+
+
+class Overrides(tuple):
+    """Hydra overrides, composed into a Config when the family runs."""
+
+    def __new__(cls, *overrides: str) -> Overrides:
+        return super().__new__(cls, overrides)
+
+
+@functools.cache
+def _root() -> Path:
+    root = Path(tempfile.mkdtemp(prefix="dlrm-families-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
+
+
+class Family:
+    """Jobs that share one launch of `nnodes` x `nproc` ranks."""
+
+    def __init__(self, name: str, nproc: int, nnodes: int = 1, after: tuple[Family, ...] = ()) -> None:
+        self.name, self.nproc, self.nnodes, self.after = name, nproc, nnodes, after
+        self.jobs: dict[str, tuple] = {}
+        self.results: dict[str, list] | None = None
+        self.failure: BaseException | None = None
+
+    def add(self, key: str, fn, *args, expect_error: bool = False) -> str:
+        """Register fn(*args) on every rank under `key`; returns the key. Modules may register the
+        same job (a shared baseline) under one key; another job under a taken key is an error."""
+        job = (fn, args, expect_error)
+        if key in self.jobs:
+            assert self.jobs[key] == job, f"{self.name}: two different jobs named {key!r}"
+            return key
+        assert self.results is None, f"{self.name}: job {key!r} registered after the family ran"
+        self.jobs[key] = job
+        return key
+
+    def dir(self, name: str) -> Path:
+        """A directory path (not created) for one job's files, unique to this family."""
+        return _root() / self.name / name
+
+    def run(self) -> None:
+        if self.results is not None:
+            return
+        if self.failure is not None:
+            raise RuntimeError(f"the {self.name} family's launch failed (see its first test)") from self.failure
+        for family in self.after:
+            family.run()
+        jobs = [
+            Job(fn, tuple(compose(list(a)) if isinstance(a, Overrides) else a for a in args), expect_error)
+            for fn, args, expect_error in self.jobs.values()
+        ]
+        try:
+            per_job = launch_jobs(jobs, self.nproc, self.nnodes) if jobs else []
+        except BaseException as e:
+            self.failure = e
+            raise
+        self.results = dict(zip(self.jobs, per_job, strict=True))
+
+    def __getitem__(self, key: str) -> list:
+        """The job's result on every rank, in rank order (a JobError where it raised, with expect_error)."""
+        self.run()
+        assert self.results is not None
+        return self.results[key]
+
+
+def error_of(results: list) -> JobError:
+    """The one error an expect_error job raised on every rank alike."""
+    assert all(isinstance(r, JobError) for r in results), f"the job did not fail: {results}"
+    assert len({(r.type, r.message) for r in results}) == 1, results
+    return results[0]
+
+
+# The families. Each distributed test module adds its jobs to these.
+PAIR = Family("pair", nproc=2)  # 2 ranks on one node
+TWO_NODES = Family("two_nodes", nproc=2, nnodes=2, after=(PAIR,))  # 2 simulated nodes x 2 ranks
+SINGLE = Family("single", nproc=1, after=(PAIR, TWO_NODES))  # 1 rank: resumes of the others' checkpoints
