@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 
 from dlrm.config import ModelConfig
 from dlrm.core.cadence import Every
+from dlrm.core.model import local_pieces
 from dlrm.errors import UserError
 from dlrm.io import write_atomic
 
@@ -53,6 +54,10 @@ class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used; the message says why and what to do."""
 
     same_on_all_ranks = True  # every rank checks the same checkpoint files and manifest
+
+
+class NonFiniteCheckpointError(CheckpointError):
+    """The model to save holds NaN or inf values: it is not saved (every rank raises it alike)."""
 
 
 def checkpoint_dirname(step: int) -> str:
@@ -368,6 +373,12 @@ def load_checkpoint(path: Path, state: dict, verify: bool = True, pg: dist.Proce
             f"checkpoint {path} does not fit this run: {'; '.join(reasons)}; "
             "load it with the model and optimizer it was written with"
         ) from None
+    bad = _everyones(nonfinite_tensors(state), pg)
+    if bad:  # written before checkpoints were checked, or by another program
+        raise CheckpointError(
+            f"checkpoint {path} holds NaN or inf in {len(bad)} tensors ({_listed(bad)}): it was saved from "
+            f"a diverged run; {_another(path)}"
+        )
     step = state.get("progress", {}).get("step")
     if step is not None and int(step.item()) != manifest["step"]:
         raise CheckpointError(
@@ -375,6 +386,34 @@ def load_checkpoint(path: Path, state: dict, verify: bool = True, pg: dist.Proce
             f"(corrupt; load with checkpoint.verify=true to find the file): {_another(path)}"
         )
     return manifest
+
+
+def nonfinite_tensors(state: dict, prefix: str = "") -> list[str]:
+    """Dotted names of the floating-point tensors in `state` (nested dicts) with a NaN or inf in the
+    pieces this rank holds (every local shard of a ShardedTensor)."""
+    bad = []
+    for key, value in state.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            bad += nonfinite_tensors(value, name + ".")
+        elif value.dtype.is_floating_point and not all(
+            bool(torch.isfinite(t).all()) for t, _, _ in local_pieces(value)
+        ):
+            bad.append(name)
+    return bad
+
+
+def _everyones(names: list[str], pg: dist.ProcessGroup | None) -> list[str]:
+    """The union over the ranks of `names` (one object collective; `names` alone without a group)."""
+    if pg is None:
+        return sorted(names)
+    every: list[list[str]] = [[] for _ in range(dist.get_world_size(pg))]
+    dist.all_gather_object(every, names, group=pg)
+    return sorted({n for part in every for n in part})
+
+
+def _listed(names: list[str], most: int = 3) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _tensor_leaves_only(state: Any, prefix: str = "") -> None:
@@ -419,6 +458,14 @@ class Checkpointer:
         writes the manifest with every file's size and sha256, then renames the directory.
         """
         _tensor_leaves_only(state)
+        bad = _everyones(nonfinite_tensors(state), self.pg)
+        if bad:  # a diverged model is never saved, so every complete checkpoint is a good one
+            latest = latest_checkpoint(self.root)
+            raise NonFiniteCheckpointError(
+                f"step {step} not checkpointed: {len(bad)} tensors hold NaN or inf ({_listed(bad)}), the "
+                f"training diverged; last good checkpoint: {latest or 'none'}. Lower optim.embedding.lr / "
+                "optim.dense.lr and resume from it (trainer.resume=auto), or check the data for NaN/inf"
+            )
         final = self.root / checkpoint_dirname(step)
         partial = self.root / f".{checkpoint_dirname(step)}.partial"
         if self.is_main:
