@@ -32,11 +32,13 @@ class ThroughputWindow(Generic[T]):
 
     `add` records a step (loss None: a skipped step, counted but without a loss); `paused()` stops
     the clock while the loop does other work; `close()` returns (losses, steps, seconds) and opens
-    the next window. `train_seconds` sums the closed windows.
+    the next window. `train_seconds` sums the closed windows. `sync` waits for the device's queued
+    work (dlrm.core.topology.synchronizer): called when the clock stops (a pause, a close) so that
+    the window's time holds its steps' device work, and nowhere else.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
-        self._clock = clock
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, sync: Callable[[], None] = lambda: None) -> None:
+        self._clock, self._sync = clock, sync
         self.train_seconds = 0.0
         self._open()
 
@@ -53,6 +55,7 @@ class ThroughputWindow(Generic[T]):
 
     @contextmanager
     def paused(self) -> Iterator[None]:
+        self._sync()
         self._elapsed += self._clock() - self._since
         try:
             yield
@@ -65,6 +68,7 @@ class ThroughputWindow(Generic[T]):
 
     def close(self) -> tuple[list[T], int, float]:
         """(losses, steps, seconds) of this window; the next one opens now."""
+        self._sync()
         result = (self.losses, self.steps, self.seconds())
         self.train_seconds += result[2]
         self._open()

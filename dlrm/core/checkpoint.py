@@ -396,9 +396,7 @@ def nonfinite_tensors(state: dict, prefix: str = "") -> list[str]:
         name = f"{prefix}{key}"
         if isinstance(value, dict):
             bad += nonfinite_tensors(value, name + ".")
-        elif value.dtype.is_floating_point and not all(
-            bool(torch.isfinite(t).all()) for t, _, _ in local_pieces(value)
-        ):
+        elif not all(bool(torch.isfinite(t).all()) for t, _, _ in local_pieces(value) if t.dtype.is_floating_point):
             bad.append(name)
     return bad
 

@@ -36,9 +36,17 @@ class StepProfiler:
     """
 
     def __init__(
-        self, cfg: TrainerConfig, log_every: Every, device: torch.device, pg, world_size: int, trace_dir: Path | None
+        self,
+        cfg: TrainerConfig,
+        log_every: Every,
+        device: torch.device,
+        pg,
+        world_size: int,
+        trace_dir: Path | None,
+        sync: Callable[[], None] = lambda: None,
     ) -> None:
         self.cfg, self.log_every, self.device, self.pg, self.world_size = cfg, log_every, device, pg, world_size
+        self.sync = sync  # waits for the device: a profiled step's time holds its device work
         self.activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         width = 3 + len(PHASES) + len(COMM_KINDS)
         self.window = torch.zeros(width, dtype=torch.float64)  # this log window's profiled steps
@@ -85,6 +93,7 @@ class StepProfiler:
         try:
             start = time.perf_counter()
             result = one_step()
+            self.sync()
             wall = time.perf_counter() - start
         finally:
             with kineto_quiet():
@@ -101,7 +110,9 @@ class StepProfiler:
         breakdown only when it is the run's only one."""
         if not self.cfg.breakdown:
             return {}
-        dist.all_reduce(self.window, group=self.pg)
+        summed = self.window.to(self.device)  # a collective of the training group: on its device (NCCL)
+        dist.all_reduce(summed, group=self.pg)
+        self.window.copy_(summed)
         record = {}
         if self.window[0] > 0:
             record = self.record(self.window)

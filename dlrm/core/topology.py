@@ -7,7 +7,9 @@ creates the process group and `planner_topology` describes the hardware to the p
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -23,6 +25,7 @@ from torchrec.distributed.planner.types import (
 )
 
 from dlrm.config import TopologyConfig
+from dlrm.errors import UserError
 
 GB = 10**9
 
@@ -60,6 +63,27 @@ def backend_for(cfg: TopologyConfig) -> str:
     return "nccl" if cfg.device == "cuda" else "gloo"
 
 
+class DeviceError(UserError, RuntimeError):
+    """The topology's device is not there; the message says what to change."""
+
+    same_on_all_ranks = True  # no GPU at all: every rank meets it alike
+
+
+class NoGPUForRankError(DeviceError):
+    """This rank's local index has no GPU (more ranks per node than GPUs)."""
+
+    same_on_all_ranks = False  # only the ranks past the GPU count meet it
+
+
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    """A function that waits for `device`'s queued work (CUDA), or does nothing (CPU). The training
+    loop calls it only where a clock must include the device's work (a log window's end, a pause,
+    a profiled step), never after every step: the host runs ahead of the GPU."""
+    if device.type == "cuda":
+        return functools.partial(torch.cuda.synchronize, device)
+    return lambda: None
+
+
 def device_for(cfg: TopologyConfig, world: World, tf32: bool = False) -> torch.device:
     """The compute device of this rank: cuda:<local rank> or cpu. The one place with CUDA calls
     (a ROCm build of torch answers to the same 'cuda' device and 'nccl' backend names).
@@ -68,8 +92,13 @@ def device_for(cfg: TopologyConfig, world: World, tf32: bool = False) -> torch.d
     """
     if cfg.device == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError(
-                f"topology '{cfg.name}' wants device=cuda but torch sees no GPU; use topology=cpu on this machine"
+            raise DeviceError(
+                f"topology={cfg.name} wants device=cuda but torch sees no GPU here; use topology=cpu on this machine"
+            )
+        if world.local_rank >= torch.cuda.device_count():
+            raise NoGPUForRankError(
+                f"local rank {world.local_rank} has no GPU: torch sees {torch.cuda.device_count()} on this node; "
+                "start at most that many ranks per node (torchrun --nproc_per_node) or check CUDA_VISIBLE_DEVICES"
             )
         torch.cuda.set_device(world.local_rank)
         torch.backends.cuda.matmul.allow_tf32 = tf32

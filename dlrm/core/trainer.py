@@ -40,6 +40,7 @@ from dlrm.core.topology import (
     device_for,
     init_distributed,
     planner_topology,
+    synchronizer,
 )
 from dlrm.data.loader import batches_on, make_source
 from dlrm.data.prefetch import Prefetcher, prefetch_pays
@@ -75,7 +76,7 @@ class _Run:
             run_dir / "tensorboard" if run_dir and tr.tensorboard else None,
         )
         progress = Progress(trainer.total_steps, tr.progress, trainer.world.is_main, first_step=trainer.step)
-        return cls(metrics, progress, trainer.step)
+        return cls(metrics, progress, trainer.step, ThroughputWindow(sync=trainer.sync))
 
 
 class Trainer:
@@ -101,6 +102,7 @@ class Trainer:
         self.run_dir = run_dir if world.is_main else None
         keep_freed_memory()  # the host blocks a step frees stay for the next: no page faults each step
         self.device = device_for(cfg.topology, world, tf32=cfg.trainer.tf32)
+        self.sync = synchronizer(self.device)  # the clocks' wait for the device: at log windows, never per step
         self.source = make_source(cfg, self.device)  # data errors before any process group or table exists
         self.pg = init_distributed(cfg.topology, world)
 
@@ -144,7 +146,7 @@ class Trainer:
         tr, ck = cfg.trainer, cfg.checkpoint
         self.log_every, self.eval_every = Every(tr.log_every_steps), Every(tr.eval_every_steps)
         trace_dir = self.run_dir / "profile" if self.run_dir is not None else None  # rank 0 traces
-        self.profiler = StepProfiler(tr, self.log_every, self.device, self.pg, world.world_size, trace_dir)
+        self.profiler = StepProfiler(tr, self.log_every, self.device, self.pg, world.world_size, trace_dir, self.sync)
         root = ck.dir or (run_dir / "checkpoints" if run_dir is not None else None)
         self.checkpointer = (
             Checkpointer(Path(root), ck.keep, self.pg, world.is_main, every=Every(ck.every_steps, ck.at_end))
@@ -269,8 +271,6 @@ class Trainer:
                 with record_function("## next_batch ##"):
                     batch = next(batches)
                 loss = self.train_step(batch)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # the step's GPU work ends inside its range
         return loss
 
     def _announce(self) -> None:
