@@ -81,22 +81,29 @@ def hydra_main(dcfg: DictConfig) -> None:
 
 
 def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool) -> None:
-    """Write the run's config.yaml, or, continuing a run with a checkpoint, compare with it (see dlrm.core.runs)."""
-    from dlrm.core.checkpoint import latest_checkpoint
-    from dlrm.core.runs import check_continuation, record
+    """Own the run directory (rank 0 locks it), refuse to start over another run's outputs, then
+    write the run's config.yaml, or, continuing a run with a checkpoint, compare with it (see dlrm.core.runs)."""
+    from dlrm.core.checkpoint import complete_checkpoints
+    from dlrm.core.runs import check_continuation, check_fresh_start, check_no_later_checkpoints, lock_run_dir, record
 
+    global _run_lock
+    if is_main:
+        _run_lock = lock_run_dir(run_dir)
     config = OmegaConf.to_container(dcfg, resolve=True, enum_to_str=True)
     assert isinstance(config, dict)
-    latest = latest_checkpoint(Path(cfg.checkpoint.dir or run_dir / "checkpoints"))
-    if latest is not None and cfg.run.name and not cfg.trainer.resume:
-        raise UserError(
-            f"run {cfg.run.name} already has checkpoints (newest {latest}): continue it with "
-            "trainer.resume=auto, or choose another run.name"
-        )
-    continuing = latest is not None and bool(cfg.trainer.resume)
+    tr = cfg.trainer
+    checkpoints = complete_checkpoints(Path(cfg.checkpoint.dir or run_dir / "checkpoints"))
+    check_fresh_start(run_dir, checkpoints, tr.resume, look_at_config=is_main)
+    if tr.resume and tr.resume != "auto" and not tr.eval_only:
+        step = Path(tr.resume).name.removeprefix("step_")
+        check_no_later_checkpoints(checkpoints, int(step) if step.isdigit() else None)
+    continuing = bool(checkpoints) and bool(tr.resume)
     changes = check_continuation(run_dir, config) if continuing else {}
     if is_main:
         record(run_dir, config, continuing, list(HydraConfig.get().overrides.task), changes)
+
+
+_run_lock: int | None = None  # rank 0's lock on its run directory, held for the process's life
 
 
 def _shared_run_dir() -> str:

@@ -466,6 +466,11 @@ class Checkpointer:
             )
         final = self.root / checkpoint_dirname(step)
         partial = self.root / f".{checkpoint_dirname(step)}.partial"
+        if (final / MANIFEST).is_file() and final not in self.written:  # every rank sees it: all refuse
+            raise CheckpointError(
+                f"{final} is another invocation's checkpoint: not replaced. Resume from the newest checkpoint "
+                "(trainer.resume=auto), or write this run's checkpoints elsewhere (checkpoint.dir)"
+            )
         if self.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
             for stale in self.root.glob(".*.partial"):
@@ -482,7 +487,7 @@ class Checkpointer:
             if sorted(files) != names:
                 raise RuntimeError(f"ranks saw different files in {partial}: is checkpoint.dir on a shared filesystem?")
             write_manifest(partial, {**manifest, "step": step, "files": files})
-            if final.exists():  # the same step saved again after a restart
+            if final.exists():  # an incomplete one (no manifest), or this invocation's own
                 shutil.rmtree(final)
             os.replace(partial, final)
             self.written.add(final)

@@ -9,8 +9,11 @@ apply to a checkpoint are refused, and the continuation is recorded as one JSON 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -18,12 +21,73 @@ from typing import Any
 import yaml
 
 from dlrm.config import ConfigError
+from dlrm.errors import UserError
 from dlrm.io import write_atomic
 
 log = logging.getLogger(__name__)
 
 CONFIG = "config.yaml"
 CONTINUATIONS = "continuations.jsonl"
+LOCK = ".lock"
+
+
+class RunInUseError(UserError):
+    """Another training holds the run directory's lock."""
+
+
+def lock_run_dir(run_dir: Path) -> int:
+    """Take the run directory's lock for this process's life (rank 0 of a training): an exclusive
+    flock on run_dir/.lock, opened without following a planted symlink, released by the kernel when
+    the process ends however it ends. RunInUseError naming the holder if another process has it.
+    Returns the lock's file descriptor (keep it open)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise RunInUseError(
+            f"run directory {run_dir} is in use by another training ({holder}); wait for it to end, or "
+            "give this one another run.name (or hydra.run.dir)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(
+        fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode(), 0
+    )
+    return fd
+
+
+def check_fresh_start(run_dir: Path, checkpoints: list[Path], resume: str | None, look_at_config: bool) -> None:
+    """A run without trainer.resume must not start over another one's outputs: refused (one line)
+    when the checkpoint directory holds checkpoints (they would be replaced, then deleted by
+    retention) or, with look_at_config (rank 0, before it writes its own), the run directory holds
+    a run's config.yaml."""
+    if resume:
+        return
+    config = run_dir / CONFIG
+    held = [str(config)] if look_at_config and config.exists() else []
+    held += [str(c) for c in checkpoints[-1:]]
+    if held:
+        raise ConfigError(
+            f"run directory {run_dir} already holds a run ({', '.join(held)}): continue it with "
+            "trainer.resume=auto, or start this one in another run.name (or hydra.run.dir)"
+        )
+
+
+def check_no_later_checkpoints(checkpoints: list[Path], resume_step: int | None) -> None:
+    """Resuming from step s into a checkpoint directory that holds checkpoints after s would replace
+    them, and retention would delete them: refused, naming them and the ways out."""
+    if resume_step is None:
+        return
+    later = [c for c in checkpoints if int(c.name.split("_")[-1]) > resume_step]
+    if later:
+        raise ConfigError(
+            f"the checkpoint directory holds {len(later)} checkpoint(s) after step {resume_step} (newest "
+            f"{later[-1]}) that this run would replace: resume from the newest (trainer.resume=auto), or "
+            "write this run's checkpoints elsewhere (another run.name, hydra.run.dir or checkpoint.dir)"
+        )
+
 
 # Keys whose change a checkpoint cannot follow. The model: the checkpoint's tensors have its shapes.
 # The optimizers: their state is another one's (the checkpoint manifest refuses them too). The global
