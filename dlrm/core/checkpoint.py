@@ -40,6 +40,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from dlrm.config import ModelConfig
 from dlrm.core.cadence import Every
 from dlrm.core.model import local_pieces
+from dlrm.core.optim_state import fit_to_checkpoint
 from dlrm.errors import UserError
 from dlrm.io import write_atomic
 
@@ -356,6 +357,27 @@ def open_checkpoint(path: Path, verify: bool = True, pg: dist.ProcessGroup | Non
     return result
 
 
+def _fit_optimizer_state(path: Path, manifest: dict, metadata: Metadata, state: dict) -> Callable[[], None]:
+    """Key `state["optim"]["state"]` as the checkpoint saved it where tables moved between fused kernels
+    and data_parallel (dlrm.core.optim_state); returns what to do after the load. CheckpointError
+    naming the tables whose saved state fits neither layout."""
+    if "optim" not in state or "progress" not in state:
+        return lambda: None
+    saved = {k: v.size for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
+    fitted, finish, misfits = fit_to_checkpoint(state["optim"]["state"], saved, state["progress"]["step"])
+    if misfits:
+        tables = sorted({m.split(".")[-2] for m in misfits})
+        planned = {row.get("table"): row.get("sharding_type") for row in manifest.get("sharding_plan") or []}
+        saved_as = "; ".join(f"sharding.per_table.{t}={planned.get(t, '?')}" for t in tables)
+        raise CheckpointError(
+            f"checkpoint {path} holds optimizer state for tables {', '.join(tables)} in a layout this run's "
+            f"plan cannot load; resume with their sharding as saved ({saved_as}), then change it at a later resume "
+            "in steps that keep the layout"
+        )
+    state["optim"]["state"] = fitted
+    return finish
+
+
 def load_checkpoint(path: Path, state: dict, verify: bool = True, pg: dist.ProcessGroup | None = None) -> dict:
     """Verify checkpoint `path`, then load it into `state`'s tensors in place (resharding as needed).
 
@@ -363,6 +385,7 @@ def load_checkpoint(path: Path, state: dict, verify: bool = True, pg: dist.Proce
     the loaded step must equal the manifest's. No process group: one process (export). Returns the manifest.
     """
     manifest, metadata = open_checkpoint(path, verify, pg)
+    finish = _fit_optimizer_state(path, manifest, metadata, state)
     try:
         with warnings.catch_warnings():  # DCP warns on every load without a process group
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
@@ -373,6 +396,7 @@ def load_checkpoint(path: Path, state: dict, verify: bool = True, pg: dist.Proce
             f"checkpoint {path} does not fit this run: {'; '.join(reasons)}; "
             "load it with the model and optimizer it was written with"
         ) from None
+    finish()
     bad = _everyones(nonfinite_tensors(state), pg)
     if bad:  # written before checkpoints were checked, or by another program
         raise CheckpointError(

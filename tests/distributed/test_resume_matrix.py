@@ -12,7 +12,7 @@ import torch
 
 from dlrm.export import export
 from tests.helpers.equivalence import tiny
-from tests.helpers.families import PAIR, SINGLE
+from tests.helpers.families import PAIR, SINGLE, TWO_NODES
 from tests.helpers.workers import train_losses
 
 OPTIMIZERS = {  # embedding optimizer -> overrides (the dense optimizer follows the optim group)
@@ -66,3 +66,61 @@ def test_resumed_equals_uninterrupted(tmp_path, optimizer, pipeline):
     assert all(not torch.equal(final["whole"][k], at_resume[k]) for k in at_resume if "embedding_bags" in k), (
         "the steps after the resume point left a table unchanged: nothing was tested"
     )
+
+
+# --- plan changes at a resume: tables move between fused kernels and data_parallel -----------------
+# The saved optimizer state (row-wise Adagrad's or Adagrad's sums) must carry over to the new plan:
+# the final weights then equal the uninterrupted run's (fused vs torch optimizer arithmetic: 1e-4,
+# as for test_equivalence's data-parallel tables), and differ from a run whose state did not load.
+
+STATEFUL = ("rowwise_adagrad", "adagrad")
+SOURCES = ("table_wise", "data_parallel", "column_wise")
+PLAN_CHANGES = [  # (saved with, resumed family, resumed sharding)
+    ("table_wise", PAIR, "data_parallel"),
+    ("data_parallel", PAIR, "table_wise"),
+    ("data_parallel", PAIR, "row_wise"),
+    ("column_wise", PAIR, "data_parallel"),
+    ("table_wise", SINGLE, "data_parallel"),  # and another world size
+    ("data_parallel", TWO_NODES, "table_row_wise"),  # and another node count
+]
+
+
+def _moved(optimizer, name, *overrides):
+    return tiny(
+        *OPTIMIZERS[optimizer],
+        "optim.schedule.warmup_steps=4",
+        "trainer.max_steps=6",
+        "checkpoint.every_steps=3",
+        f"checkpoint.dir={PAIR.dir(f'moved_{optimizer}_{name}')}",
+        *overrides,
+    )
+
+
+for _o in STATEFUL:
+    for _s in SOURCES:
+        PAIR.add(f"moved/{_o}/{_s}", train_losses, _moved(_o, _s, f"sharding={_s}"))
+    for _s, _family, _t in PLAN_CHANGES:
+        _from = PAIR.dir(f"moved_{_o}_{_s}") / "step_00000003"
+        _topology = "topology=cpu_2x2" if _family is TWO_NODES else "topology=cpu"
+        _family.add(
+            f"moved/{_o}/{_s}/{_t}",
+            train_losses,
+            _moved(_o, f"{_s}_to_{_family.name}_{_t}", f"sharding={_t}", _topology, f"trainer.resume={_from}"),
+        )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", STATEFUL)
+@pytest.mark.parametrize("source, family, target", PLAN_CHANGES, ids=[f"{s}-{f.name}-{t}" for s, f, t in PLAN_CHANGES])
+def test_a_resume_that_moves_tables_keeps_the_optimizer_state(tmp_path, optimizer, source, family, target):
+    whole = PAIR[f"moved/{optimizer}/{source}"][0]
+    resumed = family[f"moved/{optimizer}/{source}/{target}"][0]
+    assert resumed == pytest.approx(whole[3:], rel=1e-5)
+    root = PAIR.dir(f"moved_{optimizer}_{source}")
+    expected = export(root / "step_00000006", tmp_path / "whole.pt")
+    got = export(PAIR.dir(f"moved_{optimizer}_{source}_to_{family.name}_{target}") / "step_00000006", tmp_path / "r.pt")
+    at_resume = export(root / "step_00000003", tmp_path / "at_resume.pt")
+    for k, v in expected.items():
+        torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-6, msg=k)
+        if "embedding_bags" in k:
+            assert not torch.equal(v, at_resume[k]), f"{k} did not change after the resume: nothing was tested"

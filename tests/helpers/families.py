@@ -20,6 +20,7 @@ import atexit
 import functools
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from dlrm.compose import compose
@@ -48,6 +49,7 @@ class Family:
         self.jobs: dict[str, tuple] = {}
         self.results: dict[str, list] | None = None
         self.failure: BaseException | None = None
+        self.seconds: dict[str, float] = {}  # per job on rank 0; "(launch)": the whole launch
 
     def add(self, key: str, fn, *args, expect_error: bool = False) -> str:
         """Register fn(*args) on every rank under `key`; returns the key. Modules may register the
@@ -75,12 +77,15 @@ class Family:
             Job(fn, tuple(compose(list(a)) if isinstance(a, Overrides) else a for a in args), expect_error)
             for fn, args, expect_error in self.jobs.values()
         ]
+        start = time.perf_counter()
         try:
             per_job = launch_jobs(jobs, self.nproc, self.nnodes) if jobs else []
         except BaseException as e:
             self.failure = e
             raise
-        self.results = dict(zip(self.jobs, per_job, strict=True))
+        self.seconds = {key: ranks[0][1] for key, ranks in zip(self.jobs, per_job, strict=True)}
+        self.seconds["(launch)"] = time.perf_counter() - start
+        self.results = {key: [result for result, _ in ranks] for key, ranks in zip(self.jobs, per_job, strict=True)}
 
     def __getitem__(self, key: str) -> list:
         """The job's result on every rank, in rank order (a JobError where it raised, with expect_error)."""
@@ -100,3 +105,18 @@ def error_of(results: list) -> JobError:
 PAIR = Family("pair", nproc=2)  # 2 ranks on one node
 TWO_NODES = Family("two_nodes", nproc=2, nnodes=2, after=(PAIR,))  # 2 simulated nodes x 2 ranks
 SINGLE = Family("single", nproc=1, after=(PAIR, TWO_NODES))  # 1 rank: resumes of the others' checkpoints
+FAMILIES = (PAIR, TWO_NODES, SINGLE)
+
+
+def timing_lines(slowest: int = 5) -> list[str]:
+    """For the session's summary: each family that ran, its launch's seconds and its slowest jobs."""
+    lines = []
+    for family in FAMILIES:
+        if family.results is None:
+            continue
+        jobs = sorted(((s, k) for k, s in family.seconds.items() if k != "(launch)"), reverse=True)
+        top = ", ".join(f"{k} {s:.1f}s" for s, k in jobs[:slowest])
+        lines.append(
+            f"{family.name}: {len(jobs)} jobs in one launch, {family.seconds['(launch)']:.0f}s; slowest: {top}"
+        )
+    return lines

@@ -16,6 +16,7 @@ import gc
 import multiprocessing
 import pickle
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,18 +56,21 @@ def default_group() -> dist.ProcessGroup:
     return dist.group.WORLD  # type: ignore[return-value]
 
 
-def run_in_turn(jobs: list[Job]) -> list:
+def run_in_turn(jobs: list[Job]) -> list[tuple]:
     """On one rank: every job in turn, freeing each one's objects before the next; then the teardown
-    dlrm.train.run does (free cycles holding in-flight Gloo work, then the groups)."""
+    dlrm.train.run does (free cycles holding in-flight Gloo work, then the groups). Returns each
+    job's (result, wall seconds)."""
     results = []
     for job in jobs:
+        start = time.perf_counter()
         try:
-            results.append(job.fn(*job.args))
+            result = job.fn(*job.args)
         except Exception as e:
             if not job.expect_error:
                 raise
-            results.append(JobError(type(e).__name__, str(e)))
+            result = JobError(type(e).__name__, str(e))
         gc.collect()
+        results.append((result, time.perf_counter() - start))
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
@@ -96,9 +100,9 @@ def _agent(config: LaunchConfig, jobs, queue) -> None:
         queue.put(RuntimeError(f"{type(e).__name__}: {e}"))  # launcher errors do not pickle
 
 
-def launch_jobs(jobs: list[Job], nproc: int, nnodes: int = 1, timeout: float = 600) -> list[list]:
-    """Every job on nnodes x nproc ranks in one launch; [job][rank] results (JobError for a job
-    that raised with expect_error)."""
+def launch_jobs(jobs: list[Job], nproc: int, nnodes: int = 1, timeout: float = 600) -> list[list[tuple]]:
+    """Every job on nnodes x nproc ranks in one launch; [job][rank] (result, seconds) (the result a
+    JobError for a job that raised with expect_error)."""
     config = _config(nnodes, nproc, str(uuid.uuid4()), f"127.0.0.1:{free_port()}")
     if nnodes == 1:
         results = elastic_launch(config, run_in_turn)(jobs)
@@ -126,4 +130,4 @@ def launch_jobs(jobs: list[Job], nproc: int, nnodes: int = 1, timeout: float = 6
 
 def launch(fn, nproc: int, *args, nnodes: int = 1, timeout: float = 300) -> list:
     """fn(*args) on nnodes x nproc ranks; returns every rank's return value, in rank order."""
-    return launch_jobs([Job(fn, args)], nproc, nnodes, timeout)[0]
+    return [result for result, _ in launch_jobs([Job(fn, args)], nproc, nnodes, timeout)[0]]
