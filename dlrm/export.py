@@ -32,7 +32,7 @@ from dlrm.config import ModelConfig
 from dlrm.core.checkpoint import CheckpointError, load_checkpoint, read_manifest, step_tensor
 from dlrm.core.model import build_model
 from dlrm.errors import ArgumentParser, UserError
-from dlrm.io import atomic_path
+from dlrm.io import atomic_path, refuse_alias
 
 FORMAT, VERSION = "dlrm-export", 1
 
@@ -68,6 +68,7 @@ def content_sha256(payload: dict) -> str:
 
 def export(checkpoint: Path, out: Path, verify: bool = True) -> dict:
     """Write the checkpoint's model, unsharded and with its config, to `out` (atomically); returns its state dict."""
+    refuse_alias(out, "the output", {"the checkpoint": checkpoint})
     if not out.parent.is_dir() or out.is_dir():
         raise UserError(
             f"cannot write {out}: {'it is a directory' if out.is_dir() else 'its directory does not exist'}; "

@@ -3,7 +3,11 @@
 An atomic write goes to a temporary file beside the target (same directory, so same filesystem),
 is flushed to disk, then renamed over the target with `os.replace`: a reader sees the old file or
 the new one, never a partial one, and a failure (exception, kill) leaves the old file untouched and
-removes the temporary file (or, when killed, leaves only a dot-file named `.NAME.tmp*`).
+removes the temporary file (or, when killed, leaves only a dot-file named `.NAME.tmp*`). The
+temporary file is created new under a random name (`tempfile.mkstemp`: O_CREAT | O_EXCL), so a file
+or symlink planted at a predictable name is never opened, nor written through.
+
+`refuse_alias` is the check that an output is none of a command's inputs.
 """
 
 from __future__ import annotations
@@ -12,10 +16,13 @@ import hashlib
 import io
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from dlrm.errors import UserError
 
 
 @contextmanager
@@ -23,14 +30,27 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside `path` for a writer that takes a file name (torch.save, np.save,
     savefig); on success it replaces `path`, on an exception it is removed and `path` is unchanged."""
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.tmp", dir=target.parent)
+    tmp = Path(name)
     try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would make every output private
+        os.close(fd)
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def refuse_alias(out: str | os.PathLike[str], flag: str, inputs: dict[str, str | os.PathLike[str]]) -> None:
+    """UserError if the output `out` (given as `flag`) is one of `inputs` ({what: path}) or lies inside
+    an input directory: writing it would destroy what the command reads."""
+    target = Path(out).resolve()
+    for what, given in inputs.items():
+        source = Path(given).resolve()
+        if target == source or source in target.parents:
+            raise UserError(f"{flag} {out} would overwrite {what} {given}; choose another output path")
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:

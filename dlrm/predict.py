@@ -41,6 +41,7 @@ from dlrm.data.preprocess import parse_table_sizes
 from dlrm.data.verify import load_manifest
 from dlrm.errors import ArgumentParser, UserError
 from dlrm.export import read_exported
+from dlrm.io import atomic_path, refuse_alias
 
 BLOCK_BYTES = 8 << 20  # TSV text parsed at a time
 QUANTIZE = {"int8": torch.qint8, "fp16": torch.float16}  # TorchRec's inference embedding dtypes
@@ -222,14 +223,11 @@ def score(model: torch.nn.Module, batches: Iterator[Batch]) -> tuple[torch.Tenso
 
 
 def save_atomic(path: Path, scores: np.ndarray) -> None:
-    """np.save to a temporary file beside `path`, then rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    """np.save through the project's atomic writer (dlrm.io)."""
     try:
-        with open(tmp, "wb") as f:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
             np.save(f, scores)
-        os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise UserError(f"cannot write {path}: {e.strerror or e}; free space or choose another --out") from None
 
 
@@ -299,6 +297,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UserError(f"--data {a.data} does not exist; give a dlrm.data.preprocess directory or a Criteo TSV")
         if a.out is not None and (a.out.is_dir() or not a.out.parent.is_dir()):
             raise UserError(f"--out {a.out}: give a file path in an existing directory")
+        if a.out is not None:
+            inputs = {
+                "the model": a.model,
+                "--data": a.data,
+                **({"--options-from": a.options_from} if a.options_from else {}),
+            }
+            refuse_alias(a.out, "--out", inputs)
         cfg, state = read_exported(a.model)
         names, rows = feature_layout(cfg)
         counts: dict[str, int] = {"labeled": 1}

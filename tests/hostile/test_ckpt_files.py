@@ -142,6 +142,14 @@ def test_a_step_file_from_another_checkpoint_is_caught_without_verify(ckpts, tmp
     assert_refused(rc, err, str(ckpts / NEW / name), "sha256")
 
 
+@pytest.mark.parametrize("into", ["manifest.json", ".metadata", "."])
+def test_an_export_into_its_own_checkpoint_is_refused(ckpts, capsys, into):
+    before = digests(ckpts / NEW)
+    rc, err = run_export(ckpts / NEW, ckpts / NEW / into, capsys)
+    assert_refused(rc, err, str(ckpts / NEW), "would overwrite")
+    assert digests(ckpts / NEW) == before
+
+
 def test_the_intact_checkpoint_exports(ckpts, tmp_path, capsys):
     rc, err = run_export(ckpts / NEW, tmp_path / "model.pt", capsys)
     assert rc == 0, err

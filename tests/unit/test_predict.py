@@ -247,6 +247,12 @@ def test_bad_data_and_flags_are_refused(trained, capsys, tmp_path):
     arr[3, 4] = 1999 if arr[3, 4] != 1999 else 0
     np.save(corrupt / "day_0_sparse.npy", arr)
     assert_one_line(*predict(capsys, model, "--data", corrupt), "day_0_sparse.npy", "sha256")
+    for same in (model, SAMPLE):  # an output that is an input: refused, the input intact
+        before = Path(same).read_bytes()
+        assert_one_line(
+            *predict(capsys, model, "--data", SAMPLE, "--table-sizes", "2000", "--out", same), "would overwrite"
+        )
+        assert Path(same).read_bytes() == before
     (tmp_path / "keep.npy").write_bytes(b"old")
     assert_one_line(*predict(capsys, model, "--data", corrupt, "--out", tmp_path / "keep.npy"))
     assert (tmp_path / "keep.npy").read_bytes() == b"old"  # a failure never replaces an earlier output
