@@ -7,7 +7,9 @@ removes the temporary file (or, when killed, leaves only a dot-file named `.NAME
 temporary file is created new under a random name (`tempfile.mkstemp`: O_CREAT | O_EXCL), so a file
 or symlink planted at a predictable name is never opened, nor written through.
 
-`refuse_alias` is the check that an output is none of a command's inputs.
+`refuse_alias` is the check that an output is none of a command's inputs; `read_bounded` the one
+way to read a small file a user hands us (a manifest, a config, a benchmark's JSON), and `parse_json`
+JSON that may be nested without bound.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,6 +54,36 @@ def refuse_alias(out: str | os.PathLike[str], flag: str, inputs: dict[str, str |
         source = Path(given).resolve()
         if target == source or source in target.parents:
             raise UserError(f"{flag} {out} would overwrite {what} {given}; choose another output path")
+
+
+JSON_LIMIT = 64 << 20  # a results or summary JSON that a command of ours wrote: kilobytes to megabytes
+
+
+class UnreadableFileError(UserError):
+    """A file that is not a regular file, or larger than its format allows."""
+
+
+def read_bounded(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The bytes of the regular file `path`, at most `limit` of them. UnreadableFileError naming it for
+    a FIFO, a device (/dev/zero), a directory or a larger file: reading those would hang or exhaust
+    memory. FileNotFoundError and other OSErrors pass through."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO does not block the open
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnreadableFileError(f"{path} is not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise UnreadableFileError(f"{path} is larger than the {limit:,} bytes such a file can hold")
+    return data
+
+
+def parse_json(data: bytes | str) -> Any:
+    """json.loads, with nesting too deep for the parser reported as a ValueError like other bad JSON."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:

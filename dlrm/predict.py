@@ -295,6 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if not os.path.exists(a.data):
             raise UserError(f"--data {a.data} does not exist; give a dlrm.data.preprocess directory or a Criteo TSV")
+        if not os.path.isdir(a.data) and not os.path.isfile(a.data):  # a FIFO or /dev/zero: a hang, or no end
+            raise UserError(
+                f"--data {a.data} is not a regular file; give a dlrm.data.preprocess directory or a Criteo TSV"
+            )
         if a.out is not None and (a.out.is_dir() or not a.out.parent.is_dir()):
             raise UserError(f"--out {a.out}: give a file path in an existing directory")
         if a.out is not None:

@@ -14,7 +14,6 @@ Prints markdown tables; writes report.md and report.png (and bench_vs_model.png)
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -30,7 +29,7 @@ from dlrm.comms.costmodel import (
     two_level_time,
 )
 from dlrm.errors import ArgumentParser, UserError
-from dlrm.io import figure_png, write_atomic
+from dlrm.io import JSON_LIMIT, UnreadableFileError, figure_png, parse_json, read_bounded, write_atomic
 
 COMPARED = ("ring", "fully_connected")
 
@@ -76,11 +75,11 @@ def load_bench(path: str) -> dict:
     """A bench.json written by dlrm.comms.bench; CommsError naming the problem and the fix otherwise."""
     fix = "pass the bench.json written by `torchrun ... -m dlrm.comms.bench --out DIR` (DIR/bench.json)"
     try:
-        data = json.loads(Path(path).read_text())
+        data = parse_json(read_bounded(path, JSON_LIMIT))
     except FileNotFoundError:
         raise CommsError(f"benchmark file {path!r} does not exist; {fix}") from None
-    except json.JSONDecodeError as e:
-        raise CommsError(f"benchmark file {path!r} is not JSON ({e}); {fix}") from None
+    except (OSError, ValueError, UnreadableFileError) as e:
+        raise CommsError(f"benchmark file {path!r} is not readable JSON ({str(e).splitlines()[0]}); {fix}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise CommsError(f"benchmark file {path!r} has schema {got!r}, expected {SCHEMA!r}; {fix}")

@@ -42,13 +42,14 @@ from dlrm.core.cadence import Every
 from dlrm.core.model import local_pieces
 from dlrm.core.optim_state import fit_to_checkpoint
 from dlrm.errors import UserError
-from dlrm.io import write_atomic
+from dlrm.io import UnreadableFileError, parse_json, read_bounded, write_atomic
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 METADATA = ".metadata"
 _PREFIX = "step_"
+MANIFEST_LIMIT = 64 << 20  # a file list with digests: kilobytes per rank
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -138,7 +139,9 @@ def read_manifest(path: Path) -> dict:
             "give a step_* directory under checkpoint.dir (or trainer.resume=auto)"
         )
     try:
-        data = file.read_bytes()
+        data = read_bounded(file, MANIFEST_LIMIT)
+    except UnreadableFileError as e:
+        raise CheckpointError(f"{e}; the checkpoint cannot be trusted: {_another(path)}") from None
     except FileNotFoundError:
         raise CheckpointError(
             f"{path} is not a complete checkpoint: {file} is missing (an interrupted save "
@@ -148,8 +151,8 @@ def read_manifest(path: Path) -> dict:
         raise CheckpointError(f"cannot read {file}: {e.strerror}; fix its permissions or {_another(path)}") from None
     damaged = f"{file} is damaged ({{}}); the checkpoint cannot be trusted: {_another(path)}"
     try:
-        manifest = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        manifest = parse_json(data)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError too
         raise CheckpointError(damaged.format(f"not JSON: {e}")) from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("manifest_sha256"), str):
         raise CheckpointError(damaged.format("no manifest_sha256: corrupt, or written by an older version"))

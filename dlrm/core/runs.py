@@ -22,11 +22,29 @@ import yaml
 
 from dlrm.config import ConfigError
 from dlrm.errors import UserError
-from dlrm.io import write_atomic
+from dlrm.io import read_bounded, write_atomic
 
 log = logging.getLogger(__name__)
 
 CONFIG = "config.yaml"
+CONFIG_LIMIT = 16 << 20  # a resolved config: kilobytes
+
+
+class _PlainLoader(yaml.SafeLoader):
+    """yaml.safe_load without anchors and aliases (a few kilobytes of aliases expand to gigabytes);
+    our config.yaml never has them (`_PlainDumper`)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.YAMLError("it holds a YAML alias, which a config written by the trainer never does")
+        return super().compose_node(parent, index)
+
+
+class _PlainDumper(yaml.SafeDumper):
+    def ignore_aliases(self, data) -> bool:
+        return True
+
+
 CONTINUATIONS = "continuations.jsonl"
 LOCK = ".lock"
 
@@ -122,9 +140,12 @@ def read_config(run_dir: Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        saved = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path} is not a readable config ({e}); restore it, or start another run.name") from e
+        saved = yaml.load(read_bounded(path, CONFIG_LIMIT), Loader=_PlainLoader)
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError, UserError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e).splitlines()[0]
+        raise ConfigError(
+            f"{path} is not a readable config ({reason}); restore it, or start another run.name"
+        ) from None
     if not isinstance(saved, dict):
         raise ConfigError(f"{path} is not a config mapping; restore it, or start another run.name")
     return saved
@@ -158,7 +179,7 @@ def record(run_dir: Path, config: dict, continuing: bool, overrides: list[str], 
     """Rank 0: a new run (or one without a checkpoint yet) writes config.yaml atomically; a
     continuation keeps it and adds a line to continuations.jsonl (rewritten atomically)."""
     if not continuing:
-        write_atomic(run_dir / CONFIG, yaml.safe_dump(config, sort_keys=False).encode())
+        write_atomic(run_dir / CONFIG, yaml.dump(config, Dumper=_PlainDumper, sort_keys=False).encode())
         return
     path = run_dir / CONTINUATIONS
     before = path.read_bytes() if path.exists() else b""

@@ -33,10 +33,8 @@ load), and the faster kept (`plan_nodes`). A planner run for each N might find s
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import replace
-from pathlib import Path
 from typing import cast
 
 import numpy as np
@@ -44,6 +42,7 @@ import numpy as np
 from dlrm.comms.costmodel import Link, collective_time, two_level_time
 from dlrm.comms.traffic import FLOAT_BYTES, comm_summary
 from dlrm.config import Config, ConfigError
+from dlrm.io import JSON_LIMIT, UnreadableFileError, parse_json, read_bounded
 
 SYNC_MODES = ("allreduce", "hierarchical", "local_sgd")
 PHASES = ("dense_compute", "embedding_compute", "alltoall", "allreduce_exposed", "other")
@@ -85,10 +84,10 @@ def load_measured(path: str) -> dict[str, float]:
     """Per-phase seconds of a trainer run: `step_breakdown.phase_s` of its summary.json; ConfigError otherwise."""
     fix = "pass the summary.json of a run trained with trainer.breakdown=true (RUN_DIR/summary.json)"
     try:
-        data = json.loads(Path(path).read_text())
+        data = parse_json(read_bounded(path, JSON_LIMIT))
     except FileNotFoundError:
         raise ConfigError(f"--measured {path!r} does not exist; {fix}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, UnreadableFileError) as e:
         raise ConfigError(f"--measured {path!r} is not readable JSON ({e}); {fix}") from None
     phases = data.get("step_breakdown", {}).get("phase_s") if isinstance(data, dict) else None
     if not isinstance(phases, dict) or not phases:
