@@ -7,14 +7,24 @@ that column c feeds), dense values are finite, and (optionally) each file's sha2
 manifest's. Files are read once, in chunks of `chunk_bytes` (bounded memory, vectorised), so a
 day of any size can be verified; the checksum is computed in the same pass.
 Every refusal is a `CriteoDataError` naming the file (and row/column) and the fix.
+
+Under torchrun the content scans run once per node and job, not once per rank: the first rank of
+the node to arrive scans while the others wait on a lock, then they find its stamp and skip them
+(`_once_per_node`). The stamp is keyed by the job (TORCHELASTIC_RUN_ID) and by every file's
+identity (path, size, mtime, inode), so another job, or a changed file, is scanned again.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import json
+import logging
 import os
+import stat
+import tempfile
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,6 +33,7 @@ import numpy as np
 
 from dlrm.data.criteo import KINDS, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, CriteoDataError, day_paths
 
+log = logging.getLogger(__name__)
 COLS = {"dense": NUM_DENSE, "sparse": NUM_SPARSE, "labels": 1}
 DTYPES = {"dense": ("<f4",), "sparse": ("<i4", "<i8"), "labels": ("<i4",)}
 RERUN = "re-run `python -m dlrm.data.preprocess --out DIR ...` (with --force) to rewrite it"
@@ -276,9 +287,62 @@ def verify_days(
     """
     metas = {d["day"]: d for d in manifest["days"]}
     heads = {d: day_headers(directory, metas[d], manifest["sparse_dtype"]) for d in days}
-    scans = [f for d in days for f in day_scans(directory, metas[d], heads[d], feature_names, table_rows, checksums)]
-    workers = max(1, min(len(scans), threads or min(os.cpu_count() or 1, 8)))
-    with ThreadPoolExecutor(workers, thread_name_prefix="verify") as pool:
-        for done in [pool.submit(f) for f in scans]:
-            done.result()  # the first failure, in file order
+    paths = [p for d in days for p in day_paths(directory, d).values()]
+    what = f"{len(days)} day(s) of {directory} ({sum(os.path.getsize(p) for p in paths) / 2**30:.2f} GiB"
+    what += ", with sha256)" if checksums else ")"
+
+    def scan() -> None:
+        scans = [
+            f for d in days for f in day_scans(directory, metas[d], heads[d], feature_names, table_rows, checksums)
+        ]
+        workers = max(1, min(len(scans), threads or min(os.cpu_count() or 1, 8)))
+        with ThreadPoolExecutor(workers, thread_name_prefix="verify") as pool:
+            for done in [pool.submit(f) for f in scans]:
+                done.result()  # the first failure, in file order
+
+    _once_per_node(
+        scan, what, [json.dumps([directory, days, list(feature_names), list(table_rows), checksums]), *paths]
+    )
     return {d: {k: open_npy(p, heads[d][k]) for k, p in day_paths(directory, d).items()} for d in days}
+
+
+def _own_stamp(path: str) -> bool:
+    """Whether `path` is a stamp this user wrote: a regular file (not a planted symlink) owned by us."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
+
+
+def _once_per_node(scan: Callable[[], None], what: str, identity: list[str]) -> None:
+    """scan() unless another rank of this node already did it in this job (see the module docstring).
+
+    `identity`: a description of the check, then the files' paths. Outside torchrun, scan() always.
+    """
+    job = os.environ.get("TORCHELASTIC_RUN_ID")
+    if job is None or int(os.environ.get("LOCAL_WORLD_SIZE", "1")) < 2:
+        start = time.perf_counter()
+        scan()
+        log.info(f"data: verified {what} in {time.perf_counter() - start:.1f}s")
+        return
+    key = hashlib.sha256(job.encode())
+    for item in identity:
+        key.update(item.encode())
+        if os.path.exists(item):
+            st = os.stat(item)
+            key.update(f"{st.st_size}:{st.st_mtime_ns}:{st.st_ino}".encode())
+    base = os.path.join(tempfile.gettempdir(), f"dlrm-verified-{key.hexdigest()[:32]}")
+    fd = os.open(base + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # one rank of the node scans; the others wait here
+        if _own_stamp(base + ".ok"):
+            log.info(f"data: {what} verified by another rank of this node")
+            return
+        start = time.perf_counter()
+        scan()  # a failure leaves no stamp: every rank then scans, and fails alike
+        with open(base + ".ok", "x"):
+            pass
+        log.info(f"data: verified {what} in {time.perf_counter() - start:.1f}s (once for this node's ranks)")
+    finally:
+        os.close(fd)
