@@ -13,7 +13,7 @@ import pytest
 from dlrm.data.check import main
 from dlrm.data.criteo import ParseOptions
 from dlrm.data.preprocess import preprocess
-from tests.unit.test_criteo_preprocess import SAMPLE
+from tests.helpers.criteo import SAMPLE
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not SAMPLE.exists(), reason=f"{SAMPLE} not found")

@@ -44,3 +44,17 @@ def test_a_plain_install_finds_the_configs(tmp_path):
         timeout=120,
     ).stdout.split()
     assert out == [str(tmp_path / "site" / "dlrm" / "conf"), "zion"]
+
+
+def test_test_modules_import_only_helpers():
+    """Shared test code lives in tests/helpers/; a test module importing another one would run its
+    module-level setup (scenario-family jobs, fixtures) where it does not belong."""
+    tests = Path(__file__).resolve().parents[1]
+    offenders = [
+        f"{path.relative_to(tests)}: {line.strip()}"
+        for path in tests.rglob("test_*.py")
+        for line in path.read_text().splitlines()
+        if line.lstrip().startswith(("from tests.unit", "from tests.distributed", "from tests.hostile"))
+        or line.lstrip().startswith(("import tests.unit", "import tests.distributed", "import tests.hostile"))
+    ]
+    assert not offenders, offenders

@@ -22,7 +22,7 @@ from dlrm.data.criteo import ParseOptions
 from dlrm.data.preprocess import preprocess
 from dlrm.export import content_sha256, export, load_exported
 from dlrm.predict import main as predict_main
-from tests.unit.test_criteo_preprocess import SAMPLE
+from tests.helpers.criteo import SAMPLE
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not SAMPLE.exists(), reason=f"{SAMPLE} not found")
