@@ -484,6 +484,8 @@ class CheckpointConfig:
     at_end: save when training ends. keep: complete checkpoints kept (older ones that this
     invocation wrote are deleted: never an earlier invocation's).
     verify: check every file's sha256 against the manifest before loading (false: sizes only).
+    on_signal: on SIGINT/SIGTERM (Ctrl-C, preemption) save a checkpoint at the step where the run
+    stops (the next log step, dlrm.core.stop) before exiting; false: stop without saving.
     """
 
     dir: str | None = None
@@ -491,6 +493,7 @@ class CheckpointConfig:
     at_end: bool = True
     keep: int = 2
     verify: bool = True
+    on_signal: bool = False
 
     def check(self, key: str = "checkpoint") -> None:
         _require_count(f"{key}.every_steps", self.every_steps, "no periodic saves")

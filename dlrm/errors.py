@@ -23,6 +23,8 @@ class UserError(Exception):
 
     exit_code = 2
     same_on_all_ranks = False  # True: every rank raises the same error, so only rank 0 prints it
+    quiet_elsewhere = False  # with same_on_all_ranks: the other ranks exit at once (no wait for rank 0)
+    prefix = "error"  # the line's first word
 
 
 class UsageError(UserError):
@@ -72,10 +74,10 @@ REPORT_GRACE_S = 30.0
 def user_error_message(e: UserError, rank: int) -> str | None:
     """The one line to print for `e` on this rank, or None when rank 0 prints it (see dlrm.errors)."""
     if rank == 0:
-        return f"error: {e}"
+        return f"{e.prefix}: {e}"
     if e.same_on_all_ranks:
         return None
-    return f"error: [rank {rank}] {e}"
+    return f"{e.prefix}: [rank {rank}] {e}"
 
 
 def exit_on_user_error(e: BaseException, rank: int) -> None:
@@ -91,10 +93,13 @@ def exit_on_user_error(e: BaseException, rank: int) -> None:
     if user is None:
         return
     line = user_error_message(user, rank)
-    if line is None:  # rank 0 reports it: give it the time to, before torchrun stops the job
+    if (
+        line is None and not user.quiet_elsewhere
+    ):  # rank 0 reports it: give it the time to, before torchrun stops the job
         time.sleep(REPORT_GRACE_S)
-        line = f"error: [rank {rank}] {user}"
-    print(line, file=sys.stderr)
+        line = f"{user.prefix}: [rank {rank}] {user}"
+    if line is not None:
+        print(line, file=sys.stderr)
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         logging.shutdown()

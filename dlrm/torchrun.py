@@ -4,8 +4,10 @@ Takes exactly torchrun's arguments and runs torchrun's own `run`. The difference
 prints: when a rank exits with status 2 (a user error: the rank has printed `error: <message>`,
 see `dlrm.errors`) and every other failed rank exited 2 too or was stopped by torchrun (SIGTERM),
 the job exits 2 with nothing more: no "failed (exitcode: 2)" log line, no ChildFailedError summary
-and traceback repeating the message. Any other failure (a crash, a signal, another exit status)
-gets torchrun's full report and traceback, as plain torchrun would print it.
+and traceback repeating the message. The same for a clean stop on SIGINT/SIGTERM (dlrm.core.stop:
+exit 130/143), also when torchrun itself got the signal and forwarded it to the ranks. Any other
+failure (a crash, a signal, another exit status) gets torchrun's full report and traceback, as
+plain torchrun would print it.
 """
 
 from __future__ import annotations
@@ -15,19 +17,25 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.run import parse_args, run
 
 USER_ERROR = 2  # dlrm.errors.UserError.exit_code
+# A clean stop on a signal (dlrm.core.stop.TrainingStopped): 128 + SIGINT / SIGTERM.
+STOPPED = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+QUIET = (USER_ERROR, *STOPPED)  # the rank has printed its one line
 
 
-def only_user_errors(failures: dict) -> bool:
-    """Whether torchrun's failures ({rank: ProcessFailure}) are user errors and their consequences:
-    the first failure exited 2, the others exited 2 or were stopped by torchrun (SIGTERM)."""
+def only_user_errors(failures: dict) -> int | None:
+    """The job's exit status if torchrun's failures ({rank: ProcessFailure}) are a user error or a
+    clean stop and their consequences (the first failure exited 2, 130 or 143; the others the same,
+    or were stopped by torchrun's SIGTERM); None for anything else."""
     if not failures:
-        return False
+        return None
     first = min(failures.values(), key=lambda f: f.timestamp)
-    return first.exitcode == USER_ERROR and all(f.exitcode in (USER_ERROR, -signal.SIGTERM) for f in failures.values())
+    quiet = first.exitcode in QUIET and all(f.exitcode in (*QUIET, -signal.SIGTERM) for f in failures.values())
+    return first.exitcode if quiet else None
 
 
 class _DropUserErrorNoise(logging.Filter):
@@ -38,21 +46,27 @@ class _DropUserErrorNoise(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.msg if isinstance(record.msg, str) else ""
         args = record.args if isinstance(record.args, tuple) else ()
-        if msg.startswith("failed (exitcode") and args and args[0] == USER_ERROR:
+        if msg.startswith("failed (exitcode") and args and args[0] in QUIET:
             return False
-        return not (msg.startswith("Sending process") and args and args[-1] == "SIGTERM")
+        if msg.startswith("Received") and "death signal" in msg:  # the ranks say where they stopped
+            return False
+        return not (msg.startswith("Sending process") and args and args[-1] in ("SIGTERM", "SIGINT"))
 
 
 @record
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_DropUserErrorNoise())
+    for name in ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api"):
+        logging.getLogger(name).addFilter(_DropUserErrorNoise())
     try:
         run(args)
     except ChildFailedError as e:
-        if only_user_errors(e.failures):
-            sys.exit(USER_ERROR)
+        status = only_user_errors(e.failures)
+        if status is not None:
+            sys.exit(status)
         raise
+    except SignalException as e:  # torchrun was signalled and has stopped the ranks (they said where)
+        sys.exit(128 + e.sigval)
 
 
 if __name__ == "__main__":

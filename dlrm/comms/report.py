@@ -79,7 +79,7 @@ def load_bench(path: str) -> dict:
     except FileNotFoundError:
         raise CommsError(f"benchmark file {path!r} does not exist; {fix}") from None
     except (OSError, ValueError, UnreadableFileError) as e:
-        raise CommsError(f"benchmark file {path!r} is not readable JSON ({str(e).splitlines()[0]}); {fix}") from None
+        raise CommsError(f"benchmark file {path!r} is not JSON ({str(e).splitlines()[0]}); {fix}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise CommsError(f"benchmark file {path!r} has schema {got!r}, expected {SCHEMA!r}; {fix}")

@@ -7,6 +7,7 @@ import itertools
 import json
 import logging
 import math
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -33,6 +34,7 @@ from dlrm.core.optim import LRSchedule, build_optimizer, fuse_embedding_optimize
 from dlrm.core.phases import STEP_RANGE, fitted_topology
 from dlrm.core.profiling import StepProfiler, comm_vs_model
 from dlrm.core.sharding import describe_plan, plan_sharding, shard_model, table_plans
+from dlrm.core.stop import StopRequest, TrainingStopped
 from dlrm.core.topology import (
     World,
     backend_for,
@@ -67,6 +69,7 @@ class _Run:
     started: float = field(default_factory=time.perf_counter)
     evaluation: dict = field(default_factory=dict)
     target_step: int | None = None  # the step whose evaluation reached trainer.target_auc
+    stop_signal: int | None = None  # a signal some rank got, learnt at a log step (dlrm.core.stop)
 
     @classmethod
     def start(cls, trainer: Trainer) -> _Run:
@@ -140,6 +143,7 @@ class Trainer:
             else None
         )
         self.step = 0
+        self.stop = StopRequest()  # SIGINT / SIGTERM: a clean stop at the next log step
         self.losses: list[float] = []  # the global mean loss of every logged window; summary's final_loss
         self.skipped_steps: list[int] = []  # steps dropped for a non-finite loss (on_nonfinite=skip)
         # The loop's components and their cadences.
@@ -295,6 +299,14 @@ class Trainer:
         run = _Run.start(self)
         batches = self._batches("train", self.step, self.total_steps - self.step)
         self.model.train()
+        self.stop.install(lambda: self.step)
+        try:
+            return self._loop(run, batches)
+        finally:
+            self.stop.uninstall()
+
+    def _loop(self, run: _Run, batches: Iterator) -> dict:
+        """The steps of `train`, from self.step to total_steps (or a stop: target AUC, a signal)."""
         while self.step < self.total_steps:
             last = self.step + 1 == self.total_steps
             run.window.add(self.profiler.step(self.step + 1, last, lambda: self._one_step(batches)))
@@ -303,6 +315,8 @@ class Trainer:
                 self.local_sgd.average()  # the run's model: the ranks' average
             if self.log_every.due(self.step, last) and run.window.losses:
                 self._log_window(run, last)
+            if run.stop_signal is not None:
+                self._stop(run, run.stop_signal)
             reached = False
             with run.window.paused():
                 if self.eval_every.due(self.step, last):
@@ -322,6 +336,28 @@ class Trainer:
                 break
         return self._end(run)
 
+    def _stop(self, run: _Run, signum: int) -> None:
+        """End the run at this log step because some rank got `signum` (dlrm.core.stop): every rank is
+        here at the same step. Save a checkpoint with checkpoint.on_signal (or where one is due), close
+        the logs, raise TrainingStopped naming the step, the last checkpoint and how to continue."""
+        self.stop.stopping = True
+        ck = self.cfg.checkpoint
+        if self.checkpointer is not None and (ck.on_signal or self.checkpointer.every.due(self.step, False)):
+            run.progress.message(f"checkpoint: {self.save_checkpoint()}")
+        self.profiler.stop_trace()
+        run.progress.close()
+        run.log.close()
+        latest = latest_checkpoint(self.checkpointer.root) if self.checkpointer is not None else None
+        where = f" run.name={self.cfg.run.name}" if self.cfg.run.name else ""
+        if not where and self.run_dir is not None:
+            where = f" hydra.run.dir={self.run_dir}"
+        hint = "" if latest or ck.on_signal else " (checkpoint.on_signal=true saves one at a stop)"
+        raise TrainingStopped(
+            f"by {signal.Signals(signum).name} at step {self.step} of {self.total_steps}; last checkpoint: "
+            f"{latest or 'none'}{hint}; continue with the same command and{where} trainer.resume=auto",
+            signum,
+        )
+
     def _target_reached(self, run: _Run) -> bool:
         """Whether this evaluation reached trainer.target_auc (every rank holds rank 0's figures, see
         `evaluate`, so all stop at the same step); the first time, record the step and samples to target."""
@@ -340,7 +376,7 @@ class Trainer:
         """The window's global mean loss (a NaN or inf stops the run), throughput and step breakdown,
         to metrics.jsonl, TensorBoard and the progress display. A collective: every rank calls it."""
         losses, _, seconds = run.window.close()
-        mean_loss = self._global_mean(losses)
+        mean_loss, run.stop_signal = self._global_mean(losses)
         if not math.isfinite(mean_loss):
             latest = latest_checkpoint(self.checkpointer.root) if self.checkpointer else None
             raise NonFiniteLossError(
@@ -462,11 +498,17 @@ class Trainer:
         dist.all_gather(parts, t, group=self.pg)
         return torch.cat(parts).cpu()
 
-    def _global_mean(self, losses: list[torch.Tensor]) -> float:
-        """Mean over steps and ranks of per-rank losses (each rank's loss is over its slice)."""
-        total = torch.stack(losses).sum()
-        dist.all_reduce(total, group=self.pg)
-        return total.item() / (len(losses) * self.world.world_size)
+    def _global_mean(self, losses: list[torch.Tensor]) -> tuple[float, int | None]:
+        """Mean over steps and ranks of per-rank losses (each rank's loss is over its slice), and the
+        stop signal any rank got (dlrm.core.stop; SIGTERM before SIGINT), in one all-reduce."""
+        total = torch.stack(losses).sum().float()
+        mine = self.stop.signum
+        flags = [float(mine == signal.SIGTERM), float(mine == signal.SIGINT)]
+        figures = torch.cat([total.reshape(1), total.new_tensor(flags)])
+        dist.all_reduce(figures, group=self.pg)
+        loss, term, interrupt = figures.tolist()
+        signum = signal.SIGTERM if term else signal.SIGINT if interrupt else None
+        return loss / (len(losses) * self.world.world_size), signum
 
     def _summary(self, steps: int, train_seconds: float, wall_seconds: float, evaluation: dict) -> dict:
         """The run's summary.json; `steps` were trained in `train_seconds` by this process."""

@@ -10,6 +10,7 @@ order, one pass. `batches(..., start_step=k)` continues exactly where step k wou
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -21,6 +22,8 @@ from dlrm.data.criteo import NUM_DENSE, NUM_SPARSE, CriteoDataError
 from dlrm.data.multihot import BaseIdBatch, MultiHotLayout
 from dlrm.data.prefetch import Prefetcher
 from dlrm.data.verify import load_manifest, verify_days
+
+log = logging.getLogger(__name__)
 
 MULTI_HOT_SEED = 0  # fixed: the multi-hot ids are part of the data, not of the training run
 SPLITS = ("train", "eval")
@@ -138,7 +141,9 @@ class CriteoSource:
         # the contents last: the only check that reads whole files
         days_used = sorted(set(train_days + eval_days))
         self.arrays.update(
-            verify_days(cfg.dir, self.manifest, days_used, self.names, self.table_rows, cfg.verify_checksums)
+            verify_days(
+                cfg.dir, self.manifest, days_used, self.names, self.table_rows, cfg.verify_checksums, report=log.info
+            )
         )
 
     def num_batches(self, split: str) -> int:

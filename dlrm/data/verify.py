@@ -20,7 +20,6 @@ import fcntl
 import functools
 import hashlib
 import json
-import logging
 import os
 import stat
 import tempfile
@@ -33,7 +32,6 @@ import numpy as np
 
 from dlrm.data.criteo import KINDS, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, CriteoDataError, day_paths
 
-log = logging.getLogger(__name__)
 COLS = {"dense": NUM_DENSE, "sparse": NUM_SPARSE, "labels": 1}
 DTYPES = {"dense": ("<f4",), "sparse": ("<i4", "<i8"), "labels": ("<i4",)}
 RERUN = "re-run `python -m dlrm.data.preprocess --out DIR ...` (with --force) to rewrite it"
@@ -279,8 +277,10 @@ def verify_days(
     table_rows: Sequence[int],
     checksums: bool = True,
     threads: int | None = None,
+    report: Callable[[str], None] | None = None,
 ) -> dict[int, dict[str, np.ndarray]]:
     """Verify `days` of a `load_manifest` result; {day: {kind: array [rows, cols], memory-mapped}}.
+    `report`: given, it gets one line saying what was verified and how long it took.
 
     All headers first (a bad file of the last day is refused at once), then the content scans, on
     `threads` threads (default: one per CPU, at most 8; numpy and hashlib release the GIL).
@@ -300,9 +300,8 @@ def verify_days(
             for done in [pool.submit(f) for f in scans]:
                 done.result()  # the first failure, in file order
 
-    _once_per_node(
-        scan, what, [json.dumps([directory, days, list(feature_names), list(table_rows), checksums]), *paths]
-    )
+    identity = [json.dumps([directory, days, list(feature_names), list(table_rows), checksums]), *paths]
+    _once_per_node(scan, what, identity, report or (lambda line: None))
     return {d: {k: open_npy(p, heads[d][k]) for k, p in day_paths(directory, d).items()} for d in days}
 
 
@@ -315,16 +314,17 @@ def _own_stamp(path: str) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid()
 
 
-def _once_per_node(scan: Callable[[], None], what: str, identity: list[str]) -> None:
+def _once_per_node(scan: Callable[[], None], what: str, identity: list[str], report: Callable[[str], None]) -> None:
     """scan() unless another rank of this node already did it in this job (see the module docstring).
 
     `identity`: a description of the check, then the files' paths. Outside torchrun, scan() always.
+    `report` gets the line saying which it was and how long it took.
     """
     job = os.environ.get("TORCHELASTIC_RUN_ID")
     if job is None or int(os.environ.get("LOCAL_WORLD_SIZE", "1")) < 2:
         start = time.perf_counter()
         scan()
-        log.info(f"data: verified {what} in {time.perf_counter() - start:.1f}s")
+        report(f"data: verified {what} in {time.perf_counter() - start:.1f}s")
         return
     key = hashlib.sha256(job.encode())
     for item in identity:
@@ -337,12 +337,12 @@ def _once_per_node(scan: Callable[[], None], what: str, identity: list[str]) -> 
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # one rank of the node scans; the others wait here
         if _own_stamp(base + ".ok"):
-            log.info(f"data: {what} verified by another rank of this node")
+            report(f"data: {what} verified by another rank of this node")
             return
         start = time.perf_counter()
         scan()  # a failure leaves no stamp: every rank then scans, and fails alike
         with open(base + ".ok", "x"):
             pass
-        log.info(f"data: verified {what} in {time.perf_counter() - start:.1f}s (once for this node's ranks)")
+        report(f"data: verified {what} in {time.perf_counter() - start:.1f}s (once for this node's ranks)")
     finally:
         os.close(fd)

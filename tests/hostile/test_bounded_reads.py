@@ -91,7 +91,7 @@ def test_a_bench_or_summary_json_that_is_not_json_is_refused(tmp_path, content):
         path.write_bytes(DEEP)
     else:
         path.symlink_to("/dev/zero")
-    with pytest.raises(CommsError, match="not readable JSON"):
+    with pytest.raises(CommsError, match="is not JSON"):
         load_bench(str(path))
     with pytest.raises(ConfigError, match="not readable JSON"):
         load_measured(str(path))

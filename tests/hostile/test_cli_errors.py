@@ -172,12 +172,14 @@ def test_quiet_torchrun_hides_only_user_errors():
         f.timestamp = t
         return f
 
-    assert only_user_errors({0: failure(0, 2, 1), 1: failure(1, -signal.SIGTERM, 2)})
-    assert only_user_errors({0: failure(0, 2, 1), 1: failure(1, 2, 1)})
-    assert not only_user_errors({0: failure(0, 1, 1), 1: failure(1, 2, 2)})  # a crash came first
-    assert not only_user_errors({0: failure(0, 2, 1), 1: failure(1, -signal.SIGSEGV, 2)})  # and a segfault
-    assert not only_user_errors({0: failure(0, -signal.SIGKILL, 1)})  # e.g. the OOM killer
-    assert not only_user_errors({})
+    assert only_user_errors({0: failure(0, 2, 1), 1: failure(1, -signal.SIGTERM, 2)}) == 2
+    assert only_user_errors({0: failure(0, 2, 1), 1: failure(1, 2, 1)}) == 2
+    assert only_user_errors({0: failure(0, 143, 1), 1: failure(1, 143, 1)}) == 143  # a clean stop on SIGTERM
+    assert only_user_errors({0: failure(0, 130, 1), 1: failure(1, -signal.SIGTERM, 2)}) == 130
+    assert only_user_errors({0: failure(0, 1, 1), 1: failure(1, 2, 2)}) is None  # a crash came first
+    assert only_user_errors({0: failure(0, 2, 1), 1: failure(1, -signal.SIGSEGV, 2)}) is None  # and a segfault
+    assert only_user_errors({0: failure(0, -signal.SIGKILL, 1)}) is None  # e.g. the OOM killer
+    assert only_user_errors({}) is None
 
 
 # --- launchers (bash only: no Python starts) --------------------------------------------------------

@@ -4,7 +4,6 @@ job, or a changed file, scans again; a failed scan leaves nothing behind; the co
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 
@@ -42,22 +41,23 @@ def _job(monkeypatch, run_id: str) -> None:
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
 
 
-def _verify(dataset, days=(0, 1)):
-    return verify.verify_days(str(dataset), verify.load_manifest(str(dataset)), list(days), NAMES, TABLE_ROWS)
+def _verify(dataset, days=(0, 1), report=None):
+    manifest = verify.load_manifest(str(dataset))
+    return verify.verify_days(str(dataset), manifest, list(days), NAMES, TABLE_ROWS, report=report)
 
 
-def test_the_ranks_of_a_node_scan_once_and_say_so(monkeypatch, scans, dataset, caplog):
+def test_the_ranks_of_a_node_scan_once_and_say_so(monkeypatch, scans, dataset):
     _job(monkeypatch, f"job-{os.getpid()}-a")
-    caplog.set_level(logging.INFO, logger="dlrm.data.verify")
-    results = []
-    ranks = [threading.Thread(target=lambda: results.append(_verify(dataset))) for _ in range(2)]
+    results, messages = [], []
+    ranks = [
+        threading.Thread(target=lambda: results.append(_verify(dataset, report=messages.append))) for _ in range(2)
+    ]
     for rank in ranks:
         rank.start()
     for rank in ranks:
         rank.join()
     assert len(results) == 2 and all(sorted(r) == [0, 1] for r in results)
     assert len(scans) == 2  # the two days, once: by one of the two "ranks"
-    messages = [r.getMessage() for r in caplog.records]
     assert sum("verified 2 day(s)" in m and "once for this node's ranks" in m for m in messages) == 1, messages
     assert sum("verified by another rank of this node" in m for m in messages) == 1, messages
 

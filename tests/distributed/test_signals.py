@@ -1,0 +1,88 @@
+"""Clean stops: SIGTERM (a cluster's preemption, sent to torchrun) and Ctrl-C (SIGINT to the whole
+foreground process group) end a 2-rank job at the next log step with one line naming the step, the
+last checkpoint and how to continue, exit 128 + signal, no traceback; with checkpoint.on_signal=true
+a checkpoint of that step is saved first, and `trainer.resume=auto` continues from it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = [
+    "model=tiny",
+    "data.global_batch_size=64",
+    "data.eval_batches=1",
+    "trainer.max_steps=100000",
+    "trainer.log_every_steps=5",
+    "trainer.progress=none",
+    "trainer.tensorboard=false",
+]
+
+
+def _start(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    args = [sys.executable, "-m", "dlrm.torchrun", "--standalone", "--nproc_per_node=2", "-m", "dlrm.train"]
+    log = open(f"{run_dir}.log", "w")
+    return subprocess.Popen(
+        [*args, *RUN, f"hydra.run.dir={run_dir}", *overrides],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: what a terminal's Ctrl-C reaches
+    )
+
+
+def _logged(run_dir: Path, job: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 240
+    metrics = run_dir / "metrics.jsonl"
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        assert job.poll() is None and time.monotonic() < deadline, Path(f"{run_dir}.log").read_text()[-3000:]
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_sigterm_and_ctrl_c_stop_two_ranks_cleanly_and_the_run_continues(tmp_path):
+    term, intr = tmp_path / "term", tmp_path / "intr"
+    jobs = {term: _start(term, "checkpoint.on_signal=true"), intr: _start(intr)}
+    try:
+        for run_dir, job in jobs.items():
+            _logged(run_dir, job)
+        jobs[term].send_signal(signal.SIGTERM)  # to torchrun, as a cluster does
+        os.killpg(jobs[intr].pid, signal.SIGINT)  # to every process of the job, as Ctrl-C does
+        codes = {run_dir: job.wait(timeout=120) for run_dir, job in jobs.items()}
+    finally:
+        for job in jobs.values():
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+    outputs = {run_dir: Path(f"{run_dir}.log").read_text() for run_dir in jobs}
+    for run_dir, name in ((term, "SIGTERM"), (intr, "SIGINT")):
+        out = outputs[run_dir]
+        assert codes[run_dir] == 128 + signal.Signals[name], out[-3000:]
+        assert "Traceback" not in out and "Connection closed" not in out and "SignalException" not in out, out
+        lines = [line for line in out.splitlines() if line.startswith(("stopped:", "error:"))]
+        assert len(lines) == 1 and lines[0].startswith(f"stopped: by {name} at step "), out[-3000:]
+        step = int(lines[0].split(" at step ")[1].split()[0])
+        assert step % 5 == 0, lines[0]  # at a log step
+        logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert max(logged) == step
+        assert f"hydra.run.dir={run_dir} trainer.resume=auto" in lines[0]
+    saved = term / "checkpoints" / f"step_{int(outputs[term].split(' at step ')[1].split()[0]):08d}"
+    assert f"last checkpoint: {saved};" in outputs[term]
+    assert "last checkpoint: none (checkpoint.on_signal=true saves one at a stop)" in outputs[intr]
+
+    step = int(saved.name.removeprefix("step_"))
+    again = subprocess.run(
+        [sys.executable, "-m", "dlrm.train", *RUN, f"hydra.run.dir={term}", "trainer.resume=auto",
+         f"trainer.max_steps={step + 5}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed from {saved} at step {step}" in again.stdout + again.stderr
