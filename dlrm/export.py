@@ -173,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-verify", action="store_true", help="skip the sha256 of the data files (sizes are still checked)"
     )
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         state = export(args.checkpoint, args.out, verify=not args.no_verify)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from dlrm.compose import CONF_DIR, compose
-from dlrm.config import Config, register_configs, to_config, validate, validate_world
+from dlrm.config import Config, ConfigError, register_configs, to_config, validate, validate_world
 from dlrm.core.logs import setup_logging
 from dlrm.errors import UserError, exit_on_user_error
 
@@ -94,9 +94,16 @@ def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool) -> 
     tr = cfg.trainer
     checkpoints = complete_checkpoints(Path(cfg.checkpoint.dir or run_dir / "checkpoints"))
     check_fresh_start(run_dir, checkpoints, tr.resume, look_at_config=is_main)
+    resume_from = (checkpoints[-1] if checkpoints else None) if tr.resume == "auto" else tr.resume
+    step_text = Path(resume_from).name.removeprefix("step_") if resume_from else ""
+    resume_step = int(step_text) if step_text.isdigit() else None
     if tr.resume and tr.resume != "auto" and not tr.eval_only:
-        step = Path(tr.resume).name.removeprefix("step_")
-        check_no_later_checkpoints(checkpoints, int(step) if step.isdigit() else None)
+        check_no_later_checkpoints(checkpoints, resume_step)
+    if resume_step is not None and resume_step > tr.max_steps and not tr.eval_only:
+        raise ConfigError(
+            f"checkpoint {resume_from} is at step {resume_step}, past trainer.max_steps={tr.max_steps}: raise "
+            "trainer.max_steps to train on from it, or evaluate it with trainer.eval_only=true"
+        )
     continuing = bool(checkpoints) and bool(tr.resume)
     changes = check_continuation(run_dir, config) if continuing else {}
     if is_main:
@@ -126,6 +133,30 @@ def _shared_run_dir() -> str:
     return store.compare_set(key, "", proposal).decode()
 
 
+def _check_output_places(cfg: Config, args: list[str]) -> None:
+    """Where the run will write, checked before anything starts: hydra.run.dir and checkpoint.dir must
+    be directories this process can create or write; trainer.resume=auto needs a run that another
+    invocation can find again (run.name, hydra.run.dir or checkpoint.dir), not a new timestamped one."""
+    run_dir = next((a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")), None)
+    if cfg.trainer.resume == "auto" and not (cfg.run.name or run_dir or cfg.checkpoint.dir):
+        raise ConfigError(
+            "trainer.resume=auto continues a run from its own checkpoints, but without run.name (or "
+            "hydra.run.dir / checkpoint.dir) every invocation starts in a new timestamped directory and "
+            "would never find one: name the run, e.g. run.name=my_run trainer.resume=auto"
+        )
+    for key, value in (("hydra.run.dir", run_dir), ("checkpoint.dir", cfg.checkpoint.dir)):
+        if value is None:
+            continue
+        if not value.strip():
+            raise ConfigError(f"{key} is empty: give a directory (or leave it out for the default)")
+        place = Path(value).absolute()
+        if place.exists() and not place.is_dir():
+            raise ConfigError(f"{key}={value} is a file, not a directory: give a directory")
+        existing = next(p for p in (place, *place.parents) if p.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(f"{key}={value}: {existing} is not a writable directory; give one this user can write")
+
+
 def main() -> None:
     """Check the command line, add the launcher-dependent Hydra overrides, then hand over to Hydra."""
     args = sys.argv[1:]
@@ -136,6 +167,7 @@ def main() -> None:
             validate(cfg)
             world_size = int(os.environ.get("WORLD_SIZE", "1"))
             validate_world(cfg, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+            _check_output_places(cfg, args)
         except UserError as e:
             exit_on_user_error(e, rank)
     from dlrm.core.topology import World

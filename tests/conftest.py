@@ -22,6 +22,7 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group into the node ids
 def pytest_collection_modifyitems(items):
     """Under pytest-xdist (launch/test.sh runs 2 workers), the tests of every module that registers
     scenario-family jobs share one worker (`--dist loadgroup`): a family launches once per worker

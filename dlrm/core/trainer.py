@@ -212,6 +212,11 @@ class Trainer:
             expected.pop("optim")
         loader.load(path, state, expected, verify=self.cfg.checkpoint.verify)
         self.step = int(state["progress"]["step"].item())
+        if self.step > self.total_steps and not self.cfg.trainer.eval_only:
+            raise CheckpointError(
+                f"checkpoint {path} is at step {self.step}, past trainer.max_steps={self.total_steps}: raise "
+                "trainer.max_steps to train on from it, or evaluate it with trainer.eval_only=true"
+            )
         if self.local_sgd is not None:
             self.local_sgd.at(self.step)
         log.info(f"resumed from {path} at step {self.step}")

@@ -153,7 +153,12 @@ def check_numbers(workers: int, block_bytes: int, progress_every: float, min_cou
 def _locked(out: str):
     """Hold an exclusive lock on `out` (fcntl.flock on out/.preprocess.lock): one run per directory."""
     path = os.path.join(out, ".preprocess.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:  # never through a planted symlink
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise CriteoDataError(
+            f"cannot open the lock {path} ({e.strerror}): remove it if it is a link, or give another --out"
+        ) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

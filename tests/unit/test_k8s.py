@@ -189,6 +189,11 @@ def test_cli_writes_the_manifest(tmp_path):
         (["--fabric-env", "nccl_xx", "topology=dgx_h100"], "--fabric-env=nccl_xx: .*choose one of: .*nccl_ib"),
         (["--name", "DLRM_job", "topology=dgx_h100"], "--name=DLRM_job is not a DNS-1123 label"),
         (["--max-restarts", "-1", "topology=dgx_h100"], "--max-restarts=-1 is negative"),
+        # hostile: YAML smuggled through a newline, names that pass a `$`-anchored match
+        (["topology=dgx_h100", "trainer.max_steps=5\n---\nkind: Pod"], "control character '\\\\n'"),
+        (["--name", "dlrm\n", "topology=dgx_h100"], "control character|not a DNS-1123 label"),
+        (["--pvc", "data\n", "topology=dgx_h100"], "control character|not a valid claim name"),
+        (["--namespace", "team a", "topology=dgx_h100"], "--namespace='team a' is not a DNS-1123 label"),
     ],
 )
 def test_refusals_name_the_key_and_the_fix_and_write_nothing(tmp_path, argv, match):
@@ -201,3 +206,31 @@ def test_refusals_name_the_key_and_the_fix_and_write_nothing(tmp_path, argv, mat
     assert re.search(match, lines[0]), lines[0]
     assert out.read_text() == "previous: manifest\n" and r.stdout == ""
     assert [p.name for p in tmp_path.iterdir()] == ["job.yaml"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "x: 1",
+        "'quoted'",
+        '"double"',
+        "a #comment",
+        "[1, 2]",
+        "{k: v}",
+        "&anchor",
+        "*alias",
+        "--- doc",
+        "!!python/object",
+    ],
+)
+def test_any_printable_override_stays_one_string_of_one_document(value):
+    """Whatever printable text an override holds, the manifest parses as one PyTorchJob whose
+    container args hold it verbatim: quoting is YAML's (safe_dump), never our own."""
+    argv = ["topology=dgx_h100", f"trainer.note={value}"]
+    docs = list(yaml.safe_load_all(render.render(render.parse_args(argv), argv)))
+    assert len(docs) == 1 and docs[0]["kind"] == "PyTorchJob"
+    assert f"trainer.note={value}" in container(docs[0], "Master")["command"]
+
+
+def test_names_are_matched_whole():
+    assert render.NAME_RE.fullmatch("dlrm-dcn") and not render.NAME_RE.fullmatch("dlrm\n")
