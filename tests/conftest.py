@@ -20,16 +20,3 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("scenario families")
         for line in lines:
             terminalreporter.write_line(line)
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the group into the node ids
-def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (launch/test.sh runs 2 workers), the tests of every module that registers
-    scenario-family jobs share one worker (`--dist loadgroup`): a family launches once per worker
-    that reads it."""
-    from tests.helpers.families import Family
-
-    for item in items:
-        module = getattr(item, "module", None)
-        if module is not None and any(isinstance(v, Family) for v in vars(module).values()):
-            item.add_marker(pytest.mark.xdist_group("families"))

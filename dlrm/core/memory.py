@@ -70,14 +70,12 @@ def precheck_memory(cfg: Config, world: int, dense_params: int) -> None:
       memory, counting host DDR on cuda (TorchRec may keep tables there by UVM);
     - a table pinned to table_wise does not fit one rank likewise.
     """
-    from dlrm.core.sharding import table_sharding  # imports TorchRec: only when checking
-
     cuda = cfg.topology.device == "cuda"
     cap = capacity_GB(cfg) * GB  # where dense parts and data-parallel tables live
     table_cap = cap + (cfg.topology.ddr_GB * GB if cuda else 0)  # sharded tables may be offloaded (UVM)
     mem_keys = "topology.hbm_GB + topology.ddr_GB" if cuda else "topology.ddr_GB"
     opt = cfg.optim.embedding.name
-    pinned = table_sharding(cfg.sharding, cfg.model)
+    pinned = {t.name: cfg.sharding.pinned(t) for t in cfg.model.tables}
     dense = dense_params * FLOAT_BYTES * (2 + dense_optimizer_factor(cfg.optim.dense.name))  # + grads
     table_bytes = {
         t.name: t.rows * t.dim * table_weight_bytes(cfg) + optimizer_state_bytes(opt, t.rows, t.dim)

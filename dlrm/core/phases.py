@@ -92,38 +92,6 @@ def kineto_quiet() -> Iterator[None]:
         os.close(saved)
 
 
-def fitted_topology(topology, bench: dict, collective: str, ranks_per_node: int):
-    """`topology` (a TopologyConfig) with its intra-node link's latency and bandwidth replaced by the
-    alpha and B fitted to `collective`'s rows of a comms bench result (`dlrm.comms.report.load_bench`)
-    among `ranks_per_node` ranks; CommsError if the bench has no such rows."""
-    from dataclasses import replace
-
-    from dlrm.comms.bench import base_collective
-    from dlrm.comms.costmodel import CommsError, fit_alpha_beta
-
-    rows = [
-        r
-        for r in bench["results"]
-        if base_collective(r["collective"]) == collective
-        and r["scope"] in ("intra", "world")
-        and r["group_size"] == ranks_per_node
-    ]
-    if len({r["bytes"] for r in rows}) < 2:
-        raise CommsError(
-            f"the comms bench file has no {collective} times at two sizes among {ranks_per_node} ranks; rerun "
-            f"`torchrun --nproc_per_node={ranks_per_node} -m dlrm.comms.bench` with {collective} in its collectives"
-        )
-    fit = fit_alpha_beta(
-        collective,
-        topology.intra_node.fabric,
-        ranks_per_node,
-        [r["bytes"] for r in rows],
-        [r["median_us"] * 1e-6 for r in rows],
-    )
-    link = replace(topology.intra_node, latency_us=fit.alpha_s * 1e6, bandwidth_GBps=fit.bandwidth_Bps / 1e9)
-    return replace(topology, intra_node=link)
-
-
 def phase_of(name: str) -> str | None:
     """The phase a range of this name stands for, or None (it belongs to its enclosing range)."""
     for phase, pattern in _RULES:

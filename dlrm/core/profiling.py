@@ -2,8 +2,8 @@
 
 With trainer.breakdown, the last step of each log window runs under torch.profiler and its time is
 split into phases and collectives; with trainer.profile=[first, last], those steps are traced on
-rank 0 to <run dir>/profile (TensorBoard, Perfetto). `comm_vs_model` puts the measured
-communication beside the cost model's prediction for the same plan.
+rank 0 to <run dir>/profile (TensorBoard, Perfetto).The measured communication is
+put beside the cost model's prediction outside the core (dlrm.comms.measured).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -19,9 +18,9 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
-from dlrm.config import Config, TrainerConfig
+from dlrm.config import TrainerConfig
 from dlrm.core.cadence import Every
-from dlrm.core.phases import PHASES, fitted_topology, kineto_quiet, spans_of, step_breakdown
+from dlrm.core.phases import PHASES, kineto_quiet, spans_of, step_breakdown
 
 log = logging.getLogger(__name__)
 COMM_KINDS = ("alltoall", "reduce_scatter", "allgather", "allreduce")
@@ -138,39 +137,3 @@ class StepProfiler:
             "comm_s": dict(zip(COMM_KINDS, mean[2 + len(PHASES) :], strict=True)),
             "profiled_steps": int(summed[0].item()) // self.world_size,
         }
-
-
-def comm_vs_model(
-    cfg: Config,
-    tables,
-    world_size: int,
-    local_world_size: int,
-    dense_params: int,
-    comms_bench: dict | None,
-    measured: dict,
-) -> dict:
-    """Measured seconds per step of the embedding exchange (alltoall, and reduce-scatter/allgather
-    of row-wise shards) and of the dense allreduce, beside the cost model's for the same plan (`tables`,
-    `dlrm.core.sharding.table_plans`), batch and topology; ratio = measured / modelled (None where the
-    model predicts 0). With a comms bench (trainer.comms_bench), the model's intra-node link takes the
-    alpha and B fitted to the bench's alltoall (for the exchange) and allreduce (for the allreduce)."""
-    from dlrm.comms.traffic import comm_summary
-
-    def model(collective: str) -> dict:
-        run_cfg = cfg
-        if comms_bench is not None:
-            run_cfg = replace(cfg, topology=fitted_topology(cfg.topology, comms_bench, collective, local_world_size))
-        return comm_summary(run_cfg, tables, world_size, local_world_size, dense_params)["time_s"]
-
-    out = {}
-    for name, seconds, modelled in (
-        (
-            "embedding_exchange",
-            measured["alltoall"] + measured["reduce_scatter"] + measured["allgather"],
-            model("alltoall")["alltoall_s"],
-        ),
-        ("dense_allreduce", measured["allreduce"], model("allreduce")["allreduce_s"]),
-    ):
-        out[name] = {"measured_s": seconds, "model_s": modelled, "ratio": seconds / modelled if modelled else None}
-    out["model"] = f"fitted to {cfg.trainer.comms_bench}" if comms_bench is not None else "topology config"
-    return out

@@ -9,7 +9,7 @@ import logging
 import math
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +31,9 @@ from dlrm.core.memory import dense_param_count
 from dlrm.core.metrics import MetricsLog, Progress, peak_rss_mb, score_on_rank0
 from dlrm.core.model import build_model, compile_dense, initialize
 from dlrm.core.optim import LRSchedule, build_optimizer, fuse_embedding_optimizer, lr_factor
-from dlrm.core.phases import STEP_RANGE, fitted_topology
-from dlrm.core.profiling import StepProfiler, comm_vs_model
-from dlrm.core.sharding import describe_plan, plan_sharding, shard_model, table_plans
+from dlrm.core.phases import STEP_RANGE
+from dlrm.core.profiling import StepProfiler
+from dlrm.core.sharding import describe_plan, plan_sharding, shard_model
 from dlrm.core.stop import StopRequest, TrainingStopped
 from dlrm.core.topology import (
     World,
@@ -91,17 +91,20 @@ class Trainer:
         run_dir: the run directory (the same on every rank): rank 0 writes metrics.jsonl and
             summary.json there, and checkpoints go to run_dir/checkpoints unless checkpoint.dir is
             set. None: no files, and no checkpoints unless checkpoint.dir is set.
+        summary_extras: (trainer, summary) -> more summary entries, computed outside the core before
+            summary.json is written (dlrm.train passes dlrm.comms.measured's comm_vs_model).
     """
 
-    def __init__(self, cfg: Config, world: World, run_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        world: World,
+        run_dir: Path | None = None,
+        summary_extras: Callable[[Trainer, dict], dict] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.world = world
-        self.comms_bench = None  # a comms bench result to fit the cost model to (trainer.comms_bench)
-        if cfg.trainer.comms_bench:
-            from dlrm.comms.report import load_bench
-
-            self.comms_bench = load_bench(cfg.trainer.comms_bench)
-            fitted_topology(cfg.topology, self.comms_bench, "alltoall", world.local_world_size)  # fails early
+        self.summary_extras = summary_extras
         self.run_dir = run_dir if world.is_main else None
         keep_freed_memory()  # the host blocks a step frees stay for the next: no page faults each step
         self.device = device_for(cfg.topology, world, tf32=cfg.trainer.tf32)
@@ -449,16 +452,8 @@ class Trainer:
             summary["samples_to_target"] = target_step * batch if target_step is not None else None
         if breakdown is not None:
             summary["step_breakdown"] = breakdown
-            world = self.world
-            summary["comm_vs_model"] = comm_vs_model(
-                self.cfg,
-                table_plans(self.plan, self.cfg.model, world.world_size),
-                world.world_size,
-                world.local_world_size,
-                self.dense_params,
-                self.comms_bench,
-                breakdown["comm_s"],
-            )
+        if self.summary_extras is not None:
+            summary.update(self.summary_extras(self, summary))
         if self.run_dir is not None:
             write_json_atomic(self.run_dir / "summary.json", summary)
         if self.world.is_main:

@@ -9,7 +9,7 @@ import torch
 from dlrm.export import export
 from tests.helpers.cli import assert_one_error, main_in_process
 from tests.helpers.equivalence import STEPS, matches, tiny
-from tests.helpers.families import PAIR, Overrides
+from tests.helpers.families import LONG_PAIR, PAIR, Overrides
 from tests.helpers.local_sgd_workers import count_allreduces, dense_after_each_step
 from tests.helpers.workers import train_and_report, train_losses, train_summary
 
@@ -47,8 +47,8 @@ PAIR.add(
 )
 PAIR.add("local_sgd/count/sync", count_allreduces, tiny(*COUNTED))
 PAIR.add("local_sgd/count/local", count_allreduces, tiny(*COUNTED, *LOCAL, "trainer.sync_period=4"))
-PAIR.add("main_job/sync", train_summary, Overrides(*QUIET))
-PAIR.add("main_job/local_sgd", train_summary, Overrides(*QUIET, *LOCAL, "trainer.sync_period=4"))
+LONG_PAIR.add("main_job/sync", train_summary, Overrides(*QUIET))
+LONG_PAIR.add("main_job/local_sgd", train_summary, Overrides(*QUIET, *LOCAL, "trainer.sync_period=4"))
 PAIR.add("local_sgd/resume/whole", train_losses, _resumable("local_whole"))
 _AT_4 = PAIR.dir("local_whole") / "step_00000004"
 PAIR.add("local_sgd/resume/same", train_losses, _resumable("local_same", f"trainer.resume={_AT_4}"))
@@ -95,9 +95,10 @@ def test_allreduces_drop_by_the_period_and_the_run_ends_averaged():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_default_job_with_period_four_reaches_the_synchronous_auc():
     """The main job (model=dlrm_small, 200 steps, 2 ranks): local SGD every 4 steps loses < 0.005 AUC."""
-    sync, local = PAIR["main_job/sync"][0], PAIR["main_job/local_sgd"][0]
+    sync, local = LONG_PAIR["main_job/sync"][0], LONG_PAIR["main_job/local_sgd"][0]
     print(f"eval AUC: synchronous {sync['eval_auc']:.5f}, local SGD H=4 {local['eval_auc']:.5f}")
     assert sync["eval_auc"] > 0.6, "the synthetic task must be learnt, or the comparison says little"
     assert abs(local["eval_auc"] - sync["eval_auc"]) < 0.005

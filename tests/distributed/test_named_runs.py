@@ -52,6 +52,7 @@ def weights(tmp_path: Path, checkpoint: Path) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_killed_named_run_continues_to_the_uninterrupted_result(tmp_path):
     """Killed after its first checkpoint, the same command again resumes from it, keeps the run's
     config.yaml, and ends with the weights and loss of an uninterrupted run."""

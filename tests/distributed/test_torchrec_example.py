@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_torchrec_example_baseline_reports_speed_and_memory(tmp_path):
     out = tmp_path / "example.json"
     args = ["--num-embeddings", "1000", "--warmup", "2", "--window", "2", "--windows", "3"]

@@ -105,7 +105,8 @@ def error_of(results: list) -> JobError:
 PAIR = Family("pair", nproc=2)  # 2 ranks on one node
 TWO_NODES = Family("two_nodes", nproc=2, nnodes=2, after=(PAIR,))  # 2 simulated nodes x 2 ranks
 SINGLE = Family("single", nproc=1, after=(PAIR, TWO_NODES))  # 1 rank: resumes of the others' checkpoints
-FAMILIES = (PAIR, TWO_NODES, SINGLE)
+LONG_PAIR = Family("long_pair", nproc=2)  # 2 ranks, read only by tests marked long (not in the default run)
+FAMILIES = (PAIR, TWO_NODES, SINGLE, LONG_PAIR)
 
 
 def timing_lines(slowest: int = 5) -> list[str]:

@@ -150,6 +150,7 @@ def test_a_run_without_figures_is_a_failure(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_one_real_round_against_the_example(tmp_path):
     out = tmp_path / "r.json"
     proc = run_cli("--rounds", "1", "--configs", "bf16_1p1t", "--warmup", "1", "--window", "2", "--windows", "2",

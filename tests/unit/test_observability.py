@@ -207,7 +207,7 @@ def test_device_breakdown_follows_the_launching_op():
 def test_fitted_topology_recovers_the_bench_links(make_config):
     """A bench whose times follow alpha + factor * n / B exactly gives back alpha and B."""
     from dlrm.comms.costmodel import Link, collective_time
-    from dlrm.core.phases import fitted_topology
+    from dlrm.comms.measured import fitted_topology
 
     topology = make_config("topology=cpu").topology
     true = Link(topology.intra_node.fabric, 30e-6, 2e9)
@@ -231,7 +231,7 @@ def test_fitted_topology_recovers_the_bench_links(make_config):
 
 def test_fitted_topology_needs_the_collective_at_this_size(make_config):
     from dlrm.comms.costmodel import CommsError
-    from dlrm.core.phases import fitted_topology
+    from dlrm.comms.measured import fitted_topology
 
     rows = [
         {"collective": "allreduce", "scope": "world", "group_size": 4, "bytes": n, "median_us": 10.0 + n / 1e3}
