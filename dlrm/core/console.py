@@ -90,7 +90,7 @@ def end_lines(
             f"step breakdown, ms (mean of {b['profiled_steps']} profiled steps, {b['profiled_step_s'] * 1e3:.1f} ms "
             f"each; profiling added {b['profile_overhead_s'] * 1e3:.0f} ms per profiled step): {ms}"
         )
-        if world_size > 1:
+        if world_size > 1 and "comm_vs_model" in summary:  # added outside the core (dlrm.comms.measured)
             lines.append(
                 "comms per step, measured vs model: "
                 + "; ".join(
