@@ -1,0 +1,41 @@
+"""The device a rank trains on: a GPU topology where torch sees no GPU, or a local rank past the GPU
+count, is one clear error (DeviceError, exit 2), not a CUDA traceback; and the clocks' device wait
+is a no-op on CPU and torch.cuda.synchronize of the rank's GPU on CUDA."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from dlrm.core.topology import DeviceError, NoGPUForRankError, World, device_for, synchronizer
+from dlrm.errors import user_error_message
+
+
+def test_a_gpu_topology_without_a_gpu_is_one_line_printed_once(make_config, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(DeviceError, match="topology=dgx_h100 wants device=cuda but torch sees no GPU") as e:
+        device_for(make_config("topology=dgx_h100").topology, World())
+    assert user_error_message(e.value, 0).startswith("error: topology=dgx_h100")
+    assert user_error_message(e.value, 5) is None  # every rank meets it: rank 0 alone prints it
+
+
+def test_a_local_rank_past_the_gpu_count_names_itself(make_config, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    with pytest.raises(NoGPUForRankError, match="local rank 5 has no GPU: torch sees 4") as e:
+        device_for(
+            make_config("topology=dgx_h100").topology, World(rank=5, world_size=8, local_rank=5, local_world_size=8)
+        )
+    assert user_error_message(e.value, 5).startswith("error: [rank 5] local rank 5")
+
+
+def test_the_device_wait(monkeypatch):
+    synchronizer(torch.device("cpu"))()  # nothing to wait for
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    sync = synchronizer(torch.device("cuda", 3))
+    assert isinstance(sync, functools.partial)
+    sync()
+    assert waited == [torch.device("cuda", 3)]
