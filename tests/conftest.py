@@ -20,3 +20,30 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("scenario families")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+# Timing-sensitive checks (per-phase times against the wall clock) run after the families' launches.
+AFTER_THE_FAMILIES = ("tests/unit/test_observability.py",)
+
+
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the selected tests count
+def pytest_collection_modifyitems(config, items):
+    """The tests that read scenario families run last, and the families they need start at once on a
+    background thread (tests/helpers/families.py `prefetch`): the 2-rank launches overlap with the
+    single-process tests instead of following them."""
+    from tests.helpers.families import FAMILIES, families_read_by, prefetch
+
+    needed, readers, rest, late = set(), [], [], []
+    for item in items:
+        function = getattr(item, "function", None)
+        families = families_read_by(function) if function is not None else []
+        needed.update(families)
+        if families:
+            readers.append(item)
+        elif item.nodeid.startswith(AFTER_THE_FAMILIES):
+            late.append(item)
+        else:
+            rest.append(item)
+    items[:] = rest + readers + late
+    if needed and not config.option.collectonly:
+        prefetch([f for f in FAMILIES if f in needed])

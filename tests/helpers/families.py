@@ -20,6 +20,7 @@ import atexit
 import functools
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -50,6 +51,8 @@ class Family:
         self.results: dict[str, list] | None = None
         self.failure: BaseException | None = None
         self.seconds: dict[str, float] = {}  # per job on rank 0; "(launch)": the whole launch
+        self._lock = threading.Lock()  # run() once, also when prefetched on another thread
+        self._prepared: list[Job] | None = None
 
     def add(self, key: str, fn, *args, expect_error: bool = False) -> str:
         """Register fn(*args) on every rank under `key`; returns the key. Modules may register the
@@ -66,17 +69,29 @@ class Family:
         """A directory path (not created) for one job's files, unique to this family."""
         return _root() / self.name / name
 
+    def prepare(self) -> list[Job]:
+        """The jobs to launch, their Overrides composed (Hydra's global state: call it on the main thread)."""
+        for family in self.after:
+            family.prepare()
+        if self._prepared is None:
+            self._prepared = [
+                Job(fn, tuple(compose(list(a)) if isinstance(a, Overrides) else a for a in args), expect_error)
+                for fn, args, expect_error in self.jobs.values()
+            ]
+        return self._prepared
+
     def run(self) -> None:
+        for family in self.after:
+            family.run()
+        with self._lock:
+            self._run()
+
+    def _run(self) -> None:
         if self.results is not None:
             return
         if self.failure is not None:
             raise RuntimeError(f"the {self.name} family's launch failed (see its first test)") from self.failure
-        for family in self.after:
-            family.run()
-        jobs = [
-            Job(fn, tuple(compose(list(a)) if isinstance(a, Overrides) else a for a in args), expect_error)
-            for fn, args, expect_error in self.jobs.values()
-        ]
+        jobs = self.prepare()
         start = time.perf_counter()
         try:
             per_job = launch_jobs(jobs, self.nproc, self.nnodes) if jobs else []
@@ -92,6 +107,32 @@ class Family:
         self.run()
         assert self.results is not None
         return self.results[key]
+
+
+def prefetch(families: list[Family]) -> threading.Thread:
+    """Run `families` (and what they come after) on a background thread, while the session runs other
+    tests: their ranks use the cores that single-process tests leave idle. A test that reads a family
+    still running waits for it; a failed launch is raised by the tests that read it."""
+
+    for family in families:
+        family.prepare()
+
+    def run_all() -> None:
+        for family in families:
+            try:
+                family.run()
+            except BaseException:  # recorded in family.failure: its tests report it
+                pass
+
+    thread = threading.Thread(target=run_all, name="families", daemon=True)
+    thread.start()
+    return thread
+
+
+def families_read_by(fn) -> list[Family]:
+    """The families a test function reads (the module globals its code names)."""
+    names = set(fn.__code__.co_names)
+    return [f for name, f in fn.__globals__.items() if name in names and isinstance(f, Family)]
 
 
 def error_of(results: list) -> JobError:
