@@ -30,6 +30,16 @@ def _fifo(path):
     return path
 
 
+def _plant(path, content: str) -> None:
+    """Put a hostile file at `path`: a FIFO, 200,000-deep JSON, or a link to /dev/zero."""
+    if content == "fifo":
+        _fifo(path)
+    elif content == "deep":
+        path.write_bytes(DEEP)
+    else:
+        path.symlink_to("/dev/zero")
+
+
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero", "directory", "too_large"])
 def test_read_bounded_refuses_what_is_not_a_small_regular_file(tmp_path, kind):
     path = {
@@ -51,12 +61,7 @@ def test_parse_json_reports_deep_nesting_as_bad_json():
 def test_a_checkpoint_manifest_that_is_not_a_manifest_is_refused(ckpts, content):
     manifest = ckpts / NEW / "manifest.json"
     manifest.unlink()
-    if content == "fifo":
-        _fifo(manifest)
-    elif content == "deep":
-        manifest.write_bytes(DEEP)
-    else:
-        manifest.symlink_to("/dev/zero")
+    _plant(manifest, content)
     with pytest.raises(CheckpointError, match="manifest.json"):
         read_manifest(ckpts / NEW)
 
@@ -85,12 +90,7 @@ def test_the_trainers_own_config_yaml_has_no_aliases_and_reads_back(tmp_path):
 @pytest.mark.parametrize("content", ["fifo", "deep", "dev_zero"])
 def test_a_bench_or_summary_json_that_is_not_json_is_refused(tmp_path, content):
     path = tmp_path / "x.json"
-    if content == "fifo":
-        _fifo(path)
-    elif content == "deep":
-        path.write_bytes(DEEP)
-    else:
-        path.symlink_to("/dev/zero")
+    _plant(path, content)
     with pytest.raises(CommsError, match="is not JSON"):
         load_bench(str(path))
     with pytest.raises(ConfigError, match="not readable JSON"):
