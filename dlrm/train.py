@@ -85,7 +85,7 @@ def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool) -> 
     """Own the run directory (rank 0 locks it), refuse to start over another run's outputs, then
     write the run's config.yaml, or, continuing a run with a checkpoint, compare with it (see dlrm.core.runs)."""
     from dlrm.core.checkpoint import complete_checkpoints
-    from dlrm.core.runs import check_continuation, check_fresh_start, check_no_later_checkpoints, lock_run_dir, record
+    from dlrm.core.runs import check_continuation, check_fresh_start, check_resume_point, lock_run_dir, record
 
     global _run_lock
     if is_main:
@@ -95,16 +95,8 @@ def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool) -> 
     tr = cfg.trainer
     checkpoints = complete_checkpoints(Path(cfg.checkpoint.dir or run_dir / "checkpoints"))
     check_fresh_start(run_dir, checkpoints, tr.resume, look_at_config=is_main)
-    resume_from = (checkpoints[-1] if checkpoints else None) if tr.resume == "auto" else tr.resume
-    step_text = Path(resume_from).name.removeprefix("step_") if resume_from else ""
-    resume_step = int(step_text) if step_text.isdigit() else None
-    if tr.resume and tr.resume != "auto" and not tr.eval_only:
-        check_no_later_checkpoints(checkpoints, resume_step)
-    if resume_step is not None and resume_step > tr.max_steps and not tr.eval_only:
-        raise ConfigError(
-            f"checkpoint {resume_from} is at step {resume_step}, past trainer.max_steps={tr.max_steps}: raise "
-            "trainer.max_steps to train on from it, or evaluate it with trainer.eval_only=true"
-        )
+    if tr.resume and not tr.eval_only:
+        check_resume_point(checkpoints, tr.resume, tr.max_steps)
     continuing = bool(checkpoints) and bool(tr.resume)
     changes = check_continuation(run_dir, config) if continuing else {}
     if is_main:

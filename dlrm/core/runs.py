@@ -93,17 +93,27 @@ def check_fresh_start(run_dir: Path, checkpoints: list[Path], resume: str | None
         )
 
 
-def check_no_later_checkpoints(checkpoints: list[Path], resume_step: int | None) -> None:
-    """Resuming from step s into a checkpoint directory that holds checkpoints after s would replace
-    them, and retention would delete them: refused, naming them and the ways out."""
-    if resume_step is None:
+def check_resume_point(checkpoints: list[Path], resume: str, max_steps: int) -> None:
+    """Where a training resumes (trainer.resume: auto, the newest of `checkpoints`, or a step_* path),
+    checked before anything starts: a resume from step s into a checkpoint directory that holds later
+    checkpoints would replace them (and retention delete them); a step past max_steps has nothing to
+    train. The step is the directory's (step_NNNNNNNN); loading checks it against the manifest."""
+    where = (checkpoints[-1] if checkpoints else None) if resume == "auto" else Path(resume)
+    digits = where.name.removeprefix("step_") if where is not None else ""
+    if not digits.isdigit():
         return
-    later = [c for c in checkpoints if int(c.name.split("_")[-1]) > resume_step]
+    step = int(digits)
+    later = [c for c in checkpoints if int(c.name.removeprefix("step_")) > step]
     if later:
         raise ConfigError(
-            f"the checkpoint directory holds {len(later)} checkpoint(s) after step {resume_step} (newest "
+            f"the checkpoint directory holds {len(later)} checkpoint(s) after step {step} (newest "
             f"{later[-1]}) that this run would replace: resume from the newest (trainer.resume=auto), or "
             "write this run's checkpoints elsewhere (another run.name, hydra.run.dir or checkpoint.dir)"
+        )
+    if step > max_steps:
+        raise ConfigError(
+            f"checkpoint {where} is at step {step}, past trainer.max_steps={max_steps}: raise "
+            "trainer.max_steps to train on from it, or evaluate it with trainer.eval_only=true"
         )
 
 
