@@ -6,7 +6,8 @@ Anything else is a bug or an environment failure and keeps its traceback.
 
 Under torchrun: an error every rank raises alike (`same_on_all_ranks`: config, plan, global loss)
 is printed by rank 0 only; any other (a file one rank reads) by each rank that meets it, as
-`error: [rank R] ...`. `exit_on_user_error` is how every entry point does so.
+`error: [rank R] ...`, the other ranks after a short wait so that an error rank 0 meets too is
+said once. `exit_on_user_error` is how every entry point does so.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ def user_error_in(e: BaseException) -> UserError | None:
 # stops every rank as soon as one exits, so rank 0 must get to print first; a rank still alive after
 # this wait says it itself (rank 0 did not stop the job: it did not meet the error).
 REPORT_GRACE_S = 30.0
+# How long a rank other than 0 waits before printing an error of its own (a file it reads): when
+# rank 0 meets it too (the same file), rank 0's line stops the job first and the line is said once.
+LOCAL_GRACE_S = 3.0
 
 
 def user_error_message(e: UserError, rank: int) -> str | None:
@@ -78,6 +82,11 @@ def user_error_message(e: UserError, rank: int) -> str | None:
     if e.same_on_all_ranks:
         return None
     return f"{e.prefix}: [rank {rank}] {e}"
+
+
+def _under_launcher() -> bool:
+    """True under torchrun, which stops the other ranks when one exits."""
+    return os.environ.get("TORCHELASTIC_RUN_ID") is not None
 
 
 def exit_on_user_error(e: BaseException, rank: int) -> None:
@@ -93,11 +102,11 @@ def exit_on_user_error(e: BaseException, rank: int) -> None:
     if user is None:
         return
     line = user_error_message(user, rank)
-    if (
-        line is None and not user.quiet_elsewhere
-    ):  # rank 0 reports it: give it the time to, before torchrun stops the job
+    if line is None and not user.quiet_elsewhere:  # rank 0 reports it: give it the time to
         time.sleep(REPORT_GRACE_S)
         line = f"{user.prefix}: [rank {rank}] {user}"
+    elif rank != 0 and line is not None and _under_launcher():  # rank 0 may meet it too: let it speak first
+        time.sleep(LOCAL_GRACE_S)
     if line is not None:
         print(line, file=sys.stderr)
     dist = sys.modules.get("torch.distributed")

@@ -56,6 +56,20 @@ def refuse_alias(out: str | os.PathLike[str], flag: str, inputs: dict[str, str |
             raise UserError(f"{flag} {out} would overwrite {what} {given}; choose another output path")
 
 
+def output_dir_problem(value: str, key: str) -> str | None:
+    """Why `value` cannot be an output directory (empty, a file, no writable place to create it), else None:
+    checked before the work that will write there starts."""
+    if not value.strip():
+        return f"{key} is empty: give a directory (or leave it out for the default)"
+    place = Path(value).absolute()
+    if place.exists() and not place.is_dir():
+        return f"{key}={value} is a file, not a directory: give a directory"
+    existing = next(p for p in (place, *place.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return f"{key}={value}: {existing} is not a writable directory; give one this user can write"
+    return None
+
+
 JSON_LIMIT = 64 << 20  # a results or summary JSON that a command of ours wrote: kilobytes to megabytes
 
 

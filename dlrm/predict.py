@@ -90,6 +90,9 @@ def directory_batches(
     have = [int(d["day"]) for d in manifest["days"]]
     days = have if days is None else days
     missing = [d for d in days if d not in have]
+    if len(set(days)) != len(days):
+        twice = sorted({d for d in days if days.count(d) > 1})
+        raise UserError(f"--days {','.join(map(str, days))} names day(s) {twice} more than once; name each day once")
     if missing or not days:
         raise UserError(f"--days {days}: {directory}/manifest.json has days {sorted(have)}; choose among them")
     if not 0 <= eval_fraction < 1:
@@ -343,6 +346,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logits, labels = score(model.eval(), batches)
         seconds = time.perf_counter() - t0
         scores = torch.sigmoid(logits).numpy().astype(np.float32)
+        if not len(scores):
+            skipped = f" ({counts['skipped']:,} bad lines skipped)" if counts.get("skipped") else ""
+            raise UserError(f"--data {a.data}: no rows to score{skipped}; give a file with Criteo rows")
         if a.out is not None:
             save_atomic(a.out, scores)
     except UserError as e:

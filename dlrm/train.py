@@ -26,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from dlrm.compose import CONF_DIR, compose
 from dlrm.config import Config, ConfigError, register_configs, to_config, validate, validate_world
 from dlrm.core.logs import setup_logging
-from dlrm.errors import UserError, exit_on_user_error
+from dlrm.errors import UsageError, UserError, exit_on_user_error
+from dlrm.io import output_dir_problem
 
 register_configs()
 # torch (seconds to import) is imported where needed: a bad command line fails before it.
@@ -126,11 +127,10 @@ def _shared_run_dir() -> str:
     return store.compare_set(key, "", proposal).decode()
 
 
-def _check_output_places(cfg: Config, args: list[str]) -> None:
+def _check_output_places(cfg: Config, run_dir: str | None) -> None:
     """Where the run will write, checked before anything starts: hydra.run.dir and checkpoint.dir must
     be directories this process can create or write; trainer.resume=auto needs a run that another
     invocation can find again (run.name, hydra.run.dir or checkpoint.dir), not a new timestamped one."""
-    run_dir = next((a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")), None)
     if cfg.trainer.resume == "auto" and not (cfg.run.name or run_dir or cfg.checkpoint.dir):
         raise ConfigError(
             "trainer.resume=auto continues a run from its own checkpoints, but without run.name (or "
@@ -138,42 +138,83 @@ def _check_output_places(cfg: Config, args: list[str]) -> None:
             "would never find one: name the run, e.g. run.name=my_run trainer.resume=auto"
         )
     for key, value in (("hydra.run.dir", run_dir), ("checkpoint.dir", cfg.checkpoint.dir)):
-        if value is None:
+        problem = None if value is None else output_dir_problem(value, key)
+        if problem:
+            raise ConfigError(problem)
+
+
+# Hydra's flags: those that only print (help, version, info) are Hydra's business; those naming another
+# config place or a rerun compose from elsewhere than conf/, so the early checks cannot compose as Hydra will.
+_HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--info", "-i", "--shell-completion", "-sc"}
+_HYDRA_ELSEWHERE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+_HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", *_HYDRA_ELSEWHERE_FLAGS}  # flags followed by a value
+
+
+def _split_flags(args: list[str]) -> tuple[set[str], list[str]]:
+    """Hydra's flags (names only, `--cfg=job` as `--cfg`) and the overrides among the command-line args."""
+    flags: set[str] = set()
+    overrides: list[str] = []
+    values = iter(args)
+    for a in values:
+        if not a.startswith("-"):
+            overrides.append(a)
             continue
-        if not value.strip():
-            raise ConfigError(f"{key} is empty: give a directory (or leave it out for the default)")
-        place = Path(value).absolute()
-        if place.exists() and not place.is_dir():
-            raise ConfigError(f"{key}={value} is a file, not a directory: give a directory")
-        existing = next(p for p in (place, *place.parents) if p.exists())
-        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-            raise ConfigError(f"{key}={value}: {existing} is not a writable directory; give one this user can write")
+        name = a.split("=", 1)[0]
+        flags.add(name)
+        if name in _HYDRA_VALUE_FLAGS and "=" not in a:
+            next(values, None)
+    return flags, overrides
+
+
+def _override_value(overrides: list[str], key: str) -> str | None:
+    """The value Hydra gives `key` from these overrides (the last one wins; quotes removed), else None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    value = None
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.key_or_group == key and not o.is_delete():
+            value = o.value()
+    return None if value is None else str(value)
 
 
 def main() -> None:
     """Check the command line, add the launcher-dependent Hydra overrides, then hand over to Hydra."""
     args = sys.argv[1:]
     rank = int(os.environ.get("RANK", "0"))
-    if not any(a.startswith("-") for a in args):  # Hydra's own flags (--cfg, -m, --help): Hydra's business
+    flags, overrides = _split_flags(args)
+    cfg = None
+    if not flags & (_HYDRA_INFO_FLAGS | _HYDRA_ELSEWHERE_FLAGS):
         try:  # fail fast, before torch is imported and Hydra makes a run directory
-            cfg = compose(args)
+            if flags & {"-m", "--multirun"}:
+                raise UsageError(
+                    "dlrm.train runs one training per command; -m/--multirun (a Hydra sweep) is not supported: "
+                    "run one command per setting (e.g. a shell loop over the values)"
+                )
+            cfg = compose(overrides)
             validate(cfg)
             world_size = int(os.environ.get("WORLD_SIZE", "1"))
             validate_world(cfg, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
-            _check_output_places(cfg, args)
+            _check_output_places(cfg, _override_value(overrides, "hydra.run.dir"))
         except UserError as e:
             exit_on_user_error(e, rank)
     from dlrm.core.topology import World
 
     world = World.from_env()
-    name = next((a.split("=", 1)[1] for a in args if a.startswith("run.name=")), None)
-    if not any(a.startswith("hydra.run.dir=") for a in args):
-        if name and name != "null":  # a named run: the same directory for every rank and every invocation
-            sys.argv.append(f"hydra.run.dir=outputs/{name}")
+    try:  # not checked above (Hydra's flags): a parse error is then Hydra's to report
+        run_dir, name = _override_value(overrides, "hydra.run.dir"), _override_value(overrides, "run.name")
+    except Exception:
+        run_dir, name = None, None
+    if cfg is not None:
+        name = cfg.run.name
+    added = []  # first: argparse wants the overrides together, before any flag
+    if run_dir is None and "--help" not in flags and "-h" not in flags:
+        if name:  # a named run: the same directory for every rank and every invocation
+            added.append(f"hydra.run.dir=outputs/{name}")
         elif world.world_size > 1:
-            sys.argv.append(f"hydra.run.dir={_shared_run_dir()}")
+            added.append(f"hydra.run.dir={_shared_run_dir()}")
     if not world.is_main:  # only rank 0 writes Hydra's files and log
-        sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+        added += ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    sys.argv[1:1] = added
     hydra_main()
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from dlrm.comms.costmodel import CommsError, busbw_factor
 from dlrm.config import TopologyConfig
 from dlrm.errors import ArgumentParser, UserError, exit_on_user_error
-from dlrm.io import figure_png, write_atomic
+from dlrm.io import figure_png, output_dir_problem, write_atomic
 
 COLLECTIVES = ("allreduce", "alltoall", "alltoall_uneven", "reduce_scatter", "allgather")
 SCOPES = ("world", "intra", "inter")
@@ -336,6 +336,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict] | None:
         )
     world = World.from_env()
     req = check_args(args, world.world_size, world.local_world_size)
+    problem = output_dir_problem(args.out, "--out")  # before the benchmark, not after it
+    if problem:
+        raise CommsError(problem)
     topo = req.topology
     use_cuda = args.device == "cuda" or (
         args.device == "auto" and torch.cuda.is_available() and (topo is None or topo.device == "cuda")

@@ -77,3 +77,15 @@ def test_groups_and_uneven_splits():
     assert group_layout(4, 2, 2) == {"world": [[0, 1, 2, 3]], "intra": [[0, 1], [2, 3]], "inter": [[0, 2], [1, 3]]}
     ins, outs = uneven_splits(1024, 4, 1)
     assert ins == [outs[1]] * 4 and outs == [102, 205, 307, 410]  # rank j sends 256 x 2(j+1)/5 to everyone
+
+
+@pytest.mark.parametrize("kind", ["file", "empty"])
+def test_out_that_cannot_be_a_directory_is_refused_before_measuring(monkeypatch, tmp_path, kind):
+    """--out an existing file (or empty) is one error before any process group or measurement."""
+    out = tmp_path / "results.json"
+    out.write_text("keep me")
+    for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(CommsError, match="is a file, not a directory" if kind == "file" else "--out is empty"):
+        main(["--out", str(out) if kind == "file" else " "])
+    assert out.read_text() == "keep me"

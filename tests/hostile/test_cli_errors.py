@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from dlrm import errors
+from dlrm import errors, train
 from dlrm.config import ConfigError
 from dlrm.errors import UserError
-from tests.helpers.cli import assert_one_error, main_in_process
+from tests.helpers.cli import TORCHRUN_VARS, assert_one_error, main_in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,6 +68,10 @@ CASES = {
     "unknown sharding": (["sharding.strategy=diagonal"], ["'sharding.strategy' = 'diagonal'", "row_wise"]),
     "zero batch": (["data.global_batch_size=0"], ["'data.global_batch_size' = 0"]),
     "nan latency": (["topology.inter_node.latency_us=nan"], ["'topology.inter_node.latency_us' = nan", ">= 0"]),
+    "typo beside --cfg": (["--cfg", "job", "trainer.max_step=3"], ["'trainer.max_step'", "did you mean"]),
+    "typo beside --cfg=job --resolve": (["--cfg=job", "--resolve", "model=dlrm_smal"], ["'dlrm_smal'"]),
+    "multirun": (["-m", "trainer.max_steps=1,2"], ["-m/--multirun", "one command per setting"]),
+    "bad run.name after a good one": (["run.name=a", "run.name=a/b"], ["'run.name' = 'a/b'", "letters, digits"]),
 }
 
 
@@ -77,6 +81,32 @@ def test_bad_command_line_is_one_error_line(monkeypatch, capsys, case):
     code, out, err = main_in_process(monkeypatch, capsys, *args, "hydra.run.dir=/nonexistent/never-made")
     assert_one_error(code, out, err, *words)
     assert not Path("/nonexistent/never-made").exists()  # refused before Hydra made a run directory
+
+
+@pytest.mark.parametrize(
+    "args, run_dir",
+    [
+        (["run.name='quoted'"], "outputs/quoted"),
+        (['run.name="dq"'], "outputs/dq"),
+        (["run.name=a", "run.name=b"], "outputs/b"),  # the last one wins, as in Hydra
+        (["++run.name=forced"], "outputs/forced"),
+        (["run.name=n", "--cfg", "job"], "outputs/n"),
+        (["run.name=n", "hydra.run.dir='elsewhere'"], None),  # hydra.run.dir wins: nothing added
+    ],
+)
+def test_named_run_directory_is_the_name_hydra_reads(monkeypatch, capsys, args, run_dir):
+    """A named run's directory comes from the value Hydra composes (quotes, repeats, ++), and is
+    placed before any flag (argparse takes the overrides together)."""
+    seen = []
+    monkeypatch.setattr(train, "hydra_main", lambda: seen.append(list(sys.argv[1:])))
+    monkeypatch.setattr(sys, "argv", ["dlrm.train", *args])
+    for name in TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+    train.main()
+    added = [a for a in seen[0] if a.startswith("hydra.run.dir=") and a not in args]
+    assert added == ([f"hydra.run.dir={run_dir}"] if run_dir else []), seen
+    flags = [i for i, a in enumerate(seen[0]) if a.startswith("-")]
+    assert all(i >= len(seen[0]) - 2 for i in flags), seen  # flags (and --cfg's value) stay last
 
 
 def test_topology_against_the_launcher_is_checked_before_torchrun_store(monkeypatch, capsys):
@@ -159,6 +189,30 @@ def test_rank_local_errors_are_printed_with_the_rank():
     assert errors.user_error_message(LocalError("file f is bad"), 1) == "error: [rank 1] file f is bad"
     assert errors.user_error_message(ConfigError("bad key"), 1) is None  # rank 0 says it
     assert errors.user_error_message(ConfigError("bad key"), 0) == "error: bad key"
+
+
+@pytest.mark.parametrize("launcher", [True, False])
+def test_rank_local_error_waits_for_rank_0_under_torchrun(monkeypatch, capsys, launcher):
+    """An error of rank 1's own (a file it reads) that rank 0 meets too is said once: under torchrun,
+    rank 1 waits before printing, and rank 0's exit stops it; alone, it prints at once."""
+
+    class LocalError(UserError):
+        pass
+
+    waits = []
+    monkeypatch.setattr(errors.time, "sleep", waits.append)
+    if launcher:
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    else:
+        monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        errors.exit_on_user_error(LocalError("shard 3 is bad"), 1)
+    assert exc.value.code == 2
+    assert waits == ([errors.LOCAL_GRACE_S] if launcher else [])
+    assert capsys.readouterr().err == "error: [rank 1] shard 3 is bad\n"
+    with pytest.raises(SystemExit):
+        errors.exit_on_user_error(LocalError("shard 3 is bad"), 0)  # rank 0 never waits
+    assert waits == ([errors.LOCAL_GRACE_S] if launcher else [])
 
 
 def test_quiet_torchrun_hides_only_user_errors():

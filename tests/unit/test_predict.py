@@ -237,6 +237,14 @@ def test_bad_data_and_flags_are_refused(trained, capsys, tmp_path):
     truncated.write_bytes(gzip.compress(SAMPLE.read_bytes())[:-40])
     assert_one_line(*predict(capsys, model, "--data", truncated, "--table-sizes", "2000"), str(truncated), "gzip")
     assert_one_line(*predict(capsys, model, "--data", data, "--days", "3"), "--days", "[0]")
+    assert_one_line(*predict(capsys, model, "--data", data, "--days", "0,0"), "--days 0,0", "more than once")
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("")
+    assert_one_line(*predict(capsys, model, "--data", empty, "--table-sizes", "2000"), "no rows to score")
+    all_bad = tmp_path / "all_bad.tsv"
+    all_bad.write_text("x\ty\n")
+    words = ("no rows to score", "1 bad lines skipped")
+    assert_one_line(*predict(capsys, model, "--data", all_bad, "--table-sizes", "2000", "--policy", "skip"), *words)
     assert_one_line(*predict(capsys, model, "--data", data, "--eval-fraction", "1.5"), "--eval-fraction")
     assert_one_line(*predict(capsys, model, "--data", data, "--batch-size", "0"), "--batch-size")
     assert_one_line(*predict(capsys, model, "--data", data, "--out", tmp_path / "no" / "s.npy"), "--out")
