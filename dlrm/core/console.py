@@ -9,9 +9,16 @@ from dlrm.config import Config
 
 
 def config_lines(
-    cfg: Config, nodes: int, ranks_per_node: int, backend: str, device: str, dense_params: int, total_steps: int
+    cfg: Config,
+    nodes: int,
+    ranks_per_node: int,
+    backend: str,
+    device: str,
+    dense_params: int,
+    total_steps: int,
+    eval_batches: int,
 ) -> list[str]:
-    """The run's configuration in a few console lines."""
+    """The run's configuration in a few console lines; `eval_batches`: those an evaluation scores."""
     m, tables, o = cfg.model, cfg.model.tables, cfg.optim
     rows = sum(t.rows for t in tables)
     dims = sorted({t.dim for t in tables})
@@ -22,11 +29,18 @@ def config_lines(
         f"params); bottom {'-'.join(map(str, [m.dense_in_features, *m.bottom_mlp]))}, top "
         f"{'-'.join(map(str, m.top_mlp))}, interaction {m.interaction} ({dense_params / 1e6:,.2f}M dense params)",
         f"data: {cfg.data.source}, global batch {batch:,} ({batch // (nodes * ranks_per_node):,} per rank), "
-        f"{total_steps} steps, eval {cfg.data.eval_batches} batches",
+        f"{total_steps} steps, {_eval_text(eval_batches, cfg.data.eval_batches)}",
         f"optim: embedding {o.embedding.name} lr {o.embedding.lr:g} (fused into backward), "
         f"dense {o.dense.name} lr {o.dense.lr:g}",
         f"topology: {cfg.topology.name}, {nodes} node(s) x {ranks_per_node} rank(s), {backend} on {device}",
     ] + precision_lines(cfg)
+
+
+def _eval_text(batches: int, asked: int) -> str:
+    if not batches:
+        return "no eval" + (f" (the data has no eval split; data.eval_batches={asked})" if asked else "")
+    held = f" (all the eval split holds; data.eval_batches={asked})" if batches < asked else ""
+    return f"eval {batches} batches{held}"
 
 
 def precision_lines(cfg: Config) -> list[str]:

@@ -13,7 +13,14 @@ Library noise is handled at its source, never by muting our own loggers or warni
 - torch.fx warns once per rank that `is_fx_tracing` changed meaning (TorchRec calls it): that logger
   is set to ERROR;
 - FutureWarnings raised inside torch, TorchRec and fbgemm are notices to their API users about
-  upcoming changes, not about this run: ignored when raised there (ours still show).
+  upcoming changes, not about this run: ignored when raised there (ours still show);
+- data-parallel tables have no sharding spec (they are replicated) and ignore the cache settings of
+  the fused parameters we pass every table: TorchRec warns once per table about each (`KNOWN_NOTICES`,
+  dropped by message, so that its other warnings still show);
+- torch warns at backward that fbgemm's CPU lookup for data-parallel tables
+  (`dense_embedding_codegen_lookup_function`) has no autograd kernel; its CPU kernel records its own
+  backward, so the gradients are right (tests/unit/test_observability.py checks them against
+  `nn.EmbeddingBag`): that one warning is ignored.
 """
 
 from __future__ import annotations
@@ -34,6 +41,20 @@ QUIET_LOGGERS = {
     "torchrec.distributed.planner.storage_reservations": logging.ERROR,
     "torch.fx._symbolic_trace": logging.ERROR,
 }
+
+
+# (logger name, message start) of library warnings that describe our design, not a problem (see above).
+KNOWN_NOTICES = (
+    ("root", "Sharding spec not found for "),
+    ("torchrec.distributed.utils", "Sharding Type is data_parallel, caching params will be ignored"),
+    ("torchrec.distributed.utils", "Compute Kernel is dense, caching params will be ignored"),
+)
+DENSE_LOOKUP_WARNING = r"fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel was not registered"
+
+
+def _not_a_known_notice(record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not any(record.name == name and message.startswith(start) for name, start in KNOWN_NOTICES)
 
 
 class _ConsoleHandler(logging.StreamHandler):
@@ -88,8 +109,11 @@ def setup_logging(rank: int, run_dir: Path | None, debug: bool = False) -> None:
         console = logging.StreamHandler(sys.stderr)
         console.setFormatter(logging.Formatter(f"[rank {rank}] %(levelname)s %(name)s: %(message)s"))
         root.addHandler(console)
+    for handler in root.handlers:
+        handler.addFilter(_not_a_known_notice)
     for name, level in QUIET_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
     for module in ("torch", "torchrec", "fbgemm_gpu"):
         warnings.filterwarnings("ignore", category=FutureWarning, module=rf"{module}(\.|$)")
+    warnings.filterwarnings("ignore", message=DENSE_LOOKUP_WARNING, category=UserWarning)
     logging.captureWarnings(True)

@@ -78,6 +78,8 @@ class _Run:
             run_dir / "metrics.jsonl" if run_dir else None,
             run_dir / "tensorboard" if run_dir and tr.tensorboard else None,
         )
+        # Each invocation's records start with this one: a continuation repeats the steps after its checkpoint.
+        metrics.write("run", step=trainer.step, event="start", resumed=trainer.step > 0)
         progress = Progress(trainer.total_steps, tr.progress, trainer.world.is_main, first_step=trainer.step)
         return cls(metrics, progress, trainer.step, ThroughputWindow(sync=trainer.sync))
 
@@ -292,7 +294,14 @@ class Trainer:
         world, backend = self.world, backend_for(self.cfg.topology)
         nodes = world.world_size // world.local_world_size
         lines = console.config_lines(
-            self.cfg, nodes, world.local_world_size, backend, self.device.type, self.dense_params, self.total_steps
+            self.cfg,
+            nodes,
+            world.local_world_size,
+            backend,
+            self.device.type,
+            self.dense_params,
+            self.total_steps,
+            self.eval_batches(),
         ) + console.plan_lines(describe_plan(self.plan), world.world_size, backend)
         for line in lines:
             log.info(line)
@@ -472,14 +481,17 @@ class Trainer:
         """The model with its plain forward (the pipeline's rewrite undone), for direct calls."""
         return self.pipeline.detach() if self.pipeline is not None else self.model
 
+    def eval_batches(self) -> int:
+        """The batches an evaluation scores: data.eval_batches, or fewer if the eval split holds fewer (0: none)."""
+        available = self.source.num_batches("eval")
+        n = self.cfg.data.eval_batches
+        return n if available is None else min(n, available)
+
     @torch.no_grad()
     def evaluate(self) -> dict:
         """AUC and log loss over the eval split ({} if there is none): every rank scores its slice,
         rank 0 computes the figures on the training device (`score_on_rank0`), every rank returns them."""
-        n = self.cfg.data.eval_batches  # 0: no evaluation
-        available = self.source.num_batches("eval")
-        if available is not None:
-            n = min(n, available)
+        n = self.eval_batches()
         if not n:
             return {}
         model = self.detached_model()

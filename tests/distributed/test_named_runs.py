@@ -133,3 +133,6 @@ def test_a_continuation_with_a_smaller_keep_leaves_the_runs_checkpoints(tmp_path
     changes = json.loads((run / "continuations.jsonl").read_text())["changes"]
     assert changes == {"checkpoint.keep": [3, 1], "trainer.max_steps": [6, 10]}
     assert "keep: 3" in (run / "config.yaml").read_text()
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    starts = [(r["step"], r["resumed"]) for r in records if r.get("event") == "start"]
+    assert starts == [(0, False), (6, True)]  # each invocation marked where it began

@@ -3,6 +3,7 @@ and a per-phase step breakdown that adds up to the step's measured time."""
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,8 @@ def test_metrics_jsonl_records_time(short_run):
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "loss" in r]
     assert [r["step"] for r in train] == list(range(EVERY, STEPS + 1, EVERY))
+    assert [(r["event"], r["step"], r["resumed"]) for r in records if "event" in r] == [("start", 0, False)]
+    assert "event" in records[0]  # the invocation's first record
     elapsed = [r["elapsed_s"] for r in records]
     assert elapsed == sorted(elapsed) and all(r["time"] > 1.7e9 for r in records)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -312,3 +315,85 @@ def test_setup_logging_per_rank(tmp_path, capsys):
             logging.getLogger().removeHandler(handler)
             handler.close()
         logging.captureWarnings(False)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_known_library_notices_are_dropped_and_others_kept(tmp_path, capsys, rank):
+    """TorchRec's per-table notices about data-parallel tables (no sharding spec, cache settings
+    ignored) are not shown, on any rank; its other warnings are."""
+    import logging
+
+    from dlrm.core.logs import setup_logging
+
+    try:
+        setup_logging(rank, tmp_path if rank == 0 else None)
+        logging.warning("Sharding spec not found for model.sparse_arch.embedding_bag_collection.t_C1")
+        utils = logging.getLogger("torchrec.distributed.utils")
+        utils.warning("Sharding Type is data_parallel, caching params will be ignored")
+        utils.warning("Compute Kernel is dense, caching params will be ignored")
+        utils.warning("something else about caching")
+        logging.warning("another root warning")
+        captured = capsys.readouterr()
+        text = captured.out + captured.err + ((tmp_path / "train.log").read_text() if rank == 0 else "")
+        assert "Sharding spec not found" not in text and "caching params will be ignored" not in text, text
+        assert "something else about caching" in text and "another root warning" in text, text
+    finally:
+        for handler in list(logging.getLogger().handlers):
+            logging.getLogger().removeHandler(handler)
+            handler.close()
+        logging.captureWarnings(False)
+
+
+def test_dense_lookup_without_autograd_kernel_still_gets_exact_gradients():
+    """torch warns that fbgemm's CPU lookup of data-parallel tables has no autograd kernel and that this
+    "may lead to silently incorrect behavior"; dlrm.core.logs ignores that warning because the kernel
+    records its own backward. This checks it: forward and weight gradients equal nn.EmbeddingBag's.
+    If fbgemm or torch changes so that the warning means what it says, this fails."""
+    import warnings
+
+    import torch
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBatchedEmbeddingBagsCodegen
+
+    from dlrm.core.logs import DENSE_LOOKUP_WARNING
+
+    torch.manual_seed(0)
+    lookup = DenseTableBatchedEmbeddingBagsCodegen([(10, 4), (7, 8)], use_cpu=True)
+    weights = lookup.weights.detach().clone()
+    ids, offsets = torch.tensor([1, 2, 3, 9, 0, 6, 6]), torch.tensor([0, 2, 4, 4, 7])  # 2 tables x 2 bags
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = lookup(ids, offsets)  # [2 bags, 4 + 8]
+        grad_out = torch.randn_like(out)
+        (out * grad_out).sum().backward()
+    assert any(re.search(DENSE_LOOKUP_WARNING, str(w.message)) for w in seen), "the warning is gone: drop the filter"
+    start = 0
+    for t, (rows, dim) in enumerate([(10, 4), (7, 8)]):
+        bag = torch.nn.EmbeddingBag(rows, dim, mode="sum")
+        bag.weight.data = weights[start : start + rows * dim].view(rows, dim).clone()
+        cols = slice(0, 4) if t == 0 else slice(4, 12)
+        expected = bag(ids[offsets[2 * t] : offsets[2 * t + 2]], offsets[2 * t : 2 * t + 2] - offsets[2 * t])
+        torch.testing.assert_close(out[:, cols], expected)
+        (expected * grad_out[:, cols]).sum().backward()
+        got = lookup.weights.grad[start : start + rows * dim].view(rows, dim)
+        torch.testing.assert_close(got, bag.weight.grad)
+        start += rows * dim
+
+
+@pytest.mark.parametrize("available, expected", [(None, 1600), (6, 6), (2000, 1600), (0, 0)])  # of 1600
+def test_console_names_the_eval_batches_that_run(available, expected):
+    """The config line says how many eval batches an evaluation scores: data.eval_batches, or the eval
+    split's all when it holds fewer (a small Criteo file), never the 1600 asked for when 6 run."""
+    from types import SimpleNamespace
+
+    from dlrm.config import Config
+    from dlrm.core import console
+    from dlrm.core.trainer import Trainer
+
+    cfg = Config()
+    cfg.data.eval_batches = 1600
+    source = SimpleNamespace(num_batches=lambda split: available if split == "eval" else None)
+    n = Trainer.eval_batches(SimpleNamespace(cfg=cfg, source=source))  # type: ignore[arg-type]
+    assert n == expected
+    line = console.config_lines(cfg, 1, 2, "gloo", "cpu", 1000, 10, n)[1]
+    assert f"eval {expected} batches" in line if expected else "no eval (the data has no eval split" in line
+    assert ("data.eval_batches=1600" in line) == (expected < 1600), line
