@@ -138,6 +138,9 @@ def read_exported(path: Path) -> tuple[ModelConfig, dict]:
     state = data.get("state_dict")
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise _refuse(path, "'state_dict' is not a dict of tensors")
+    odd = next((n for n, t in state.items() if t.layout != torch.strided), None)
+    if odd is not None:  # a sparse or otherwise non-dense tensor: no layer of ours holds one
+        raise _refuse(path, f"'{odd}' is a {state[odd].layout} tensor, not a dense one")
     if data.get("sha256") != content_sha256(data):
         raise _refuse(path, "its content differs from its sha256 (a damaged or edited file)")
     expected = build_model(cfg).state_dict()  # on the meta device: names and shapes, no memory

@@ -204,6 +204,7 @@ def damaged_exports(model: Path, tmp_path: Path):
     nan[5, 3] = float("nan")
     save("nan.pt", {**good, "state_dict": {**sd, name: nan}}, name, "NaN")
     save("list.pt", [1, 2], "'format'")
+    save("sparse.pt", {**good, "state_dict": {**sd, name: sd[name].to_sparse()}}, name, "sparse", sign=False)
     return cases
 
 
