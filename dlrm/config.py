@@ -381,6 +381,10 @@ class TrainerConfig:
     target_auc: stop at the first evaluation whose AUC reaches it (MLPerf's time to target; the
     summary records steps_to_target and samples_to_target); None: train to max_steps. Needs
     eval_every_steps > 0 and data.eval_batches > 0.
+    collective_timeout_s: how long a collective of the training process group waits for the other
+    ranks before it fails (a stalled rank, a dead link): torch's `timeout` of init_process_group.
+    Long enough for the longest single-rank pause between collectives (rank 0 hashing a large
+    checkpoint at save, the first plan on a big model); default 30 minutes.
     """
 
     max_steps: int = 200
@@ -405,9 +409,11 @@ class TrainerConfig:
     profile: list[int] | None = None
     comms_bench: str | None = None
     target_auc: float | None = None
+    collective_timeout_s: float = 1800.0
 
     def check(self, key: str = "trainer") -> None:
         _require_positive(f"{key}.max_steps", self.max_steps)
+        _require_positive(f"{key}.collective_timeout_s", self.collective_timeout_s)
         if self.max_samples is not None:
             _require_positive(f"{key}.max_samples", self.max_samples)
         _require_count(f"{key}.eval_every_steps", self.eval_every_steps, "only at the end")

@@ -11,6 +11,7 @@ import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import cast
 
 import torch
@@ -123,12 +124,26 @@ def _launcher_store(world: World) -> dist.Store:
     return dist.PrefixStore(f"dlrm/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def init_distributed(cfg: TopologyConfig, world: World) -> dist.ProcessGroup:
-    """The default process group: from the launcher's environment, or a 1-rank group in-process."""
+def init_distributed(
+    cfg: TopologyConfig, world: World, device: torch.device | None = None, timeout_s: float | None = None
+) -> dist.ProcessGroup:
+    """The default process group: from the launcher's environment, or a 1-rank group in-process.
+
+    device: this rank's GPU, bound to the group at once (NCCL's eager init: a wrong device or a
+    broken link fails here, not at the first collective); timeout_s: how long its collectives wait
+    for the other ranks before failing (None: torch's default).
+    """
     if not dist.is_initialized():
         backend = backend_for(cfg)
         store = _launcher_store(world) if "MASTER_ADDR" in os.environ else dist.HashStore()
-        dist.init_process_group(backend=backend, store=store, rank=world.rank, world_size=world.world_size)
+        dist.init_process_group(
+            backend=backend,
+            store=store,
+            rank=world.rank,
+            world_size=world.world_size,
+            timeout=None if timeout_s is None else timedelta(seconds=timeout_s),
+            device_id=device if device is not None and device.type == "cuda" else None,
+        )
     return cast(dist.ProcessGroup, dist.group.WORLD)  # set by init_process_group
 
 

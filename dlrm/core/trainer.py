@@ -112,7 +112,7 @@ class Trainer:
         self.device = device_for(cfg.topology, world, tf32=cfg.trainer.tf32)
         self.sync = synchronizer(self.device)  # the clocks' wait for the device: at log windows, never per step
         self.source = make_source(cfg, self.device)  # data errors before any process group or table exists
-        self.pg = init_distributed(cfg.topology, world)
+        self.pg = init_distributed(cfg.topology, world, self.device, cfg.trainer.collective_timeout_s)
 
         model = build_model(cfg.model)
         if cfg.trainer.compile_dense:

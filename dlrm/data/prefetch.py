@@ -12,9 +12,10 @@ import os
 import queue
 import threading
 from collections.abc import Iterator
-from typing import TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 T = TypeVar("T")
 
@@ -26,6 +27,8 @@ def prefetch_pays(device: torch.device, local_world_size: int) -> bool:
     GPU, and batches must be pinned); on CPU only if the ranks' compute threads leave a core free.
     Measured on 2 cores with 2 ranks: a thread there only competes with the step (about -10%).
     """
+    import torch  # here only: preprocessing uses the Prefetcher and starts without torch (seconds)
+
     if device.type == "cuda":
         return True
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

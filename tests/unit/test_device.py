@@ -39,3 +39,25 @@ def test_the_device_wait(monkeypatch):
     assert isinstance(sync, functools.partial)
     sync()
     assert waited == [torch.device("cuda", 3)]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda:1"])
+def test_the_process_group_gets_the_collective_timeout_and_the_gpu(make_config, monkeypatch, device):
+    """trainer.collective_timeout_s reaches init_process_group as its timeout; on a GPU the rank's device
+    is bound at init (device_id), on CPU none is."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from dlrm.core import topology
+
+    seen = {}
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: seen.update(kw))
+    monkeypatch.setattr(dist, "group", type("G", (), {"WORLD": "world"}))
+    cfg = make_config("trainer.collective_timeout_s=42.5")
+    topology.init_distributed(cfg.topology, World(), torch.device(device), cfg.trainer.collective_timeout_s)
+    assert seen["timeout"] == timedelta(seconds=42.5)
+    assert seen["device_id"] == (torch.device(device) if device != "cpu" else None)
+    with pytest.raises(Exception, match="collective_timeout_s"):
+        make_config("trainer.collective_timeout_s=0").trainer.check()
