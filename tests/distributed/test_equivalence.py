@@ -8,7 +8,7 @@ import torch
 
 from dlrm.compose import compose
 from tests.helpers.equivalence import matches, reference, tiny
-from tests.helpers.families import PAIR
+from tests.helpers.families import LONG_PAIR, PAIR
 from tests.helpers.workers import train_and_report
 
 SHARDINGS = ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel", "mixed"]
@@ -33,8 +33,8 @@ PAIR.add("fp32/table_wise/plain", train_and_report, tiny("sharding=table_wise", 
 PAIR.add("bf16_dense", train_and_report, tiny("sharding=table_wise", "trainer.dense_precision=bf16"))
 PAIR.add("dp_optim/table_wise", train_and_report, tiny("sharding=table_wise", *DP_OPTIMS))
 PAIR.add("dp_optim/data_parallel", train_and_report, tiny("sharding=data_parallel", *DP_OPTIMS))
-for _name, _overrides in COMPILED.items():
-    PAIR.add(f"compiled/{_name}", train_and_report, _overrides)
+for _name, _overrides in COMPILED.items():  # Inductor per rank: ~30-60 s each; test_model checks compile in-process
+    LONG_PAIR.add(f"compiled/{_name}", train_and_report, _overrides)
 
 
 @pytest.mark.slow
@@ -88,7 +88,8 @@ def test_data_parallel_tables_get_the_embedding_optimizer_and_schedule():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("interaction", sorted(COMPILED))
 def test_compiled_dense_arch_trains_as_the_eager_reference(interaction):
     """trainer.compile_dense (Inductor) computes the MLPs and the interaction as eager PyTorch does."""
-    matches(PAIR[f"compiled/{interaction}"], COMPILED[interaction])
+    matches(LONG_PAIR[f"compiled/{interaction}"], COMPILED[interaction])

@@ -46,6 +46,19 @@ def train_and_report(cfg: Config) -> dict:
     }
 
 
+def preprocess_then_train(cfg: Config, tsv: str, table_rows: int) -> dict:
+    """Rank 0 preprocesses `tsv` into cfg.data.criteo.dir (ids modulo `table_rows`), as
+    `python -m dlrm.data.preprocess --table-sizes N` does; then every rank: train_and_report."""
+    if World.from_env().rank == 0:
+        from dlrm.data.criteo import NUM_SPARSE, ParseOptions
+        from dlrm.data.preprocess import preprocess
+
+        assert cfg.data.criteo.dir is not None
+        preprocess([tsv], cfg.data.criteo.dir, ParseOptions("fail", "modulo", (table_rows,) * NUM_SPARSE))
+    torch.distributed.barrier(group=default_group())
+    return train_and_report(cfg)
+
+
 def train_summary(cfg: Config) -> dict:
     """Train (or evaluate, with trainer.eval_only) on this rank and return the run summary."""
     return build_trainer(cfg).train()
