@@ -16,6 +16,10 @@ ShardingType = StrEnum(
 ShardingStrategy = StrEnum(
     "ShardingStrategy", "auto table_wise row_wise column_wise table_row_wise table_column_wise grid_shard data_parallel"
 )
+# The compute kernel of the sharded tables (fbgemm's TBE): auto (the planner chooses: fused in HBM when
+# the tables fit), fused (HBM on a GPU, host memory on CPU), fused_uvm_caching (host memory with a
+# cache of rows in HBM), fused_uvm (host memory, read over UVM). Data-parallel tables use `dense`.
+ComputeKernel = StrEnum("ComputeKernel", "auto fused fused_uvm_caching fused_uvm")
 Interaction = StrEnum("Interaction", "dot dcn")
 EmbeddingOptimizer = StrEnum("EmbeddingOptimizer", "rowwise_adagrad adagrad sgd adam")
 DenseOptimizer = StrEnum("DenseOptimizer", "sgd adagrad adam")

@@ -19,6 +19,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from dlrm.choices import (
     Backend,
+    ComputeKernel,
     DataSource,
     DenseAllreduce,
     DenseOptimizer,
@@ -276,17 +277,61 @@ class ShardingConfig:
     reduce-scatter in the forward pass, their gradients' in the backward pass. The planner's
     communication estimates and DMP's sharders both get the codecs. TorchRec turns bf16 into fp16 on
     Gloo, so on CPU use fp32 or fp16.
+    compute_kernel: the sharded tables' kernel (dlrm.choices.ComputeKernel); on a GPU,
+    fused_uvm_caching keeps the tables (and their optimizer state) in host memory with a cache of
+    `cache_load_factor` of each table's rows in HBM (None: TorchRec's 0.2), the Zion design of large
+    host memory beside the accelerators; auto lets the planner offload only what HBM cannot hold.
+    prefetch_pipeline: TorchRec's PrefetchTrainPipelineSparseDist, which fills the cache for the next
+    batch on its own CUDA stream while this one trains (GPU, UVM caching, trainer.pipeline=true).
     """
 
     strategy: ShardingStrategy = ShardingStrategy.auto
     per_table: dict[str, ShardingType] = field(default_factory=dict)
     qcomms_forward: Precision = Precision.fp32
     qcomms_backward: Precision = Precision.fp32
+    compute_kernel: ComputeKernel = ComputeKernel.auto
+    cache_load_factor: float | None = None
+    prefetch_pipeline: bool = False
 
     def check(self, tables: list[str], key: str = "sharding") -> None:
         for name, kind in self.per_table.items():
             if name not in tables:
                 _fail(f"{key}.per_table.{name}", kind, f"no table of that name; tables: {', '.join(sorted(tables))}")
+        if self.cache_load_factor is not None:
+            if not 0 < self.cache_load_factor <= 1:  # `not <` also catches nan
+                _fail(f"{key}.cache_load_factor", self.cache_load_factor, "give a fraction in (0, 1], e.g. 0.2")
+            if self.compute_kernel not in (ComputeKernel.auto, ComputeKernel.fused_uvm_caching):
+                _fail(
+                    f"{key}.cache_load_factor",
+                    self.cache_load_factor,
+                    f"sharding.compute_kernel={self.compute_kernel} has no cache: use fused_uvm_caching (or auto)",
+                )
+
+    def check_device(self, device: str, pipeline: bool, key: str = "sharding") -> None:
+        """The UVM kernels and the cache prefetch need a GPU (and the prefetch, the pipeline)."""
+        uvm = self.compute_kernel in (ComputeKernel.fused_uvm, ComputeKernel.fused_uvm_caching)
+        if device != "cuda" and uvm:
+            _fail(
+                f"{key}.compute_kernel",
+                self.compute_kernel,
+                "fbgemm's UVM kernels keep a GPU's tables in host memory; on CPU every table is in host "
+                "memory already: use auto or fused",
+            )
+        if self.prefetch_pipeline:
+            if device != "cuda":
+                _fail(f"{key}.prefetch_pipeline", True, "the cache prefetch runs on a CUDA stream: GPU topologies only")
+            if self.compute_kernel not in (ComputeKernel.auto, ComputeKernel.fused_uvm_caching):
+                _fail(
+                    f"{key}.prefetch_pipeline",
+                    True,
+                    "it prefetches into the UVM cache: use compute_kernel=fused_uvm_caching",
+                )
+            if not pipeline:
+                _fail(
+                    f"{key}.prefetch_pipeline",
+                    True,
+                    "it is a stage of the training pipeline: set trainer.pipeline=true",
+                )
 
     def pinned(self, table: TableConfig) -> ShardingType | None:
         """The table's sharding type by the precedence above, or None: the planner chooses."""
@@ -540,6 +585,7 @@ class Config:
         self.data.check()
         self.topology.check()
         self.sharding.check([t.name for t in self.model.tables])
+        self.sharding.check_device(str(self.topology.device), self.trainer.pipeline)
         self.optim.check()
         self.trainer.check()
         self.checkpoint.check()

@@ -18,6 +18,7 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Proposer, Topology
 from torchrec.distributed.types import (
+    CacheParams,
     EmbeddingModuleShardingPlan,
     ModuleSharder,
     ParameterSharding,
@@ -79,7 +80,8 @@ def table_sharding(cfg: ShardingConfig, model: ModelConfig) -> dict[str, str | N
 
 
 def constraints(cfg: Config, world_size: int) -> dict[str, ParameterConstraints]:
-    """Planner constraints per table: its sharding type and pooling factor.
+    """Planner constraints per table: its sharding type, pooling factor, and sharding.compute_kernel,
+    cache_load_factor and prefetch_pipeline (the UVM cache's TorchRec CacheParams).
 
     The type is the pinned one; else, on one rank, table_wise: every type keeps the whole table on
     that rank, and table-wise does the least work per step (TorchRec's planner picks row_wise there,
@@ -87,10 +89,19 @@ def constraints(cfg: Config, world_size: int) -> dict[str, ParameterConstraints]
     """
     pinned = table_sharding(cfg.sharding, cfg.model)
     single = ["table_wise"] if world_size == 1 else None
+    sh = cfg.sharding
+    kernel = None if sh.compute_kernel == "auto" else [str(sh.compute_kernel)]
+    cache = (
+        CacheParams(load_factor=sh.cache_load_factor, prefetch_pipeline=sh.prefetch_pipeline or None)
+        if sh.cache_load_factor is not None or sh.prefetch_pipeline
+        else None
+    )
     return {
         t.name: ParameterConstraints(
             sharding_types=[str(kind)] if (kind := pinned[t.name]) else single,
+            compute_kernels=None if kind == "data_parallel" else kernel,  # replicated tables: the dense kernel
             pooling_factors=[float(t.pooling)] * len(t.features),
+            cache_params=cache,
         )
         for t in cfg.model.tables
     }

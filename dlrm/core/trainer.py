@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.profiler import record_function
-from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.distributed.train_pipeline import PrefetchTrainPipelineSparseDist, TrainPipelineSparseDist
 
 from dlrm.config import Config
 from dlrm.core import console
@@ -142,8 +142,9 @@ class Trainer:
         if self.local_sgd is not None:
             self.local_sgd.check_covered(self.model)
         self.schedule = LRSchedule(self.optimizer, cfg.optim.schedule)
+        pipeline = PrefetchTrainPipelineSparseDist if cfg.sharding.prefetch_pipeline else TrainPipelineSparseDist
         self.pipeline = (
-            TrainPipelineSparseDist(self.model, self.optimizer, self.device, custom_model_fwd=self._forward)
+            pipeline(self.model, self.optimizer, self.device, custom_model_fwd=self._forward)
             if cfg.trainer.pipeline
             else None
         )

@@ -64,7 +64,7 @@ class RankMemory:
         if cuda and (kernel in UVM_KERNELS or kernel in UVM_CACHING_KERNELS):
             self.uvm_tables.append(table.table)
         if cuda and kernel in UVM_CACHING_KERNELS:
-            cache = int((table.cache_load_factor or cache_ratio) * (weights + optimizer))
+            cache = int((table.cache_load_factor or cache_ratio) * weights)  # fbgemm caches weights, not state
             self.uvm_cache += cache
             self.hbm += cache
 
@@ -73,7 +73,8 @@ def memory_summary(cfg: Config, tables: list[TablePlan], world: int, dense_param
     """Bytes per rank in HBM and in host DDR, by part, against the capacities; `fits` per rank.
 
     On cuda a shard lives where its kernel puts it: fused/dense in HBM; fused_uvm in host DDR;
-    fused_uvm_caching in host DDR plus a cache of `load_factor` (TorchRec's default 0.2) of it in HBM.
+    fused_uvm_caching in host DDR plus a cache of `load_factor` (TorchRec's default 0.2) of its weights
+    in HBM (fbgemm caches the weights only: the optimizer state stays in host memory).
     Dense MLPs (weights, gradients, optimizer state) and data-parallel tables are in HBM. On cpu
     everything is in DDR (and hbm is 0).
     """

@@ -71,6 +71,17 @@ CASES = {
     "typo beside --cfg": (["--cfg", "job", "trainer.max_step=3"], ["'trainer.max_step'", "did you mean"]),
     "typo beside --cfg=job --resolve": (["--cfg=job", "--resolve", "model=dlrm_smal"], ["'dlrm_smal'"]),
     "multirun": (["-m", "trainer.max_steps=1,2"], ["-m/--multirun", "one command per setting"]),
+    "uvm on cpu": (["sharding.compute_kernel=fused_uvm_caching"], ["'sharding.compute_kernel'", "host memory already"]),
+    "cache factor 0": (["sharding.cache_load_factor=0"], ["'sharding.cache_load_factor' = 0", "(0, 1]"]),
+    "cache factor without cache": (
+        ["sharding.compute_kernel=fused", "sharding.cache_load_factor=0.1"],
+        ["'sharding.cache_load_factor'", "has no cache"],
+    ),
+    "prefetch on cpu": (["sharding.prefetch_pipeline=true"], ["'sharding.prefetch_pipeline'", "GPU topologies only"]),
+    "prefetch without pipeline": (
+        ["topology=dgx_h100", "sharding.prefetch_pipeline=true", "trainer.pipeline=false"],
+        ["'sharding.prefetch_pipeline'", "trainer.pipeline=true"],
+    ),
     "bad run.name after a good one": (["run.name=a", "run.name=a/b"], ["'run.name' = 'a/b'", "letters, digits"]),
 }
 

@@ -256,3 +256,28 @@ def test_one_rank_shards_unpinned_tables_table_wise(capsys):
     assert {t["sharding_type"] for t in pinned["plan"]} == {"row_wise"}  # a pinned type wins
     two = report_of(capsys, "topology=cpu", "model=bench_cpu", "--ranks-per-node", "2")
     assert len(two["plan"]) == 26  # two ranks: the planner's own choice, not constrained
+
+
+@pytest.mark.parametrize("load_factor", [0.05, None])
+def test_uvm_caching_is_an_option_and_its_cache_holds_weights_only(capsys, load_factor):
+    """sharding.compute_kernel=fused_uvm_caching puts every table in host memory with an HBM cache of
+    sharding.cache_load_factor (None: TorchRec's 0.2) of its weights; exact Adagrad's state stays in
+    host memory (fbgemm caches weights only), so the report counts it in DDR, not in the cache."""
+    from torchrec.distributed.planner.constants import UVM_CACHING_RATIO
+
+    factor = [f"sharding.cache_load_factor={load_factor}"] if load_factor else []
+    report = report_of(
+        capsys,
+        "topology=dgx_h100",
+        "sharding.compute_kernel=fused_uvm_caching",
+        "optim.embedding.name=adagrad",
+        *factor,
+    )
+    assert {t["compute_kernel"] for t in report["plan"]} == {"fused_uvm_caching"}
+    assert {t["cache_load_factor"] for t in report["plan"]} == {load_factor}
+    used = load_factor or UVM_CACHING_RATIO
+    for m in report["memory"]["per_rank"]:
+        assert m["sharded_optimizer"] == m["sharded_weights"] > 0  # adagrad: one fp32 state per weight
+        assert m["uvm_cache"] == pytest.approx(used * m["sharded_weights"], rel=1e-3)
+        assert m["ddr"] == m["sharded_weights"] + m["sharded_optimizer"]
+        assert m["hbm"] == m["uvm_cache"] + m["dense_weights"] + m["dense_grads"] + m["dense_optimizer"]
