@@ -137,3 +137,13 @@ def resume_error(cfg: Config) -> str:
     except CheckpointError as e:
         return str(e)
     raise AssertionError("the checkpoint was loaded")
+
+
+def train_under_host_tensor_guard(cfg: Config) -> dict:
+    """train_summary inside a HostTensorGuard (tests/helpers/nccl_guard.py): the collectives of ours
+    that a GPU run would fail on (a host-made tensor), and how many collectives of ours were checked."""
+    from tests.helpers.nccl_guard import HostTensorGuard
+
+    with HostTensorGuard() as guard:
+        summary = train_summary(cfg)
+    return {"violations": guard.violations, "checked": guard.checked, "steps": summary["steps"]}
