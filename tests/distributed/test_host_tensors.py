@@ -28,7 +28,10 @@ PAIR.add(
     "host_tensors/plain",
     train_under_host_tensor_guard,
     Overrides(
-        *COMMON, f"checkpoint.dir={PAIR.dir('host_tensors_plain')}", "trainer.pipeline=false", "trainer.on_nonfinite=skip"
+        *COMMON,
+        f"checkpoint.dir={PAIR.dir('host_tensors_plain')}",
+        "trainer.pipeline=false",
+        "trainer.on_nonfinite=skip",
     ),
 )
 TWO_NODES.add(

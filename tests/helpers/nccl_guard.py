@@ -87,7 +87,8 @@ class HostTensorGuard(TorchFunctionMode):
             host = self._all_host((args, kwargs))
         for t in outputs:
             if host:
-                self._host[id(t)] = weakref.ref(t, lambda _, key=id(t): self._host.pop(key, None))
+                key = id(t)
+                self._host[key] = weakref.ref(t, lambda _, key=key: self._host.pop(key, None))
             else:
                 self._host.pop(id(t), None)
         return result
