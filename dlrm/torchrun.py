@@ -5,7 +5,8 @@ prints: when a rank exits with status 2 (a user error: the rank has printed `err
 see `dlrm.errors`) and every other failed rank exited 2 too or was stopped by torchrun (SIGTERM),
 the job exits 2 with nothing more: no "failed (exitcode: 2)" log line, no ChildFailedError summary
 and traceback repeating the message. The same for a clean stop on SIGINT/SIGTERM (dlrm.core.stop:
-exit 130/143), also when torchrun itself got the signal and forwarded it to the ranks. Any other
+exit 130/143), also when torchrun itself got the signal and forwarded it to the ranks, and for a
+collective that timed out or lost a rank (exit 3, one `failed:` line: dlrm.core.topology). Any other
 failure (a crash, a signal, another exit status) gets torchrun's full report and traceback, as
 plain torchrun would print it.
 """
@@ -22,9 +23,10 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 from torch.distributed.run import parse_args, run
 
 USER_ERROR = 2  # dlrm.errors.UserError.exit_code
+COLLECTIVE_FAILED = 3  # dlrm.core.topology.CollectiveFailure: a collective timed out or lost a rank
 # A clean stop on a signal (dlrm.core.stop.TrainingStopped): 128 + SIGINT / SIGTERM.
 STOPPED = (128 + signal.SIGINT, 128 + signal.SIGTERM)
-QUIET = (USER_ERROR, *STOPPED)  # the rank has printed its one line
+QUIET = (USER_ERROR, COLLECTIVE_FAILED, *STOPPED)  # the rank has printed its one line
 
 
 def only_user_errors(failures: dict) -> int | None:

@@ -66,12 +66,15 @@ def hydra_main(dcfg: DictConfig) -> None:
     world = World.from_env()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     setup_logging(world.rank, run_dir if world.is_main else None)  # console, train.log; library noise off
+    timeout_s = float(dcfg.trainer.collective_timeout_s)
     try:
         cfg = to_config(dcfg)
         _record_run(cfg, dcfg, run_dir, world.is_main)
         summary = run(cfg, run_dir)
     except Exception as e:
-        exit_on_user_error(e, world.rank)
+        from dlrm.core.topology import collective_failure
+
+        exit_on_user_error(collective_failure(e, timeout_s) or e, world.rank)
         raise
     if world.is_main:
         speed = summary["train_samples_per_s"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -106,6 +107,33 @@ def device_for(cfg: TopologyConfig, world: World, tf32: bool = False) -> torch.d
         torch.backends.cudnn.allow_tf32 = tf32
         return torch.device("cuda", world.local_rank)
     return torch.device("cpu")
+
+
+class CollectiveFailure(UserError):
+    """A collective of the training group timed out or lost a rank: the job cannot go on. Not a user
+    error, but said in one line (`failed: ...`, exit 3) instead of a traceback per rank."""
+
+    exit_code = 3
+    prefix = "failed"
+
+
+def collective_failure(e: BaseException, timeout_s: float) -> CollectiveFailure | None:
+    """The one-line failure for Gloo's collective timeout or lost connection, else None (NCCL's
+    watchdog ends the process itself after `timeout_s`; its log says so)."""
+    text = str(e)
+    again = "continue from the last checkpoint with trainer.resume=auto"
+    if isinstance(e, RuntimeError) and re.search(r"Timed out waiting \d+ms for \w+ operation", text):
+        return CollectiveFailure(
+            f"a collective waited {timeout_s:g} s (trainer.collective_timeout_s) for another rank: a rank "
+            f"stalled or the network between nodes failed; {again} (raise trainer.collective_timeout_s if "
+            "a rank pauses longer on purpose)"
+        )
+    if isinstance(e, RuntimeError) and re.search(r"Connection (closed|reset) by peer", text):
+        return CollectiveFailure(
+            f"lost the connection to another rank (it failed or was stopped, or the network dropped it; "
+            f"see its own output); {again}"
+        )
+    return None
 
 
 def _launcher_store(world: World) -> dist.Store:

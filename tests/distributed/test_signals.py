@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.families import PAIR
+from tests.helpers.workers import collective_failures_of_a_stalled_rank
+
 REPO = Path(__file__).resolve().parents[2]
 RUN = [
     "model=tiny",
@@ -86,3 +89,14 @@ def test_sigterm_and_ctrl_c_stop_two_ranks_cleanly_and_the_run_continues(tmp_pat
     )  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resumed from {saved} at step {step}" in again.stdout + again.stderr
+
+
+PAIR.add("stalled_rank", collective_failures_of_a_stalled_rank, 1.0)
+
+
+@pytest.mark.slow
+def test_a_collective_timeout_is_one_line_naming_the_setting():
+    """Gloo's timeout and the lost peer it leaves behind, as dlrm.train prints them (exit 3, one line)."""
+    first, second = PAIR["stalled_rank"]
+    assert first is not None and first.startswith("failed: a collective waited 1 s (trainer.collective_timeout_s)")
+    assert second is not None and second.startswith("failed: "), second

@@ -147,3 +147,27 @@ def train_under_host_tensor_guard(cfg: Config) -> dict:
     with HostTensorGuard() as guard:
         summary = train_summary(cfg)
     return {"violations": guard.violations, "checked": guard.checked, "steps": summary["steps"]}
+
+
+def collective_failures_of_a_stalled_rank(timeout_s: float) -> str | None:
+    """Rank 1 stalls past `timeout_s` before an all-reduce of a group with that timeout: each rank's
+    exception, as dlrm.train reports it (dlrm.core.topology.collective_failure), or None if unrecognised.
+    Both ranks meet again on the default group afterwards (the family's next job)."""
+    import time
+    from datetime import timedelta
+
+    from dlrm.core.topology import collective_failure
+
+    default_group()
+    group = torch.distributed.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    rank = World.from_env().rank
+    if rank == 1:
+        time.sleep(3 * timeout_s)
+    try:
+        torch.distributed.all_reduce(torch.ones(4), group=group)
+        line = "no failure"
+    except RuntimeError as e:
+        failure = collective_failure(e, timeout_s)
+        line = None if failure is None else f"{failure.prefix}: {failure}"
+    torch.distributed.barrier(group=default_group())
+    return line

@@ -241,6 +241,7 @@ def test_quiet_torchrun_hides_only_user_errors():
     assert only_user_errors({0: failure(0, 2, 1), 1: failure(1, 2, 1)}) == 2
     assert only_user_errors({0: failure(0, 143, 1), 1: failure(1, 143, 1)}) == 143  # a clean stop on SIGTERM
     assert only_user_errors({0: failure(0, 130, 1), 1: failure(1, -signal.SIGTERM, 2)}) == 130
+    assert only_user_errors({0: failure(0, 3, 1), 1: failure(1, 3, 1)}) == 3  # a collective timed out (one line)
     assert only_user_errors({0: failure(0, 1, 1), 1: failure(1, 2, 2)}) is None  # a crash came first
     assert only_user_errors({0: failure(0, 2, 1), 1: failure(1, -signal.SIGSEGV, 2)}) is None  # and a segfault
     assert only_user_errors({0: failure(0, -signal.SIGKILL, 1)}) is None  # e.g. the OOM killer
