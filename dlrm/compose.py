@@ -109,6 +109,24 @@ def check_overrides(overrides: Sequence[str]) -> None:
         raise ConfigError(f"unknown config key '{key}'; {fix}")
 
 
+def override_value(overrides: Sequence[str], key: str) -> str | None:
+    """The value Hydra gives `key` from these overrides (the last one wins; `+`/`++` and quotes as Hydra
+    reads them; a `~key` deletion is no value), else None. ConfigError for an override Hydra cannot parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    value = None
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            (o,) = parser.parse_overrides([text])
+        except OverrideParseException:
+            raise ConfigError(f"cannot parse the override '{text}'; overrides look like key=value") from None
+        if o.key_or_group == key and not o.is_delete():
+            value = o.value()
+    return None if value is None else str(value)
+
+
 def _composition_error(e: Exception) -> ConfigError:
     """A ConfigError naming the key and the reason of Hydra's or OmegaConf's refusal."""
     from omegaconf.errors import OmegaConfBaseException

@@ -23,7 +23,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from dlrm.compose import CONF_DIR, compose
+from dlrm.compose import CONF_DIR, compose, override_value
 from dlrm.config import Config, ConfigError, register_configs, to_config, validate, validate_world
 from dlrm.core.logs import setup_logging
 from dlrm.errors import UsageError, UserError, exit_on_user_error
@@ -169,17 +169,6 @@ def _split_flags(args: list[str]) -> tuple[set[str], list[str]]:
     return flags, overrides
 
 
-def _override_value(overrides: list[str], key: str) -> str | None:
-    """The value Hydra gives `key` from these overrides (the last one wins; quotes removed), else None."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    value = None
-    for o in OverridesParser.create().parse_overrides(overrides):
-        if o.key_or_group == key and not o.is_delete():
-            value = o.value()
-    return None if value is None else str(value)
-
-
 def main() -> None:
     """Check the command line, add the launcher-dependent Hydra overrides, then hand over to Hydra."""
     args = sys.argv[1:]
@@ -197,14 +186,14 @@ def main() -> None:
             validate(cfg)
             world_size = int(os.environ.get("WORLD_SIZE", "1"))
             validate_world(cfg, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
-            _check_output_places(cfg, _override_value(overrides, "hydra.run.dir"))
+            _check_output_places(cfg, override_value(overrides, "hydra.run.dir"))
         except UserError as e:
             exit_on_user_error(e, rank)
     from dlrm.core.topology import World
 
     world = World.from_env()
     try:  # not checked above (Hydra's flags): a parse error is then Hydra's to report
-        run_dir, name = _override_value(overrides, "hydra.run.dir"), _override_value(overrides, "run.name")
+        run_dir, name = override_value(overrides, "hydra.run.dir"), override_value(overrides, "run.name")
     except Exception:
         run_dir, name = None, None
     if cfg is not None:

@@ -122,7 +122,8 @@ def collective_failure(e: BaseException, timeout_s: float) -> CollectiveFailure 
     watchdog ends the process itself after `timeout_s`; its log says so)."""
     text = str(e)
     again = "continue from the last checkpoint with trainer.resume=auto"
-    if isinstance(e, RuntimeError) and re.search(r"Timed out waiting \d+ms for \w+ operation", text):
+    timed_out = r"Timed out waiting \d+ms for \w+ operation|Application timeout caused pair closure"
+    if isinstance(e, RuntimeError) and re.search(timed_out, text):
         return CollectiveFailure(
             f"a collective waited {timeout_s:g} s (trainer.collective_timeout_s) for another rank: a rank "
             f"stalled or the network between nodes failed; {again} (raise trainer.collective_timeout_s if "

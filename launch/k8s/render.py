@@ -9,26 +9,27 @@ job's arguments as Hydra overrides: the same torchrun command (c10d rendezvous o
 the same fabric env file (launch/env/$FABRIC_ENV.sh) as on bare metal or under SLURM. One pod per node:
 Master (hosts the rendezvous) + nodes-1 Workers, each requesting `ranks_per_node` GPUs and RDMA devices.
 
-Nodes and ranks per node come from conf/topology/NAME.yaml after `topology.nodes=` /
-`topology.ranks_per_node=` overrides; --nodes / --nproc-per-node, when given, must agree with them.
+Nodes and ranks per node come from the config dlrm.train composes from the overrides (dlrm.compose:
+the same checks, the same "did you mean"); --nodes / --nproc-per-node, when given, must agree with them.
 A disagreement is refused (one `error:` line naming the key and the fix, exit 2) before anything is written.
-Needs only Python 3 and PyYAML (no torch, no Hydra), so it runs wherever kubectl does.
+Needs the repository's config dependencies (Hydra, OmegaConf, PyYAML), not torch.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-TOPOLOGY_DIR = ROOT / "conf" / "topology"
+sys.path.insert(0, str(ROOT))  # dlrm from this checkout, also without an install
+
+from dlrm.io import write_atomic  # noqa: E402
+
 ENV_DIR = ROOT / "launch" / "env"
 WORKDIR = "/opt/dlrm"  # the Dockerfile's WORKDIR
 PORT = 29500  # MASTER_PORT default of launch/run_multinode.sh
@@ -106,23 +107,20 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
-def override_value(key: str, overrides) -> str | None:
-    """The value of the last `key=value` (or +key= / ++key=) override, as launch/common.sh reads it."""
-    value = None
-    for o in overrides:
-        name, sep, v = o.partition("=")
-        if sep and name.lstrip("+") == key:
-            value = v
-    return value
+def load_topology(overrides) -> dict:
+    """name, nodes, ranks_per_node (None = from the launcher) and device of the config dlrm.train will
+    compose from these overrides (checked as it checks them)."""
+    from dlrm.compose import compose
+    from dlrm.config import validate
+    from dlrm.errors import UserError
 
-
-def default_topology() -> str:
-    """The topology chosen by conf/config.yaml's defaults list."""
-    defaults = yaml.safe_load((ROOT / "conf" / "config.yaml").read_text())["defaults"]
-    for entry in defaults:
-        if isinstance(entry, dict) and "topology" in entry:
-            return entry["topology"]
-    raise RenderError("conf/config.yaml has no topology in its defaults list; pass topology=NAME")
+    try:
+        cfg = compose(list(overrides))
+        validate(cfg)
+    except UserError as e:
+        raise RenderError(str(e)) from None
+    t = cfg.topology
+    return {"name": t.name, "nodes": t.nodes, "ranks_per_node": t.ranks_per_node, "device": str(t.device)}
 
 
 def positive_int(key: str, value, fix: str) -> int:
@@ -134,26 +132,6 @@ def positive_int(key: str, value, fix: str) -> int:
     if value < 1:
         raise RenderError(f"{key}={value} must be at least 1; {fix}")
     return value
-
-
-def load_topology(overrides) -> dict:
-    """name, nodes, ranks_per_node (None = from the launcher) and device, after the overrides."""
-    name = override_value("topology", overrides) or default_topology()
-    path = TOPOLOGY_DIR / f"{name}.yaml"
-    if "/" in name or not path.is_file():
-        known = " ".join(sorted(p.stem for p in TOPOLOGY_DIR.glob("*.yaml")))
-        raise RenderError(f"topology={name}: no file conf/topology/{name}.yaml; choose one of: {known}")
-    cfg = yaml.safe_load(path.read_text()) or {}
-    nodes = override_value("topology.nodes", overrides) or cfg.get("nodes", 1)
-    nodes = positive_int("topology.nodes", nodes, "pass topology.nodes=N with N >= 1")
-    rpn = override_value("topology.ranks_per_node", overrides)
-    rpn = cfg.get("ranks_per_node") if rpn is None else rpn
-    if rpn is not None and str(rpn) not in ("null", "None", "~"):
-        rpn = positive_int("topology.ranks_per_node", rpn, "pass topology.ranks_per_node=N with N >= 1")
-    else:
-        rpn = None
-    device = override_value("topology.device", overrides) or cfg.get("device", "cpu")
-    return {"name": name, "nodes": nodes, "ranks_per_node": rpn, "device": device}
 
 
 def resolve(args) -> dict:
@@ -308,18 +286,6 @@ def render(args, argv) -> str:
     return header + yaml.safe_dump(manifest(args), sort_keys=False, default_flow_style=False)
 
 
-def write_atomic(path: str, text: str) -> None:
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
@@ -330,7 +296,7 @@ def main(argv=None) -> int:
                 raise RenderError(
                     f"--out={args.out}: directory {Path(args.out).parent} does not exist; create it first"
                 )
-            write_atomic(args.out, text)
+            write_atomic(args.out, text.encode())
         else:
             sys.stdout.write(text)
     except (RenderError, OSError, yaml.YAMLError) as e:

@@ -61,3 +61,21 @@ def test_the_process_group_gets_the_collective_timeout_and_the_gpu(make_config, 
     assert seen["device_id"] == (torch.device(device) if device != "cpu" else None)
     with pytest.raises(Exception, match="collective_timeout_s"):
         make_config("trainer.collective_timeout_s=0").trainer.check()
+
+
+@pytest.mark.parametrize(
+    "message, words",
+    [  # Gloo's words (torch 2.13): the rank that waited, a pair closed by a timeout, the peer left behind
+        ("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to complete", "5 s"),
+        ("Application timeout caused pair closure", "5 s"),
+        ("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:2451", "lost the connection"),
+    ],
+)
+def test_collective_failures_are_one_line(message, words):
+    from dlrm.core.topology import collective_failure
+
+    failure = collective_failure(RuntimeError(message), 5.0)
+    assert failure is not None and words in str(failure) and "trainer.resume=auto" in str(failure)
+    assert failure.exit_code == 3 and "\n" not in str(failure)
+    assert collective_failure(RuntimeError("CUDA out of memory"), 5.0) is None  # anything else keeps its traceback
+    assert collective_failure(ValueError(message), 5.0) is None

@@ -183,9 +183,10 @@ def test_cli_writes_the_manifest(tmp_path):
             "--nproc-per-node=4 but .* 8 ranks per node.*topology.ranks_per_node=4 or --nproc-per-node=8",
         ),
         (["topology=cpu"], "ranks_per_node=null.*pass --nproc-per-node=N or topology.ranks_per_node=N"),
-        (["topology=dgx_h100_multinode", "topology.nodes=0"], "topology.nodes=0 must be at least 1"),
-        (["topology=dgx_h100_multinode", "topology.nodes=two"], "topology.nodes=two is not an integer"),
-        (["topology=nope"], "topology=nope: no file conf/topology/nope.yaml; choose one of: .*dgx_h100"),
+        (["topology=dgx_h100_multinode", "topology.nodes=0"], "'topology.nodes' = 0 is invalid: it must be a positive"),
+        (["topology=dgx_h100_multinode", "topology.nodes=two"], "'topology.nodes' is invalid: Value 'two'.*Integer"),
+        (["topology=nope"], "unknown option 'nope' for config group 'topology'; choose one of: .*dgx_h100"),
+        (["topology=dgx_h100", "trainer.max_step=3"], "unknown config key 'trainer.max_step'; did you mean"),
         (["--fabric-env", "nccl_xx", "topology=dgx_h100"], "--fabric-env=nccl_xx: .*choose one of: .*nccl_ib"),
         (["--name", "DLRM_job", "topology=dgx_h100"], "--name=DLRM_job is not a DNS-1123 label"),
         (["--max-restarts", "-1", "topology=dgx_h100"], "--max-restarts=-1 is negative"),
@@ -224,12 +225,18 @@ def test_refusals_name_the_key_and_the_fix_and_write_nothing(tmp_path, argv, mat
     ],
 )
 def test_any_printable_override_stays_one_string_of_one_document(value):
-    """Whatever printable text an override holds, the manifest parses as one PyTorchJob whose
-    container args hold it verbatim: quoting is YAML's (safe_dump), never our own."""
-    argv = ["topology=dgx_h100", f"trainer.note={value}"]
-    docs = list(yaml.safe_load_all(render.render(render.parse_args(argv), argv)))
+    """Whatever printable text an override holds, it is either refused in one line (the config check
+    dlrm.train makes: Hydra cannot parse it, or it is not a string) or the manifest parses as one
+    PyTorchJob whose container args hold it verbatim: quoting is YAML's (safe_dump), never our own."""
+    argv = ["topology=dgx_h100", f"data.criteo.dir={value}"]
+    try:
+        text = render.render(render.parse_args(argv), argv)
+    except render.RenderError as e:
+        assert "\n" not in str(e) and ("cannot parse the override" in str(e) or "data.criteo.dir" in str(e)), e
+        return
+    docs = list(yaml.safe_load_all(text))
     assert len(docs) == 1 and docs[0]["kind"] == "PyTorchJob"
-    assert f"trainer.note={value}" in container(docs[0], "Master")["command"]
+    assert f"data.criteo.dir={value}" in container(docs[0], "Master")["command"]
 
 
 def test_names_are_matched_whole():

@@ -1,0 +1,164 @@
+"""The emulated cluster (python -m dlrm.cluster): 2 nodes x 2 ranks, each node a network namespace behind
+a 1 Gbit/s tbf-shaped uplink, trains like one process, also through a 1 s outage of one node's link;
+nothing is left behind after a run or a Ctrl-C; without root it refuses in one line. Needs root and
+iproute2: the run tests skip elsewhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cluster import cannot_build_namespaces, eval_logloss, links, namespaces, processes_mentioning
+from tests.helpers.equivalence import reference, tiny
+
+pytestmark = pytest.mark.cluster
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER = [sys.executable, "-m", "dlrm.cluster"]
+RUN = tiny("sharding=table_wise")  # tests/helpers/equivalence.py's baseline: 8 steps of model=tiny
+QUIET = ("trainer.tensorboard=false", "trainer.breakdown=false")  # no effect on the numbers, less work
+OUTAGE = "1:0.2:1"  # node 1's link down 0.2 s into training (the 8 steps take about 1 s), for 1 s
+TIMEOUT_S = 180
+needs_root = pytest.mark.skipif(bool(reason := cannot_build_namespaces()), reason=reason or "")
+
+
+def leftovers(pid: int, run_dir: Path) -> list[str]:
+    """What a dlrm.cluster process `pid` left: its namespaces, /etc/netns entries and processes."""
+    prefix = f"dlrm-{pid}-"
+    etc = [str(p) for p in Path("/etc/netns").glob(prefix + "*")]
+    return namespaces(prefix) + etc + processes_mentioning(prefix, str(run_dir))
+
+
+def start(args: list[str], run_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*CLUSTER, *args, f"hydra.run.dir={run_dir}"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """Its output once it has ended; on a timeout, Ctrl-C it (its teardown runs) and fail."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"dlrm.cluster did not end within {timeout} s\n{out[-2000:]}\n{err[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def emulated_run(tmp_path_factory):
+    """One 2x2 emulated run of RUN with node 1's link down for 1 s from 0.2 s into training: (pid, exit
+    status, stdout, stderr, run dir, host links before and after)."""
+    run_dir = tmp_path_factory.mktemp("cluster") / "run"
+    before = links()
+    proc = start(["--nodes", "2", "--ranks-per-node", "2", "--link-down", OUTAGE, "--", *RUN, *QUIET], run_dir)
+    out, err = finish(proc, TIMEOUT_S)
+    return proc.pid, proc.returncode, out, err, run_dir, before, links()
+
+
+@needs_root
+@pytest.mark.slow
+def test_two_nodes_over_shaped_links_equal_one_process_through_a_link_outage(emulated_run):
+    """Every collective across the downed link waits and then completes: the job rides through, and its
+    losses and final weights equal one process's."""
+    _, code, out, err, run_dir, *_ = emulated_run
+    assert code == 0, f"{out[-2000:]}\n{err[-3000:]}"
+    assert "fabric up: 2 nodes" in err and "1 Gbit/s per uplink" in err, err[-3000:]
+    assert "fault: node 1's link down at 0.2 s of training for 1 s: the job rode through it" in err, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 4 and summary["topology"] == "emu_2x2"
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    times = [r["time"] for r in records]  # the start event, then one record per step
+    assert max(b - a for a, b in zip(times, times[1:], strict=False)) > 0.9, "the outage must stall a step"
+    ref_losses, ref_weights = reference(RUN)
+    assert ref_losses[-1] < ref_losses[0], "the reference must learn, or the test proves little"
+    losses = [r["loss"] for r in records if "loss" in r]  # every step: the mean over the 4 ranks' slices
+    assert losses == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
+    # The final weights, through the eval the run made with them on the same eval batches.
+    assert summary["eval_logloss"] == pytest.approx(eval_logloss(RUN, ref_weights), rel=1e-5, abs=1e-6)
+
+
+@needs_root
+@pytest.mark.slow
+def test_nothing_left_after_a_run(emulated_run):
+    pid, _, _, err, run_dir, before, after = emulated_run
+    assert "fabric removed" in err, err[-3000:]
+    assert leftovers(pid, run_dir) == []
+    assert after == before, "host interfaces changed"
+
+
+@needs_root
+@pytest.mark.slow
+def test_nothing_left_after_ctrl_c(tmp_path):
+    """SIGINT once every rank has started (the agents and their 4 workers are inside the namespaces)."""
+    run_dir = tmp_path / "run"
+    proc = start(["--nodes", "2", "--ranks-per-node", "2", "--", "model=tiny", "trainer.max_steps=100000"], run_dir)
+    prefix, deadline, inside = f"dlrm-{proc.pid}-", time.monotonic() + 60, 0
+    ip = shutil.which("ip") or "/usr/sbin/ip"
+    while inside < 6 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        pids = [
+            subprocess.run([ip, "netns", "pids", ns], capture_output=True, text=True).stdout
+            for ns in namespaces(prefix)
+        ]
+        inside = sum(len(p.split()) for p in pids)
+    assert inside >= 6, f"the agents and workers did not start: {inside} processes in {namespaces(prefix)}"
+    proc.send_signal(signal.SIGINT)
+    out, err = finish(proc, 60)
+    assert proc.returncode == 128 + signal.SIGINT, f"{out[-2000:]}\n{err[-3000:]}"
+    assert "SIGINT: stopping the agents" in err and "fabric removed" in err, err[-3000:]
+    assert leftovers(proc.pid, run_dir) == []
+
+
+def test_refuses_without_root():
+    """As an unprivileged user (nobody, when the test runs as root): one line, exit 2, nothing created."""
+    command = [*CLUSTER, "--nodes", "2", "--ranks-per-node", "2", "--", "model=tiny"]
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("setpriv (util-linux) is not installed, so root cannot run the command as another user")
+        command = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *command]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    if done.returncode == 126 or "Permission denied" in done.stderr:
+        pytest.skip(f"user nobody cannot run this venv's python here: {done.stderr.strip()[:200]}")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), done.stderr
+    assert "root" in done.stderr and "CAP_NET_ADMIN" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--nodes", "0"], "--nodes=0"),
+        (["--gbit", "0"], "--gbit=0.0"),
+        (["--link-down", "1:soon"], "NODE:AT_S:FOR_S"),
+    ],
+)
+def test_bad_arguments_are_one_line(args, says):
+    done = subprocess.run([*CLUSTER, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
+
+
+@needs_root
+def test_a_shape_the_topology_does_not_have_is_one_line():
+    """Checked against the composed topology before any namespace exists."""
+    done = subprocess.run(
+        [*CLUSTER, "--nodes", "4", "--ranks-per-node", "1", "--", "topology=emu_2x2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "topology 'emu_2x2' has 2 node(s)" in done.stderr and "fabric up" not in done.stderr
