@@ -35,4 +35,5 @@ DensePrecision = StrEnum("DensePrecision", "fp32 bf16")
 # A storage or wire format: table weights (model.embedding_precision), the embedding alltoall /
 # reduce-scatter (sharding.qcomms_forward/backward), the dense allreduce (trainer.dense_allreduce_precision).
 Precision = StrEnum("Precision", "fp32 fp16 bf16")
+PRECISION_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}  # bytes per element of each Precision
 OnNonfinite = StrEnum("OnNonfinite", "stop skip")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dlrm.choices import PRECISION_BYTES
 from dlrm.comms.costmodel import step_comm_time
 from dlrm.config import Config
 
@@ -18,7 +19,6 @@ if TYPE_CHECKING:  # dlrm.core.sharding imports TorchRec (seconds)
     from dlrm.core.sharding import Shard, TablePlan
 
 FLOAT_BYTES = 4  # pooled embeddings, their gradients and dense gradients in fp32
-WIRE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}  # per element, by sharding.qcomms_* / trainer.dense_allreduce_precision
 LENGTH_BYTES = 4  # int32 lengths in the input KeyedJaggedTensor (both data sources)
 
 
@@ -109,8 +109,8 @@ def comm_summary(cfg: Config, tables: list[TablePlan], world: int, ranks_per_nod
     """
     p, g = world, ranks_per_node
     mats = traffic(tables, p, g, cfg.data.global_batch_size)
-    mats["pooled_fwd"] *= WIRE_BYTES[cfg.sharding.qcomms_forward] / FLOAT_BYTES  # quantized comms
-    mats["pooled_bwd"] *= WIRE_BYTES[cfg.sharding.qcomms_backward] / FLOAT_BYTES
+    mats["pooled_fwd"] *= PRECISION_BYTES[cfg.sharding.qcomms_forward] / FLOAT_BYTES  # quantized comms
+    mats["pooled_bwd"] *= PRECISION_BYTES[cfg.sharding.qcomms_backward] / FLOAT_BYTES
     total = sum(mats.values())
     node = np.arange(p) // g
     same = node[:, None] == node[None, :]
@@ -119,7 +119,7 @@ def comm_summary(cfg: Config, tables: list[TablePlan], world: int, ranks_per_nod
     recv_intra = (total * same).sum(axis=0)
     recv_inter = (total * ~same).sum(axis=0)
     dp_params = sum(t.rows * t.dim for t in tables if t.sharding_type == "data_parallel")
-    allreduce = WIRE_BYTES[cfg.trainer.dense_allreduce_precision] * (dense_params + dp_params)  # DDP's buckets
+    allreduce = PRECISION_BYTES[cfg.trainer.dense_allreduce_precision] * (dense_params + dp_params)  # DDP's buckets
     busiest_intra = float(max(sent_intra.max(), recv_intra.max()))
     busiest_inter = float(max(sent_inter.max(), recv_inter.max()))
     times = step_comm_time(

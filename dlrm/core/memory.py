@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import math
 
+from dlrm.choices import PRECISION_BYTES
 from dlrm.config import Config
 from dlrm.errors import UserError
 
 GB = 10**9
 FLOAT_BYTES = 4  # fp32 dense weights and every optimizer state
-PRECISION_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}  # bytes per table weight, by model.embedding_precision
 
 
 def table_weight_bytes(cfg: Config) -> int:
