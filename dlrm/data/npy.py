@@ -1,29 +1,37 @@
 """`.npy` files written as a stream: rows appended without knowing their count, parts joined, rows shuffled.
 
-The header has a fixed length (128 bytes, format version 1.0), so it is rewritten in place with the
-final shape when the file is closed; `concat_parts` joins part files while hashing them.
+Headers are numpy's own (`numpy.lib.format`, version 1.0), which pads the shape so that the row count
+can grow in place: the header is rewritten with the final shape when the file is closed;
+`concat_parts` joins part files while hashing them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from collections.abc import Sequence
+from typing import BinaryIO
 
 import numpy as np
 
 from dlrm.io import sha256_file
 
-_NPY_HEADER = 128
-
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
-    """A version-1.0 .npy header of fixed length 128 bytes (so it can be rewritten in place)."""
-    descr = np.lib.format.dtype_to_descr(np.dtype(dtype))
-    d = f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': {tuple(shape)!r}, }}"
-    d = d.ljust(_NPY_HEADER - 10 - 1) + "\n"
-    assert len(d) == _NPY_HEADER - 10, "npy header too long"
-    return b"\x93NUMPY\x01\x00" + len(d).to_bytes(2, "little") + d.encode("latin1")
+    """numpy's version-1.0 .npy header for a C-ordered array; its length does not depend on the row count."""
+    buf = io.BytesIO()
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": tuple(shape)}
+    np.lib.format.write_array_header_1_0(buf, header)
+    return buf.getvalue()
+
+
+def data_offset(f: BinaryIO) -> int:
+    """Where the data of the .npy file `f` starts (after its magic string and header)."""
+    f.seek(0)
+    np.lib.format.read_magic(f)
+    np.lib.format.read_array_header_1_0(f)
+    return f.tell()
 
 
 class NpyWriter:
@@ -40,8 +48,10 @@ class NpyWriter:
         self.rows += arr.shape[0]
 
     def close(self) -> None:
+        header = npy_header(self.dtype, (self.rows, self.cols))
+        assert len(header) == len(npy_header(self.dtype, (0, self.cols))), "the .npy header grew"
         self._f.seek(0)
-        self._f.write(npy_header(self.dtype, (self.rows, self.cols)))
+        self._f.write(header)
         self._f.close()
 
 
@@ -59,7 +69,7 @@ def concat_parts(part_paths: Sequence[str], out_path: str, dtype, cols: int) -> 
         h.update(head)
         for p in part_paths:
             with open(p, "rb") as f:
-                f.seek(_NPY_HEADER)
+                f.seek(data_offset(f))
                 while chunk := f.read(1 << 22):
                     out.write(chunk)
                     h.update(chunk)

@@ -331,3 +331,27 @@ def test_contiguous_ids_with_frequency_threshold(tmp_path, min_count):
         assert meta["max_ids"] == load(tmp_path / "out", d)["sparse"].max(0).tolist()
     again = preprocess(files, str(tmp_path / "out"), ParseOptions(), contiguous_min_count=min_count)
     assert again == m, "a finished contiguous run is reused"
+
+
+def test_streamed_npy_files_are_numpys_own(tmp_path):
+    """NpyWriter's header is numpy's (its length fixed whatever the row count, so it is rewritten in
+    place); concat_parts joins parts into one file numpy reads back, with the sha256 of its bytes."""
+    import hashlib
+
+    import numpy as np
+
+    from dlrm.data.npy import NpyWriter, concat_parts, npy_header
+
+    assert {len(npy_header(np.dtype("<i4"), (n, 26))) for n in (0, 7, 10**15)} == {128}
+    blocks = [np.arange(i * 6, i * 6 + 6, dtype=np.int32).reshape(2, 3) for i in range(3)]
+    parts = []
+    for i, block in enumerate(blocks):
+        w = NpyWriter(str(tmp_path / f"part{i}.npy"), np.int32, 3)
+        w.append(block[:1])
+        w.append(block[1:])
+        w.close()
+        np.testing.assert_array_equal(np.load(tmp_path / f"part{i}.npy"), block)
+        parts.append(str(tmp_path / f"part{i}.npy"))
+    rows, digest = concat_parts(parts, str(tmp_path / "all.npy"), np.int32, 3)
+    assert rows == 6 and digest == hashlib.sha256((tmp_path / "all.npy").read_bytes()).hexdigest()
+    np.testing.assert_array_equal(np.load(tmp_path / "all.npy"), np.concatenate(blocks))
