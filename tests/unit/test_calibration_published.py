@@ -1,9 +1,10 @@
 """Published collective bandwidths (conf/calibration/published.yaml) against dlrm.comms.costmodel.
 
 The file is checked for shape (every figure has a source, a known collective and a topology config that
-models the box with that many ranks). The model's busbw for each entry of >= 64 KiB is reported, not
-asserted: run `pytest -s tests/unit/test_calibration_published.py` to see the table and the geometric-mean
-error per system (the way ASTRA-sim reports its validation). Only sanity is asserted (finite, positive).
+models the box with that many ranks). The model's busbw for each entry of >= 64 KiB must be within
+MAX_ERROR of the published figure (the model is arithmetic on fixed figures: no machine enters);
+`pytest -s tests/unit/test_calibration_published.py` prints the table and the geometric-mean error per
+system (the way ASTRA-sim reports its validation).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dlrm.comms.costmodel import COLLECTIVES, Link, busbw_factor, collective_tim
 
 PUBLISHED = Path(__file__).resolve().parents[2] / "conf" / "calibration" / "published.yaml"
 MIN_BYTES = 64 * 1024
+MAX_ERROR = 0.25  # the cost model's accuracy goal for messages >= 64 KiB
 REQUIRED = {
     "id": str,
     "collective": str,
@@ -95,9 +97,11 @@ def test_every_entry_is_sourced_and_consistent_with_its_topology():
         assert ref["source_url"].startswith("https://") and ref["geomean_error_pct"]
 
 
-def test_model_error_per_published_entry_is_reported():
+def test_model_is_within_its_goal_of_every_published_figure():
     rows = errors()
     assert rows
+    off = {r["id"]: round(100 * r["error"], 1) for r in rows if abs(r["error"]) > MAX_ERROR}
+    assert not off, f"model vs published busbw off by more than {MAX_ERROR:.0%} (percent): {off}"
     print(f"\n{'entry':40s} {'ranks':>5s} {'algo':>7s} {'published':>9s} {'model':>7s} {'error':>7s}")
     for r in rows:
         assert math.isfinite(r["model"]) and r["model"] > 0 and math.isfinite(r["error"])

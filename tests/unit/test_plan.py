@@ -243,8 +243,16 @@ def test_ranks_per_node_flag_plans_a_launcher_topology(capsys):
 
 
 def test_cheaper_proposer(capsys):
-    report = report_of(capsys, "topology=cpu_2x2", "model=tiny", "--proposer", "uniform", "data.global_batch_size=64")
-    assert report["proposer"] == "uniform" and len(report["plan"]) > 0
+    """--proposer uniform is TorchRec's UniformProposer: one sharding type for every table (the default
+    proposers mix types on this model), and the plan is still complete and consistent."""
+    args = ("topology=cpu_2x2", "model=tiny", "data.global_batch_size=64")
+    uniform = report_of(capsys, "--proposer", "uniform", *args)
+    default = report_of(capsys, *args)
+    assert uniform["proposer"] == "uniform"
+    assert len({t["sharding_type"] for t in uniform["plan"]}) == 1
+    assert len({t["sharding_type"] for t in default["plan"]}) > 1  # else the check above proves nothing
+    assert sorted(t["table"] for t in uniform["plan"]) == sorted(t["table"] for t in default["plan"])
+    check_consistent(uniform, dplan.compose(list(args)).model.tables)
 
 
 def test_one_rank_shards_unpinned_tables_table_wise(capsys):
