@@ -167,11 +167,11 @@ def _measure(trainer, args: argparse.Namespace, steps: int) -> tuple[list[float]
     step of each phase on the training thread (`dlrm.core.phases.step_breakdown`) and, on CUDA, of
     device time (`device_breakdown`)."""
     device, batch = trainer.device, trainer.cfg.data.global_batch_size
-    batches = trainer._batches("train", 0, steps)
+    batches = trainer.batches("train", 0, steps)
     trainer.model.train()
 
     def step() -> None:
-        trainer._one_step(batches)  # the trainer's step: lr schedule, pipeline or not
+        trainer.step_once(batches)  # the trainer's step: lr schedule, pipeline or not
         trainer.step += 1
 
     def sync() -> None:

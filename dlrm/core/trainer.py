@@ -236,7 +236,9 @@ class Trainer:
             steps = min(steps, max(1, tr.max_samples // self.cfg.data.global_batch_size))
         return steps
 
-    def _batches(self, split: str, start_step: int, count: int | None) -> Iterator:
+    def batches(self, split: str, start_step: int, count: int | None) -> Iterator:
+        """This rank's batches of `split` from global step `start_step` (count None: all), prefetched
+        off the training thread where that pays (dlrm.data.prefetch)."""
         batches = self.source.batches(split, self.world.rank, self.world.world_size, start_step)
         batches = itertools.islice(batches, count) if count is not None else batches
         if self.device.type != "cpu" and batches_on(self.source, self.device):
@@ -275,7 +277,7 @@ class Trainer:
             self.optimizer.step()
         return loss.detach()
 
-    def _one_step(self, batches: Iterator) -> torch.Tensor | None:
+    def step_once(self, batches: Iterator) -> torch.Tensor | None:
         """One training step at this step's learning rate, labelled STEP_RANGE for the profiler; its
         loss (None: skipped)."""
         self.schedule.apply(self.step)
@@ -315,7 +317,7 @@ class Trainer:
         if self.cfg.trainer.eval_only:
             return self._finish(0, 0.0, 0.0, self.evaluate(), None)
         run = _Run.start(self)
-        batches = self._batches("train", self.step, self.total_steps - self.step)
+        batches = self.batches("train", self.step, self.total_steps - self.step)
         self.model.train()
         self.stop.install(lambda: self.step)
         try:
@@ -327,7 +329,7 @@ class Trainer:
         """The steps of `train`, from self.step to total_steps (or a stop: target AUC, a signal)."""
         while self.step < self.total_steps:
             last = self.step + 1 == self.total_steps
-            run.window.add(self.profiler.step(self.step + 1, last, lambda: self._one_step(batches)))
+            run.window.add(self.profiler.step(self.step + 1, last, lambda: self.step_once(batches)))
             self.step += 1
             if last and self.local_sgd is not None and not self.local_sgd.averaged(self.step):
                 self.local_sgd.average()  # the run's model: the ranks' average
@@ -498,7 +500,7 @@ class Trainer:
         model = self.detached_model()
         model.eval()
         logits, labels = [], []
-        for batch in self._batches("eval", 0, n):
+        for batch in self.batches("eval", 0, n):
             _, (_, batch_logits, batch_labels) = self._forward(batch.to(self.device))
             logits.append(batch_logits)
             labels.append(batch_labels)
