@@ -23,7 +23,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, r
 from torch.distributed.run import parse_args, run
 
 USER_ERROR = 2  # dlrm.errors.UserError.exit_code
-COLLECTIVE_FAILED = 3  # dlrm.core.topology.CollectiveFailure: a collective timed out or lost a rank
+COLLECTIVE_FAILED = 3  # a collective timed out or lost a rank (core.topology), or fell short (comms.preflight)
 # A clean stop on a signal (dlrm.core.stop.TrainingStopped): 128 + SIGINT / SIGTERM.
 STOPPED = (128 + signal.SIGINT, 128 + signal.SIGTERM)
 QUIET = (USER_ERROR, COLLECTIVE_FAILED, *STOPPED)  # the rank has printed its one line
