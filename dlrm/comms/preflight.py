@@ -93,7 +93,9 @@ def facts(backend: str, device: str) -> dict:
 
     out = {"backend": backend, "device": device, "torch": torch.__version__}
     if device == "cuda":
-        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        import torch.cuda.nccl as nccl
+
+        out["nccl"] = ".".join(map(str, nccl.version()))
         out["gpus_on_this_node"] = torch.cuda.device_count()
     out["env"] = {v: os.environ[v] for v in FABRIC_VARS if v in os.environ}
     return out
