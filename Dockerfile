@@ -50,7 +50,8 @@ sys.exit(0 if got == want else f'version mismatch: wanted {want}, got {got}')" \
  && python -c "import torch, fbgemm_gpu, torchrec; import dlrm.core.trainer; \
 print('imports ok: torch', torch.__version__, 'fbgemm_gpu', fbgemm_gpu.__version__, 'torchrec', torchrec.__version__)"
 
-# torchrun is the entry point: arguments are torchrun's, then -m dlrm.train and Hydra overrides.
-# For the launch scripts instead: docker run --entrypoint launch/run_multinode.sh ... (see README).
-ENTRYPOINT ["torchrun"]
+# torchrun is the entry point, as `python -m dlrm.torchrun` (torchrun, with a rank's user error as its one
+# line and exit 2 instead of torchrun's failure summary): arguments are torchrun's, then -m dlrm.train and
+# Hydra overrides. For the launch scripts instead: docker run --entrypoint launch/run_multinode.sh ... (see README).
+ENTRYPOINT ["python", "-m", "dlrm.torchrun"]
 CMD ["--standalone", "--nproc_per_node=8", "-m", "dlrm.train", "topology=dgx_h100"]
