@@ -292,7 +292,7 @@ def test_dockerfile_pins_agree_with_pyproject_and_setup():
     assert args["BASE_IMAGE"].startswith("pytorch/pytorch:${TORCH_VERSION}-cuda${CUDA_VERSION}-")
     assert 'pip install --no-deps "torchrec==${TORCHREC_VERSION}"' in docker
     assert '"fbgemm-gpu==${FBGEMM_GPU_VERSION}"' in docker
-    assert re.search(r'^ENTRYPOINT \["torchrun"\]$', docker, re.M)
+    assert re.search(r'^ENTRYPOINT \["python", "-m", "dlrm.torchrun"\]$', docker, re.M)  # quiet user errors
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert ".venv" in ignored and ".git" in ignored
 
