@@ -26,7 +26,7 @@ sys.exit(0 if ok else 'base image must have python 3.11, torch ${TORCH_VERSION},
 
 # RDMA user space for NCCL's IB/RoCE transport (libibverbs + the verbs providers, e.g. mlx5): without them
 # NCCL falls back to TCP sockets between nodes. The host's devices come in with
-# `docker run --network=host --device=/dev/infiniband --cap-add=IPC_LOCK` (see README).
+# `docker run --network=host --device=/dev/infiniband --cap-add=IPC_LOCK` (see docs/gpu.md).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends rdma-core ibverbs-providers libibverbs1 \
  && rm -rf /var/lib/apt/lists/*
@@ -52,6 +52,6 @@ print('imports ok: torch', torch.__version__, 'fbgemm_gpu', fbgemm_gpu.__version
 
 # torchrun is the entry point, as `python -m dlrm.torchrun` (torchrun, with a rank's user error as its one
 # line and exit 2 instead of torchrun's failure summary): arguments are torchrun's, then -m dlrm.train and
-# Hydra overrides. For the launch scripts instead: docker run --entrypoint launch/run_multinode.sh ... (see README).
+# Hydra overrides. For the launch scripts instead: docker run --entrypoint launch/run_multinode.sh ... (see docs/gpu.md).
 ENTRYPOINT ["python", "-m", "dlrm.torchrun"]
 CMD ["--standalone", "--nproc_per_node=8", "-m", "dlrm.train", "topology=dgx_h100"]

@@ -6,7 +6,7 @@ far less. Each round runs the example (`torchrec_example/run_example.py`: 2 Gloo
 each chosen configuration of ours once, in alternating order (as listed in odd rounds, reversed in
 even ones, so a load that drifts favours neither), and reports, per configuration, the median over
 the rounds of its ratio to the same round's example: samples/s, samples per CPU-second, peak RSS
-per rank. Run from the repository root (see the README's "Benchmark"):
+per rank. Run from the repository root (see docs/benchmarks.md):
 
     .venv/bin/python benchmarks/against_example.py --rounds 5 --configs fp32,bf16,bf16_1p2t --out F
 """

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-# How TorchRec places one table (every type runs on CPU and on GPU here: see README).
+# How TorchRec places one table (every type runs on CPU and on GPU here: see docs/configuration.md).
 ShardingType = StrEnum(
     "ShardingType", "table_wise row_wise column_wise table_row_wise table_column_wise grid_shard data_parallel"
 )

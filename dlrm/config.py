@@ -414,7 +414,7 @@ class TrainerConfig:
     tf32: let CUDA matmuls use TF32 (no effect on CPU).
     compile_dense: torch.compile (Inductor) the bottom MLP, the interaction and the top MLP, each at
     its first call (tens of seconds per process); the embedding lookup stays eager. It fuses the DCN
-    cross net's element-wise work on a GPU; on CPU it measured slower (README "Benchmark").
+    cross net's element-wise work on a GPU; on CPU it measured slower (benchmarks/RESULTS.md).
     on_nonfinite: stop (raise, naming the last good checkpoint) or skip (drop the batch: no
     backward, no update; needs pipeline=false, since the pipeline's fused update runs unchecked).
     tensorboard: write TensorBoard scalars to <run dir>/tensorboard.

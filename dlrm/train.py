@@ -34,7 +34,7 @@ register_configs()
 
 
 def run(cfg: Config, run_dir: Path | None = None) -> dict:
-    """Validate, train and evaluate on this rank; return the run summary (see README)."""
+    """Validate, train and evaluate on this rank; return the run summary (see docs/configuration.md, Outputs)."""
     validate(cfg)
     import torch.distributed as dist
 
