@@ -194,7 +194,7 @@ def main() -> None:
     world = World.from_env()
     try:  # not checked above (Hydra's flags): a parse error is then Hydra's to report
         run_dir, name = override_value(overrides, "hydra.run.dir"), override_value(overrides, "run.name")
-    except Exception:
+    except ConfigError:
         run_dir, name = None, None
     if cfg is not None:
         name = cfg.run.name
