@@ -70,8 +70,10 @@ def user_error_in(e: BaseException) -> UserError | None:
 # stops every rank as soon as one exits, so rank 0 must get to print first; a rank still alive after
 # this wait says it itself (rank 0 did not stop the job: it did not meet the error).
 REPORT_GRACE_S = 30.0
-# How long a rank other than 0 waits before printing an error of its own (a file it reads): when
-# rank 0 meets it too (the same file), rank 0's line stops the job first and the line is said once.
+# How long a rank other than 0 waits before printing an error of its own (a file it reads, a lost
+# peer): when rank 0 meets it too, rank 0's line stops the job first and the line is said once. Each
+# local rank waits a second longer than the one before it, so that on another node its agent stops
+# the node's other ranks once the node's first one has spoken: one line per node at most.
 LOCAL_GRACE_S = 3.0
 
 
@@ -106,7 +108,7 @@ def exit_on_user_error(e: BaseException, rank: int) -> None:
         time.sleep(REPORT_GRACE_S)
         line = f"{user.prefix}: [rank {rank}] {user}"
     elif rank != 0 and line is not None and _under_launcher():  # rank 0 may meet it too: let it speak first
-        time.sleep(LOCAL_GRACE_S)
+        time.sleep(LOCAL_GRACE_S + int(os.environ.get("LOCAL_RANK", "0")))
     if line is not None:
         print(line, file=sys.stderr)
     dist = sys.modules.get("torch.distributed")

@@ -212,6 +212,7 @@ def test_rank_local_error_waits_for_rank_0_under_torchrun(monkeypatch, capsys, l
 
     waits = []
     monkeypatch.setattr(errors.time, "sleep", waits.append)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
     if launcher:
         monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
     else:
@@ -224,6 +225,10 @@ def test_rank_local_error_waits_for_rank_0_under_torchrun(monkeypatch, capsys, l
     with pytest.raises(SystemExit):
         errors.exit_on_user_error(LocalError("shard 3 is bad"), 0)  # rank 0 never waits
     assert waits == ([errors.LOCAL_GRACE_S] if launcher else [])
+    monkeypatch.setenv("LOCAL_RANK", "2")  # a node's third rank waits 2 s longer than its first
+    with pytest.raises(SystemExit):
+        errors.exit_on_user_error(LocalError("shard 3 is bad"), 3)
+    assert waits[-1:] == ([errors.LOCAL_GRACE_S + 2] if launcher else [])
 
 
 def test_quiet_torchrun_hides_only_user_errors():
