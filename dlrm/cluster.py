@@ -1,6 +1,7 @@
 """An emulated cluster on one machine: N nodes as network namespaces, one torchrun agent per node.
 
     python -m dlrm.cluster --nodes 2 --ranks-per-node 2 [--gbit G] [--link-down NODE:AT_S:FOR_S] -- [overrides]
+    python -m dlrm.cluster --nodes 2 --ranks-per-node 2 --gbit G --module dlrm.comms.bench -- [its arguments]
 
 Each node is a namespace `dlrm-<pid>-n<i>` with `lo` and one interface `eth0` at 198.18.0.<i+1>/24 (the
 benchmarking range), a veth into a bridge that lives in its own namespace `dlrm-<pid>-sw`: nothing is
@@ -268,6 +269,7 @@ class Job:
     uplink_gbit: float
     overrides: list[str]
     run_dir: str
+    module: str = "dlrm.train"  # what each agent runs (`--module`): its arguments are `overrides`
 
 
 def plan_job(nodes: int | None, ranks: int | None, gbit: float | None, overrides: list[str]) -> Job:
@@ -321,7 +323,7 @@ def agent_command(job: Job, fabric: Fabric, i: int) -> list[str]:
         f"--nnodes={job.nodes}", f"--nproc_per_node={job.ranks_per_node}",  # c10d numbers the nodes itself
         "--rdzv_backend=c10d", f"--rdzv_endpoint={fabric.address(0)}:{RDZV_PORT}", f"--rdzv_id={fabric.prefix}",
         f"--rdzv_conf=is_host={str(i == 0).lower()}", f"--local_addr={fabric.address(i)}",
-        "-m", "dlrm.train", *job.overrides,
+        "-m", job.module, *job.overrides,
     ]  # fmt: skip
 
 
@@ -398,7 +400,7 @@ def run_cluster(job: Job, faults: list[LinkDown], stop: StopRequest) -> int:
         for i in range(job.nodes):
             agents.append(subprocess.Popen(agent_command(job, fabric, i), env=env, start_new_session=True))
         say(
-            f"agents started: {job.nodes} x torchrun --nproc_per_node={job.ranks_per_node}, rendezvous "
+            f"agents started: {job.nodes} x torchrun --nproc_per_node={job.ranks_per_node} -m {job.module}, rendezvous "
             f"{fabric.address(0)}:{RDZV_PORT}, run dir {job.run_dir}"
         )
         return supervise(agents, FaultSchedule(faults, fabric, job.run_dir), stop)
@@ -424,8 +426,29 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Namespace, list[LinkDown]]:
         metavar="NODE:AT_S:FOR_S",
         help="node NODE's link down AT_S s after training starts, for FOR_S s (repeatable)",
     )
-    parser.add_argument("overrides", nargs="*", help="dlrm.train overrides (after --)")
+    parser.add_argument(
+        "--module",
+        default="dlrm.train",
+        help="the torchrun worker module each agent runs (default dlrm.train); another one (e.g. dlrm.comms.bench) "
+        "gets the arguments after -- as they are, and needs --nodes, --ranks-per-node and --gbit",
+    )
+    parser.add_argument("overrides", nargs="*", help="dlrm.train overrides, or the --module's arguments (after --)")
     args = parser.parse_args(argv)
+    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", args.module):
+        raise UsageError(f"--module={args.module}: give a Python module name (e.g. dlrm.comms.bench)")
+    if args.module != "dlrm.train":
+        lacking = [
+            f
+            for f, v in (("--nodes", args.nodes), ("--ranks-per-node", args.ranks_per_node), ("--gbit", args.gbit))
+            if v is None
+        ]
+        if lacking:
+            raise UsageError(
+                f"--module {args.module} needs {', '.join(lacking)}: no trainer config is read to size the job "
+                f"(e.g. --nodes 2 --ranks-per-node 2 --gbit 1 --module {args.module} -- ARGS)"
+            )
+        if args.link_down:
+            raise UsageError(f"--link-down times faults from dlrm.train's metrics; not with --module {args.module}")
     for flag, value in (("--nodes", args.nodes), ("--ranks-per-node", args.ranks_per_node)):
         if value is not None and not 1 <= value <= 254:
             raise UsageError(f"{flag}={value}: give an integer from 1 to 254")
@@ -442,7 +465,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         reason = missing_right()  # before anything is created
         if reason:
             raise UsageError(reason)
-        job = plan_job(args.nodes, args.ranks_per_node, args.gbit, list(args.overrides))
+        if args.module == "dlrm.train":
+            job = plan_job(args.nodes, args.ranks_per_node, args.gbit, list(args.overrides))
+        else:  # its own arguments: nothing to compose; the sizes were checked by parse_args
+            job = Job(args.nodes, args.ranks_per_node, args.gbit, list(args.overrides), os.getcwd(), args.module)
         for f in faults:
             if f.node >= job.nodes:
                 raise UsageError(f"--link-down {f.node}:{f.at_s:g}:{f.for_s:g}: the nodes are 0..{job.nodes - 1}")

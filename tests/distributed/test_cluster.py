@@ -162,3 +162,25 @@ def test_a_shape_the_topology_does_not_have_is_one_line():
     )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "topology 'emu_2x2' has 2 node(s)" in done.stderr and "fabric up" not in done.stderr
+
+
+def test_module_option_runs_another_worker_module_and_refuses_in_one_line():
+    """`--module M` runs `torchrun -m M ARGS` in every node (its arguments are not trainer overrides, so the
+    sizes and the rate must be given); a bad name or a missing size is a UsageError (one line, exit 2)."""
+    from dlrm.cluster import Fabric, Job, agent_command, parse_args
+    from dlrm.errors import UsageError
+
+    sized = ["--nodes", "2", "--ranks-per-node", "2", "--gbit", "1"]
+    args, faults = parse_args([*sized, "--module", "dlrm.comms.bench", "--", "--scopes", "world,inter"])
+    assert args.module == "dlrm.comms.bench" and args.overrides == ["--scopes", "world,inter"] and faults == []
+    assert parse_args(["--", "model=tiny"])[0].module == "dlrm.train"
+    job = Job(2, 2, 1.0, args.overrides, "/tmp", args.module)
+    command = agent_command(job, Fabric("dlrm-0", 2, 1.0), 1)
+    assert command[-4:] == ["-m", "dlrm.comms.bench", "--scopes", "world,inter"]
+    for argv, says in (
+        ([*sized, "--module", "dlrm comms"], "give a Python module name"),
+        (["--nodes", "2", "--ranks-per-node", "2", "--module", "dlrm.comms.bench"], "needs --gbit"),
+        ([*sized, "--module", "dlrm.comms.bench", "--link-down", "1:1:1"], "not with --module"),
+    ):
+        with pytest.raises(UsageError, match=says):
+            parse_args(argv)
