@@ -245,7 +245,8 @@ class Trainer:
             return batches  # made on the device: asynchronous kernels, nothing to pin or hide
         if not prefetch_pays(self.device, self.world.local_world_size):
             return batches
-        return Prefetcher(batches, depth=2, pin_memory=self.device.type == "cuda")  # off the training thread
+        pin = self.device if self.device.type == "cuda" else None
+        return Prefetcher(batches, depth=2, pin_device=pin)  # off the training thread
 
     def _forward(self, batch):
         """model(batch) -> (loss, (loss, logits, labels)), under bf16 autocast if configured."""

@@ -2,7 +2,7 @@
 
 Any source's iterator can be wrapped: the training thread then only takes ready batches off a
 queue, and the source's work (synthetic generation, file reads, parsing) overlaps the step.
-The order and content of the batches are the source's own. With `pin_memory`, each batch is
+The order and content of the batches are the source's own. With `pin_device` (a GPU), each batch is
 copied to page-locked memory in the thread, so the host-to-device copy can run asynchronously.
 """
 
@@ -40,8 +40,8 @@ class _Raised:
         self.error = error
 
 
-def _produce(items: Iterator, out: queue.Queue[object], stop: threading.Event, pin_memory: bool) -> None:
-    """The producer thread: put each item (pinned if asked), then _END or the exception raised."""
+def _produce(items: Iterator, out: queue.Queue[object], stop: threading.Event, pin_device: torch.device | None) -> None:
+    """The producer thread: put each item (pinned for `pin_device` if given), then _END or the exception raised."""
 
     def put(item: object) -> bool:  # wait for room; False once stopped
         while not stop.is_set():
@@ -53,8 +53,12 @@ def _produce(items: Iterator, out: queue.Queue[object], stop: threading.Event, p
         return False
 
     try:
+        if pin_device is not None:  # a new thread's current device is cuda:0: pin on this rank's GPU's context
+            import torch
+
+            torch.cuda.set_device(pin_device)
         for item in items:
-            if not put(item.pin_memory() if pin_memory else item):
+            if not put(item.pin_memory() if pin_device is not None else item):
                 return
     except BaseException as e:  # handed to the consumer, raised there
         put(_Raised(e))
@@ -69,7 +73,7 @@ class Prefetcher(Iterator[T]):
     (also on garbage collection or the end of a `with` block) stops the thread.
     """
 
-    def __init__(self, items: Iterator[T], depth: int = 2, pin_memory: bool = False) -> None:
+    def __init__(self, items: Iterator[T], depth: int = 2, pin_device: torch.device | None = None) -> None:
         self._stop = threading.Event()
         if depth < 1:
             raise ValueError(f"prefetch depth must be >= 1, got {depth}")
@@ -77,7 +81,7 @@ class Prefetcher(Iterator[T]):
         self._done = False
         self._thread = threading.Thread(
             target=_produce,
-            args=(items, self._queue, self._stop, pin_memory),
+            args=(items, self._queue, self._stop, pin_device),
             name="dlrm-prefetch",
             daemon=True,
         )

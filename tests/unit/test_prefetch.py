@@ -74,3 +74,26 @@ def test_prefetch_pays_on_cuda_or_with_a_spare_core(monkeypatch):
     assert prefetch_pays(torch.device("cuda", 0), local_world_size=2)
     assert not prefetch_pays(torch.device("cpu"), local_world_size=2)  # 2 ranks x 1 thread on 2 cores
     assert prefetch_pays(torch.device("cpu"), local_world_size=1)  # one core left for the thread
+
+
+def test_the_pinning_thread_works_on_the_ranks_gpu(monkeypatch):
+    """A new thread's current CUDA device is cuda:0: with pin_device, the producer thread sets the
+    rank's GPU before it pins anything, so 8 ranks do not all pin (and make contexts) on GPU 0."""
+    events = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: events.append(("set_device", d, threading.get_ident())))
+
+    class Item:
+        def __init__(self, n):
+            self.n = n
+
+        def pin_memory(self):
+            events.append(("pin", self.n, threading.get_ident()))
+            return self
+
+    device = torch.device("cuda", 3)
+    got = [item.n for item in Prefetcher(iter([Item(0), Item(1)]), depth=2, pin_device=device)]
+    assert got == [0, 1]
+    assert [e[:2] for e in events] == [("set_device", device), ("pin", 0), ("pin", 1)]
+    assert len({e[2] for e in events}) == 1 and events[0][2] != threading.get_ident()  # all in the producer
+    events.clear()
+    assert [item.n for item in Prefetcher(iter([Item(5)]), depth=1)] == [5] and events == []  # no device: no pin
