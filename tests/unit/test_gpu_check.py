@@ -34,6 +34,7 @@ def dry_run(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the dry run: ~60 s of 4 trainings in turn (bash launch/test.sh -m long)
 def test_dry_run_every_step_passes(dry_run):
     r, out, report = dry_run
     assert r.returncode == 0, r.stdout + r.stderr
@@ -50,6 +51,7 @@ def test_dry_run_every_step_passes(dry_run):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the dry run: ~60 s of 4 trainings in turn (bash launch/test.sh -m long)
 def test_dry_run_train_resume_and_reshard(dry_run):
     _, _, report = dry_run
     steps = {s["name"]: s for s in report["steps"]}
@@ -69,6 +71,7 @@ def test_dry_run_train_resume_and_reshard(dry_run):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # the dry run: ~60 s of 4 trainings in turn (bash launch/test.sh -m long)
 def test_dry_run_big_tables_and_not_available(dry_run):
     _, _, report = dry_run
     big = next(s for s in report["steps"] if s["name"] == "big_tables")
