@@ -31,12 +31,13 @@ def pytest_collection_modifyitems(config, items):
     """The tests that read scenario families run last, and the families they need start at once on a
     background thread (tests/helpers/families.py `prefetch`): the 2-rank launches overlap with the
     single-process tests instead of following them."""
-    from tests.helpers.families import FAMILIES, families_read_by, prefetch
+    from tests.helpers.families import FAMILIES, FIXTURE_READS, families_read_by, prefetch
 
     needed, readers, rest, late = set(), [], [], []
     for item in items:
         function = getattr(item, "function", None)
         families = families_read_by(function) if function is not None else []
+        families += [FIXTURE_READS[f] for f in getattr(item, "fixturenames", ()) if f in FIXTURE_READS]
         needed.update(families)
         if families:
             readers.append(item)

@@ -1,53 +1,51 @@
 """One small real checkpoint and helpers to damage it (the hostile checkpoint tests).
 
 `saved_checkpoints` trains the tiny model on 2 Gloo ranks (row-wise Adagrad: optimizer state in
-the files) and keeps checkpoints at steps 2 and 4: per test, `copy` gives a private copy.
+the files; a job of the PAIR family) and keeps checkpoints at steps 2 and 4: per test, `ckpts` gives
+a private copy.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from dlrm.compose import compose
 from dlrm.core.checkpoint import file_digest, open_checkpoint, write_manifest
 from dlrm.export import main as export_main
+from tests.helpers.families import FIXTURE_READS, PAIR, Overrides
+from tests.helpers.workers import train_summary
 
 OLD, NEW = "step_00000002", "step_00000004"
 
 
+SAVED = PAIR.add(
+    "saved_checkpoints",
+    train_summary,
+    Overrides(
+        "model=tiny",
+        "optim=rowwise_adagrad",
+        "sharding=table_wise",
+        "data.global_batch_size=96",
+        "data.eval_batches=1",
+        "trainer.max_steps=4",
+        "trainer.progress=none",
+        f"checkpoint.dir={PAIR.dir('saved_checkpoints')}",
+        "checkpoint.every_steps=2",
+        "checkpoint.keep=2",
+    ),
+)
+FIXTURE_READS["saved_checkpoints"] = PAIR  # its tests run after the family, as the tests that read it
+
+
 @pytest.fixture(scope="session")
-def saved_checkpoints(tmp_path_factory) -> Path:
-    """checkpoints/{step_00000002, step_00000004} of a 2-rank run (read-only: tests copy it)."""
-    return _train_once(tmp_path_factory.getbasetemp())
-
-
-@functools.cache
-def _train_once(basetemp: Path) -> Path:
-    """Once per session, although each test module that imports the fixture gets its own copy of it."""
-    from tests.helpers.harness import launch
-    from tests.helpers.workers import train_summary
-
-    root = basetemp / "saved_checkpoints"
-    cfg = compose(
-        [
-            "model=tiny",
-            "optim=rowwise_adagrad",
-            "sharding=table_wise",
-            "data.global_batch_size=96",
-            "data.eval_batches=1",
-            "trainer.max_steps=4",
-            "trainer.progress=none",
-            f"checkpoint.dir={root}",
-            "checkpoint.every_steps=2",
-            "checkpoint.keep=2",
-        ]
-    )
-    launch(train_summary, 2, cfg)
+def saved_checkpoints() -> Path:
+    """checkpoints/{step_00000002, step_00000004} of a 2-rank run, a job of the PAIR family (read-only:
+    tests copy it)."""
+    PAIR[SAVED]
+    root = PAIR.dir("saved_checkpoints")
     assert sorted(p.name for p in root.iterdir()) == [OLD, NEW]
     return root
 

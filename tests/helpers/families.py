@@ -148,6 +148,9 @@ TWO_NODES = Family("two_nodes", nproc=2, nnodes=2, after=(PAIR,))  # 2 simulated
 SINGLE = Family("single", nproc=1, after=(PAIR, TWO_NODES))  # 1 rank: resumes of the others' checkpoints
 LONG_PAIR = Family("long_pair", nproc=2)  # 2 ranks, read only by tests marked long (not in the default run)
 FAMILIES = (PAIR, TWO_NODES, SINGLE, LONG_PAIR)
+# Session fixtures that read a family's job ({fixture name: family}): the tests that use them are
+# ordered as the tests that read the family (tests/conftest.py).
+FIXTURE_READS: dict[str, Family] = {}
 
 
 def timing_lines(slowest: int = 5) -> list[str]:
