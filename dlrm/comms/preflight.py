@@ -21,7 +21,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from dlrm.comms.bench import group_layout, make_op, parse_size, summarize, time_op
+from dlrm.comms.bench import Request, group_layout, measure, parse_size
 from dlrm.comms.costmodel import CommsError, Link, busbw_factor, collective_time, two_level_time
 from dlrm.config import TopologyConfig
 from dlrm.errors import ArgumentParser, UserError, exit_on_user_error
@@ -122,7 +122,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> bool | None:
     """Run the preflight in this torchrun worker; rank 0 returns whether it passed, the others None."""
-    import torch
     import torch.distributed as dist
 
     from dlrm.comms import load_topology
@@ -153,25 +152,12 @@ def main(argv: Sequence[str] | None = None) -> bool | None:
     scopes = [s for s in ("intra", "inter", "world") if len(layout[s][0]) > 1]
     if topo.nodes == 1:
         scopes = [s for s in scopes if s != "world"]  # the node's group is the world
-    groups = {}
-    for s in scopes:
-        for ranks in layout[s]:  # every rank creates every group, in the same order
-            g = None if s == "world" else dist.new_group(ranks)
-            if world.rank in ranks:
-                groups[s] = (g, ranks)
-    rows = []
     try:
-        for s in scopes:
-            group, ranks = groups[s]
-            for c in COLLECTIVES:
-                op = make_op(c, nbytes, group, ranks, world.rank, device)
-                times = torch.tensor(time_op(op, group, args.warmup, args.iters, device), dtype=torch.float64)
-                times = times.to(device)
-                dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets each iteration
-                row = summarize(c, s, len(ranks), nbytes, times.cpu().tolist())
-                row["expected_busbw_GBps"] = expected_busbw_GBps(topo, rpn, c, s, nbytes)
-                row["fraction"] = row["busbw_GBps"] / row["expected_busbw_GBps"]
-                rows.append(row)
+        request = Request(list(COLLECTIVES), scopes, [nbytes], topo.nodes, rpn, topo)
+        rows = measure(request, world.rank, world.world_size, device, args.warmup, args.iters)  # as dlrm.comms.bench
+        for row in rows:
+            row["expected_busbw_GBps"] = expected_busbw_GBps(topo, rpn, row["collective"], row["scope"], nbytes)
+            row["fraction"] = row["busbw_GBps"] / row["expected_busbw_GBps"]
         if not world.is_main:
             return None
         passed, lines = verdict(rows, args.min_fraction)
