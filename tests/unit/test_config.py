@@ -114,7 +114,7 @@ def test_a_value_outside_its_choices_is_refused_when_composing(make_config, over
 
 
 def test_one_source_of_defaults(make_config):
-    """The dataclasses of dlrm/config.py hold the defaults: the default job composed from conf/ equals
+    """The dataclasses of dlrm/config/ hold the defaults: the default job composed from conf/ equals
     them (model.tables aside), and the options the defaults list picks restate none of them."""
     composed, default = make_config(), Config()
     for section in ("data", "topology", "sharding", "optim", "trainer", "checkpoint"):

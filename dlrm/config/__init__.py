@@ -1,0 +1,193 @@
+"""Typed configuration: dataclass schemas registered in Hydra's ConfigStore, and validation.
+
+The schemas are the one source of defaults (the default options in conf/ restate none of them),
+one module per section (`model`, `data`, `topology`, `sharding`, `optim`, `trainer`, `run`), each
+field documented beside it. Choices are enums, so Hydra refuses a misspelt key, a wrongly typed
+value or a value outside its choices while composing (`dlrm.compose`). Each section's `check` then
+tests what types cannot express (sizes, names, consistency) next to its fields, and `Config.check`
+what spans sections; a ConfigError names the key, the bad value and the fix, before any process
+group exists. The package imports neither torch nor torchrec: the command line's errors come first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import cast
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from dlrm.choices import DenseSync, Device, EmbeddingOptimizer, Precision, ShardingType
+from dlrm.config.data import CriteoConfig, DataConfig, SyntheticConfig
+from dlrm.config.errors import ConfigError, _fail
+from dlrm.config.model import ModelConfig, TableConfig
+from dlrm.config.optim import DenseOptimConfig, EmbeddingOptimConfig, OptimConfig, ScheduleConfig
+from dlrm.config.run import CheckpointConfig, RunConfig
+from dlrm.config.sharding import ShardingConfig
+from dlrm.config.topology import LinkConfig, TopologyConfig
+from dlrm.config.trainer import TrainerConfig
+
+__all__ = [
+    "CheckpointConfig",
+    "Config",
+    "ConfigError",
+    "CriteoConfig",
+    "DataConfig",
+    "DenseOptimConfig",
+    "EmbeddingOptimConfig",
+    "LinkConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RunConfig",
+    "ScheduleConfig",
+    "ShardingConfig",
+    "SyntheticConfig",
+    "TableConfig",
+    "TopologyConfig",
+    "TrainerConfig",
+    "register_configs",
+    "to_config",
+    "validate",
+    "validate_world",
+]
+
+
+@dataclass
+class Config:
+    """The whole job. Its defaults are the default job (`python -m dlrm.train` without overrides)
+    but for model.tables, which model=dlrm_small fills; conf/ holds only what other options change."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The network: layer sizes, interaction, embedding tables (conf/model)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Where batches come from, and the global batch size (conf/data)."""
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    """Nodes, ranks, device and links (conf/topology)."""
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    """How the tables are sharded, their kernel and wire precision (conf/sharding)."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimizers and learning-rate schedule (conf/optim)."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The training loop (conf/trainer)."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Distributed checkpoints."""
+    run: RunConfig = field(default_factory=RunConfig)
+    """The run's name (its directory)."""
+    seed: int = 0
+    """Seeds the initial weights (per parameter name, the same on any topology), the synthetic data and
+    Criteo's train order."""
+
+    def check(self) -> None:
+        """Each section's own checks, then those across sections; ConfigError on the first problem."""
+        self.model.check()
+        self.data.check()
+        self.topology.check()
+        self.sharding.check([t.name for t in self.model.tables])
+        self.sharding.check_device(str(self.topology.device), self.trainer.pipeline)
+        self.optim.check()
+        self.trainer.check()
+        self.checkpoint.check()
+        self.run.check()
+        if self.trainer.target_auc is not None and self.data.eval_batches == 0:
+            _fail(
+                "data.eval_batches",
+                0,
+                "trainer.target_auc needs an eval set: give data.eval_batches > 0, or set trainer.target_auc=null",
+            )
+        period = self.trainer.sync_period
+        if self.trainer.dense_sync == DenseSync.local_sgd and self.checkpoint.every_steps % period:
+            _fail(
+                "checkpoint.every_steps",
+                self.checkpoint.every_steps,
+                f"with local SGD the ranks' dense weights agree only at averaging steps: use a multiple of "
+                f"trainer.sync_period={period}",
+            )
+        self._check_precisions()
+        if self.optim.embedding.name == EmbeddingOptimizer.adam and self.topology.device == Device.cpu:
+            sharded = [t.name for t in self.model.tables if self.sharding.pinned(t) != ShardingType.data_parallel]
+            if sharded:
+                _fail(
+                    "optim.embedding.name",
+                    "adam",
+                    f"fbgemm's CPU kernels for sharded tables run sgd, adagrad and rowwise_adagrad only, and "
+                    f"table(s) {', '.join(sharded[:3])}{' ...' if len(sharded) > 3 else ''} may be sharded; "
+                    "on CPU use optim=rowwise_adagrad (or optim.embedding.name=adagrad|sgd), or replicate every "
+                    "table with sharding=data_parallel, where adam runs",
+                )
+
+    def _check_precisions(self) -> None:
+        """Half-precision tables are sharded; what the CPU (fbgemm's CPU kernels, TorchRec's codecs on
+        Gloo) cannot store or send in bf16."""
+        if self.model.embedding_precision != Precision.fp32:
+            replicated = [t.name for t in self.model.tables if self.sharding.pinned(t) == ShardingType.data_parallel]
+            if replicated:
+                _fail(
+                    "model.embedding_precision",
+                    str(self.model.embedding_precision),
+                    f"table(s) {', '.join(replicated[:3])}{' ...' if len(replicated) > 3 else ''} are pinned to "
+                    "data_parallel, where a torch optimizer would train the half-precision weights directly "
+                    "(its state and eps underflow); shard them (e.g. sharding=auto or table_wise), or keep "
+                    "model.embedding_precision=fp32",
+                )
+        if self.topology.device != Device.cpu:
+            return
+        if self.model.embedding_precision == Precision.bf16:
+            _fail(
+                "model.embedding_precision",
+                "bf16",
+                "fbgemm's CPU embedding kernels have no bf16 weights; on CPU use fp16 (or fp32), "
+                "bf16 with topology.device=cuda",
+            )
+        for name in ("qcomms_forward", "qcomms_backward"):
+            if getattr(self.sharding, name) == Precision.bf16:
+                _fail(
+                    f"sharding.{name}",
+                    "bf16",
+                    "TorchRec's quantized comms fall back from bf16 to fp16 on Gloo (CPU), so bf16 would not be "
+                    "what runs; on CPU use fp16 (or fp32), bf16 with topology.device=cuda",
+                )
+
+
+def validate(cfg: Config) -> None:
+    """Check what the schema's types cannot (sizes, names, consistency); OmegaConf has already
+    refused unknown keys, wrong types and values outside each enum when composing."""
+    cfg.check()
+
+
+def register_configs() -> None:
+    """Register the schema so `conf/config.yaml` can extend it (`defaults: [base_config, ...]`)."""
+    ConfigStore.instance().store(name="base_config", node=Config)
+
+
+def to_config(cfg: DictConfig | Config) -> Config:
+    """Turn a composed DictConfig into the plain `Config` dataclass (typed, attribute access)."""
+    if isinstance(cfg, Config):
+        return cfg
+    return cast(Config, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg)))
+
+
+def validate_world(cfg: Config, world_size: int, local_world_size: int) -> None:
+    """Check the config against the launcher's world; run before creating any process group."""
+    tp = cfg.topology
+    ranks_per_node = tp.ranks_per_node or local_world_size
+    if local_world_size != ranks_per_node:
+        _fail(
+            "topology.ranks_per_node",
+            tp.ranks_per_node,
+            f"the launcher started {local_world_size} ranks per node (LOCAL_WORLD_SIZE); "
+            f"set topology.ranks_per_node={local_world_size} or launch with --nproc_per_node={ranks_per_node}",
+        )
+    if tp.nodes * ranks_per_node != world_size:
+        _fail(
+            "topology.nodes",
+            tp.nodes,
+            f"topology '{tp.name}' has {tp.nodes} node(s) x {ranks_per_node} ranks = "
+            f"{tp.nodes * ranks_per_node} ranks but the launcher started WORLD_SIZE={world_size}; "
+            f"set topology.nodes={world_size // ranks_per_node} or launch with --nnodes={tp.nodes}",
+        )
+    if cfg.data.global_batch_size % world_size:
+        _fail(
+            "data.global_batch_size",
+            cfg.data.global_batch_size,
+            f"it must be divisible by the world size {world_size}, so every rank takes an equal slice",
+        )

@@ -1,0 +1,110 @@
+"""The model section: DLRM's layer sizes, interaction and embedding tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+from dlrm.choices import Interaction, Precision, ShardingType
+from dlrm.config.errors import _fail, _require_positive
+
+
+@dataclass
+class TableConfig:
+    """One embedding table: `rows` x `dim`, looked up by the sparse features in `features`."""
+
+    name: str = MISSING
+    """The table's name, unique among the model's tables (sharding.per_table and the plan name it)."""
+    rows: int = MISSING
+    """Rows of the table: its features' ids lie in [0, rows)."""
+    dim: int = MISSING
+    """Embedding dimension, a multiple of 4 (fbgemm's kernels); the same for every table, and equal to
+    the last size of model.bottom_mlp, since the interaction combines them."""
+    features: list[str] = MISSING
+    """The sparse features looked up in this table (a feature in one table only)."""
+    pooling: int = 1
+    """Ids per sample of each feature: the synthetic data draws that many, and the planner uses it as
+    the pooling factor."""
+    sharding: ShardingType | None = None
+    """Pins this table's sharding type (below sharding.per_table, above sharding.strategy); None: the
+    strategy decides."""
+
+    def check(self, key: str) -> None:
+        if not self.name:
+            _fail(f"{key}.name", self.name, "give each table a unique, non-empty name")
+        _require_positive(f"{key}.rows", self.rows)
+        _require_positive(f"{key}.dim", self.dim)
+        if self.dim % 4:
+            _fail(
+                f"{key}.dim",
+                self.dim,
+                f"fbgemm's embedding kernels need a multiple of 4; use {self.dim + 4 - self.dim % 4}",
+            )
+        _require_positive(f"{key}.pooling", self.pooling)
+        if not self.features:
+            _fail(f"{key}.features", list(self.features), "list the sparse features this table serves")
+
+
+@dataclass
+class ModelConfig:
+    """DLRM: bottom MLP over dense features, embedding tables, interaction, top MLP -> 1 logit."""
+
+    interaction: Interaction = Interaction.dot
+    """How the bottom MLP's output and the pooled embeddings are combined: dot (pairwise dot products)
+    or dcn (TorchRec's DLRM-DCN: a low-rank cross net)."""
+    dense_in_features: int = 13
+    """Dense features per sample (Criteo has 13): the bottom MLP's input width."""
+    bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])
+    """Layer sizes of the MLP over the dense features; the last equals the embedding dim."""
+    top_mlp: list[int] = field(default_factory=lambda: [64, 32, 1])
+    """Layer sizes of the MLP over the interaction's output; the last is 1 (one logit)."""
+    dcn_num_layers: int = 3
+    """Cross layers of the DCN interaction (interaction=dcn only)."""
+    dcn_low_rank_dim: int = 64
+    """Rank of each DCN cross layer's low-rank weight (interaction=dcn only)."""
+    tables: list[TableConfig] = field(default_factory=list)
+    """The embedding tables (model=dlrm_small fills them for the default job)."""
+    embedding_precision: Precision = Precision.fp32
+    """The dtype the table weights are stored in (fp32, fp16, bf16): TorchRec's
+    `EmbeddingBagConfig.data_type`, which fbgemm's kernels take as `weights_precision` and TorchRec's
+    planner as the bytes per weight. fp16/bf16 halve the tables' memory; the lookups' outputs and the
+    optimizer state stay fp32, and fbgemm rounds each update stochastically. The weights are part of
+    the model (its state dict, checkpoints, exports), hence a model key. fbgemm's CPU kernels have no
+    bf16: on CPU use fp32 or fp16."""
+
+    def check(self, key: str = "model") -> None:
+        _require_positive(f"{key}.dense_in_features", self.dense_in_features)
+        for mlp in ("bottom_mlp", "top_mlp"):
+            sizes = getattr(self, mlp)
+            if not sizes:
+                _fail(f"{key}.{mlp}", list(sizes), "list at least one layer size")
+            for i, size in enumerate(sizes):
+                _require_positive(f"{key}.{mlp}[{i}]", size)
+        if self.top_mlp[-1] != 1:
+            _fail(f"{key}.top_mlp", list(self.top_mlp), "the last layer must have size 1 (one logit)")
+        if self.interaction == Interaction.dcn:
+            _require_positive(f"{key}.dcn_num_layers", self.dcn_num_layers)
+            _require_positive(f"{key}.dcn_low_rank_dim", self.dcn_low_rank_dim)
+        if not self.tables:
+            _fail(f"{key}.tables", [], "list at least one embedding table")
+        names: set = set()
+        features: set = set()
+        for i, t in enumerate(self.tables):
+            t.check(f"{key}.tables[{i}]")
+            if t.name in names:
+                _fail(f"{key}.tables[{i}].name", t.name, "give each table a unique, non-empty name")
+            names.add(t.name)
+            for f in t.features:
+                if f in features:
+                    _fail(f"{key}.tables[{i}].features", f, "a feature may be looked up in one table only")
+                features.add(f)
+        dims = {t.dim for t in self.tables}
+        if len(dims) > 1:
+            _fail(f"{key}.tables[*].dim", sorted(dims), "DLRM interactions need one embedding dim for all tables")
+        if self.bottom_mlp[-1] != self.tables[0].dim:
+            _fail(
+                f"{key}.bottom_mlp",
+                list(self.bottom_mlp),
+                f"its last size must equal the embedding dim {self.tables[0].dim}, since the interaction combines them",
+            )

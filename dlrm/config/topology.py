@@ -1,0 +1,74 @@
+"""The topology section: nodes, ranks, device, the links between ranks and their capacities."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from dlrm.choices import Backend, Device, Fabric
+from dlrm.config.errors import _fail, _require_positive
+
+
+@dataclass
+class LinkConfig:
+    """One level of the interconnect, as seen by one rank. The defaults are placeholders of the right
+    order for Gloo over loopback TCP: measure with `python -m dlrm.comms.bench`, fit with `dlrm.comms.report`."""
+
+    fabric: Fabric = Fabric.switch
+    """How ranks at this level are wired (ring, fully_connected, switch): the cost model's formulas
+    (dlrm.comms.costmodel)."""
+    bandwidth_GBps: float = 2.0
+    """Unidirectional bandwidth per rank in GB/s (1e9 bytes/s), all links together."""
+    latency_us: float = 50.0
+    """Per-message latency (the alpha of an alpha-beta model) in microseconds."""
+
+    def check(self, key: str) -> None:
+        _require_positive(f"{key}.bandwidth_GBps", self.bandwidth_GBps)
+        if not self.latency_us >= 0 or math.isinf(self.latency_us):
+            _fail(f"{key}.latency_us", self.latency_us, "use a finite latency >= 0")
+
+
+@dataclass
+class TopologyConfig:
+    """Nodes x ranks per node and the fabric between them; drives process groups and the planner.
+    The defaults describe one CPU machine (topology=cpu)."""
+
+    name: str = "cpu"
+    """The topology's name, shown in the console, the plan and messages."""
+    nodes: int = 1
+    """Nodes (hosts); nodes x ranks_per_node must equal the launcher's WORLD_SIZE."""
+    ranks_per_node: int | None = None
+    """None takes the launcher's LOCAL_WORLD_SIZE; a number is checked against it."""
+    device: Device = Device.cpu
+    """The training device: cpu or cuda (one GPU per rank)."""
+    backend: Backend = Backend.auto
+    """The process groups' backend: auto (NCCL on cuda, Gloo on cpu), gloo or nccl (cuda only)."""
+    intra_node: LinkConfig = field(default_factory=LinkConfig)
+    """The links between the ranks of one node."""
+    inter_node: LinkConfig = field(default_factory=LinkConfig)
+    """The links between nodes, as seen by one rank."""
+    hbm_GB: float = 0.0
+    """Device memory per rank available to the model, in GB (required with device=cuda)."""
+    ddr_GB: float = 8.0
+    """Host memory per rank available to the model, in GB."""
+    dense_tflops: float | None = None
+    """Peak dense matmul TFLOP/s per rank, for the step-time projection of `python -m dlrm.plan --scale`
+    (None: unknown; pass --measured instead)."""
+    mem_bw_GBps: float | None = None
+    """Peak memory bandwidth per rank in GB/s, for the step-time projection of `python -m dlrm.plan
+    --scale` (None: unknown; pass --measured instead)."""
+
+    def check(self, key: str = "topology") -> None:
+        _require_positive(f"{key}.nodes", self.nodes)
+        if self.ranks_per_node is not None:
+            _require_positive(f"{key}.ranks_per_node", self.ranks_per_node)
+        if self.device == Device.cpu and self.backend == Backend.nccl:
+            _fail(f"{key}.backend", self.backend, "NCCL needs topology.device=cuda; use gloo or auto on CPU")
+        self.intra_node.check(f"{key}.intra_node")
+        self.inter_node.check(f"{key}.inter_node")
+        if self.device == Device.cuda:
+            _require_positive(f"{key}.hbm_GB", self.hbm_GB)
+        _require_positive(f"{key}.ddr_GB", self.ddr_GB)
+        for name in ("dense_tflops", "mem_bw_GBps"):
+            if getattr(self, name) is not None:
+                _require_positive(f"{key}.{name}", getattr(self, name))
