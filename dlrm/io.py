@@ -113,11 +113,17 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, indent: int = 2) -
 
 def sha256_file(path: str | os.PathLike[str], block: int = 1 << 22) -> str:
     """Hex SHA-256 of a file, read in blocks of `block` bytes (bounded memory)."""
-    h = hashlib.sha256()
+    return size_and_sha256(path, block)[1]
+
+
+def size_and_sha256(path: str | os.PathLike[str], block: int = 1 << 22) -> tuple[int, str]:
+    """(bytes read, hex SHA-256) of a file, from one pass in blocks of `block` bytes (bounded memory)."""
+    h, size = hashlib.sha256(), 0
     with open(path, "rb") as f:
         while chunk := f.read(block):
             h.update(chunk)
-    return h.hexdigest()
+            size += len(chunk)
+    return size, h.hexdigest()
 
 
 def figure_png(fig: Any) -> bytes:
