@@ -45,10 +45,10 @@ def run(cfg: Config, run_dir: Path | None = None) -> dict:
     from dlrm.core.memory import check_memory  # imports TorchRec (seconds): only once the config is valid
     from dlrm.core.trainer import Trainer
 
-    check_memory(cfg, world.world_size)  # a model that cannot fit: refused before any process group
+    model = check_memory(cfg, world.world_size)  # a model that cannot fit: refused before any process group
     from dlrm.comms.measured import summary_extras  # the cost model, outside the core
 
-    summary = Trainer(cfg, world, run_dir, summary_extras(cfg, world.local_world_size)).train()
+    summary = Trainer(cfg, world, run_dir, summary_extras(cfg, world.local_world_size), model=model).train()
     # Collect the trainer now: its pipeline and model form reference cycles that hold in-flight
     # Gloo work; freed only at interpreter exit, they can abort the process ("terminate called
     # without an active exception"). Then tear down together, and only after success: a rank

@@ -17,8 +17,10 @@ The steps:
   memory; or the memory check's refusal line. With --quick every table is capped at QUICK_TABLE_ROWS rows
   by Hydra overrides (model.tables.I.rows=N), as `dlrm.bench --max-table-rows` caps them;
 - uvm_caching: only where this version has the option (sharding.compute_kernel=fused_uvm_caching) and on
-  cuda; else listed under not_available with the reason. Per-step GPU sync on/off likewise: the trainer
-  no longer syncs after each step and has no option to, so the report gives train's samples/s alone.
+  cuda; else listed under not_available with the reason;
+- per_step_sync: on cuda, train's run again with trainer.sync_every_step=true (the host waits for the GPU
+  after every step): its samples/s beside train's (sync off, the default) and their ratio; on cpu there
+  is nothing to wait for, so it is listed under not_available.
 
 The report (<out>/report.json, rewritten atomically after every step, so a run cut short leaves what it
 did) holds per step: the command, exit code, wall seconds, the figures of the run's summary.json and
@@ -84,7 +86,14 @@ FULL = Sizes(
     big_batch=8192,
     big_steps=30,
     big_log_every=10,
-    timeout_s={"train": 240, "resume": 180, "eval_only_reshard": 150, "big_tables": 420, "uvm_caching": 180},
+    timeout_s={
+        "train": 240,
+        "resume": 180,
+        "eval_only_reshard": 150,
+        "big_tables": 420,
+        "uvm_caching": 180,
+        "per_step_sync": 240,
+    },
     min_start_s=45,
 )
 QUICK = Sizes(
@@ -98,7 +107,14 @@ QUICK = Sizes(
     big_batch=64,
     big_steps=4,
     big_log_every=2,
-    timeout_s={"train": 120, "resume": 120, "eval_only_reshard": 120, "big_tables": 180, "uvm_caching": 120},
+    timeout_s={
+        "train": 120,
+        "resume": 120,
+        "eval_only_reshard": 120,
+        "big_tables": 180,
+        "uvm_caching": 120,
+        "per_step_sync": 120,
+    },
     min_start_s=20,
 )
 
@@ -622,15 +638,28 @@ class Check:
         self.judge(res, problems, f"kernels {f['compute_kernels']}, {f['train_samples_per_s']} samples/s")
 
     def per_step_sync(self, train: dict[str, Any] | None) -> None:
+        """train's run with the host waiting for the GPU after every step: samples/s on vs off."""
         speed = (train or {}).get("figures", {}).get("train_samples_per_s")
-        if has_option("trainer", "sync_every_step") or has_option("trainer", "step_sync"):
-            reason = "an option exists but this check does not compare it yet: add a step"
-        else:
-            reason = (
-                "not available: no option in this version (the trainer no longer synchronizes the GPU after "
-                "each step); train's samples/s is the sync-off figure"
-            )
-        self.not_available.append({"name": "per_step_sync_on_off", "reason": reason, "train_samples_per_s": speed})
+        if not has_option("trainer", "sync_every_step"):
+            reason = "not available: no option in this version; train's samples/s is the sync-off figure"
+            self.not_available.append({"name": "per_step_sync_on_off", "reason": reason, "train_samples_per_s": speed})
+            return
+        if self.device != "cuda":
+            reason = "not run: nothing to wait for on cpu (trainer.sync_every_step acts on a GPU only)"
+            self.not_available.append({"name": "per_step_sync_on_off", "reason": reason, "train_samples_per_s": speed})
+            return
+        run_dir = self.work / "per_step_sync"
+        over = [*self.base(), f"trainer.max_steps={self.sz.steps}", "trainer.sync_every_step=true"]
+        over += ["checkpoint.every_steps=0", "checkpoint.at_end=false", f"hydra.run.dir={run_dir}"]
+        done = self.execute(Step("per_step_sync", "train's run, the GPU synchronized after every step", over, run_dir))
+        if done is None:
+            return
+        res, _ = done
+        on = res["figures"]["train_samples_per_s"]
+        res["sync_off_samples_per_s"] = speed
+        res["sync_on_over_off"] = on / speed if on and speed else None
+        problems = [] if res["figures"]["steps"] == self.sz.steps else [f"summary steps {res['figures']['steps']}"]
+        self.judge(res, problems, f"sync on {on} vs off {speed} samples/s (on/off {res['sync_on_over_off']})")
 
     def run(self) -> int:
         self.out.mkdir(parents=True, exist_ok=True)

@@ -6,10 +6,14 @@ the rank's need, its capacity and the fix (`PlanError`). Used by the trainer and
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from dlrm.choices import PRECISION_BYTES
 from dlrm.config import Config
 from dlrm.errors import UserError
+
+if TYPE_CHECKING:  # the model module imports TorchRec (seconds): the memory checks run before it
+    from dlrm.core.model import DLRMTrain
 
 GB = 10**9
 FLOAT_BYTES = 4  # fp32 dense weights and every optimizer state
@@ -116,12 +120,15 @@ def dense_param_count(model) -> int:
     return sum(p.numel() for n, p in model.named_parameters() if "embedding_bags" not in n)
 
 
-def check_memory(cfg: Config, world: int) -> None:
+def check_memory(cfg: Config, world: int) -> DLRMTrain:
     """`precheck_memory` for the trainer: builds the model on the meta device (no memory, no process
-    group), so a model that cannot fit is refused before anything expensive starts."""
+    group), so a model that cannot fit is refused before anything expensive starts; returns that
+    model (`Trainer(model=...)` shards it: the model is built once)."""
     from dlrm.core.model import build_model
 
-    precheck_memory(cfg, world, dense_param_count(build_model(cfg.model)))
+    model = build_model(cfg.model)
+    precheck_memory(cfg, world, dense_param_count(model))
+    return model
 
 
 def planner_refusal(cfg: Config, world: int, error: Exception) -> PlanError:

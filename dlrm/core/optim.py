@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
@@ -80,20 +83,13 @@ def lr_factor(step: int, cfg: ScheduleConfig) -> float:
     return 1.0
 
 
-class LRSchedule:
-    """Sets every param group's lr to its base lr times `lr_factor(step)`.
+def lr_schedule(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, step: int = 0) -> LambdaLR:
+    """torch's LambdaLR over `lr_factor`, positioned at `step` (the next step to train): every param
+    group's lr is its initial lr times lr_factor(step). Call its `step()` after each training step:
+    the fused embedding optimizer reads its lr at zero_grad/step, the dense one when it steps.
 
-    Call `apply(step)` before the step's backward: the fused embedding optimizer reads its
-    lr when zero_grad/step run, the dense one when it steps.
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer, cfg: ScheduleConfig) -> None:
-        self.optimizer = optimizer
-        self.cfg = cfg
-        self.base_lrs: list[float] = [group["lr"] for group in optimizer.param_groups]
-
-    def apply(self, step: int) -> float:
-        factor = lr_factor(step, self.cfg)
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
-            group["lr"] = base * factor
-        return factor
+    The factor is a function of the step alone, so a resumed run is positioned by its step (no
+    scheduler state is saved)."""
+    for group in optimizer.param_groups:
+        group.setdefault("initial_lr", group["lr"])  # LambdaLR's base lr; set at step 0, kept from then on
+    return LambdaLR(optimizer, functools.partial(lr_factor, cfg=cfg), last_epoch=step - 1)

@@ -16,7 +16,7 @@ from dlrm.export import export, load_exported
 from tests.helpers.equivalence import assert_matches_reference, reference, tiny
 from tests.helpers.families import PAIR, SINGLE, TWO_NODES, error_of
 from tests.helpers.harness import free_port
-from tests.helpers.workers import train_and_report, train_summary, train_with_a_nan_batch
+from tests.helpers.workers import summary_and_records, train_and_report, train_summary, train_with_a_nan_batch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,8 @@ _LAST = PAIR.dir("ckpt_tw") / "step_00000012"
 for _family, _sharding in RESHARDED:
     _topology = "topology=cpu_2x2" if _family is TWO_NODES else "topology=cpu"
     _overrides = (f"sharding={_sharding}", _topology, f"trainer.resume={_LAST}", "trainer.eval_only=true")
-    _family.add(f"ckpt/resharded/{_sharding}", train_summary, ckpt_config(_family.dir("resharded"), *_overrides))
+    _cfg = ckpt_config(_family.dir("resharded"), *_overrides)
+    _family.add(f"ckpt/resharded/{_sharding}", summary_and_records, _cfg, _family.dir(f"resharded_run_{_sharding}"))
 PAIR.add("ckpt/export", train_and_report, ckpt_config(PAIR.dir("ckpt_c"), "sharding=row_wise"))
 PAIR.add("nan_batch", train_with_a_nan_batch, NAN_SKIP, 3, 1)
 SINGLE.add("ckpt/four_steps", train_summary, ckpt_config(SINGLE.dir("ckpt_d"), "trainer.max_steps=4"))
@@ -94,9 +95,17 @@ def test_resume_equals_uninterrupted():
 @pytest.mark.parametrize("family, sharding", RESHARDED, ids=["1x1-row_wise", "2x2-row_wise", "1x2-column_wise"])
 def test_resharding_keeps_the_eval_loss(family, sharding):
     saved = PAIR["ckpt/saved"][0]
-    loaded = family[f"ckpt/resharded/{sharding}"][0]
+    loaded, records = (
+        family[f"ckpt/resharded/{sharding}"][0]["summary"],
+        family[f"ckpt/resharded/{sharding}"][0]["records"],
+    )
     assert loaded["eval_logloss"] == pytest.approx(saved["eval_logloss"], rel=1e-6)
     assert loaded["eval_auc"] == pytest.approx(saved["eval_auc"], rel=1e-6)
+    # eval_only records its evaluation in metrics.jsonl too: a start at the checkpoint's step, then the eval.
+    assert [{k: r[k] for k in ("event", "step", "resumed")} for r in records[:1]] == [
+        {"event": "start", "step": 12, "resumed": True}
+    ]
+    assert [(r["step"], r["eval_auc"]) for r in records[1:]] == [(12, loaded["eval_auc"])]
 
 
 @pytest.mark.slow

@@ -6,6 +6,9 @@ Each builds what it needs in the job's default process group and leaves the grou
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from dlrm.config import Config, validate, validate_world
@@ -62,6 +65,20 @@ def preprocess_then_train(cfg: Config, tsv: str, table_rows: int) -> dict:
 def train_summary(cfg: Config) -> dict:
     """Train (or evaluate, with trainer.eval_only) on this rank and return the run summary."""
     return build_trainer(cfg).train()
+
+
+def summary_and_records(cfg: Config, run_dir) -> dict:
+    """Train (or evaluate) on this rank in `run_dir` (rank 0 writes there): {"summary", "records"}
+    with rank 0's metrics.jsonl records ([] on other ranks)."""
+    from dlrm.core.trainer import Trainer
+
+    validate(cfg)
+    world = World.from_env()
+    validate_world(cfg, world.world_size, world.local_world_size)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    summary = Trainer(cfg, world, Path(run_dir)).train()
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if world.is_main else []
+    return {"summary": summary, "records": [json.loads(line) for line in lines]}
 
 
 def train_losses(cfg: Config) -> list[float]:

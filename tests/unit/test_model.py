@@ -21,7 +21,7 @@ from dlrm.core.model import (
     pooled_in_order,
     table_rows_init,
 )
-from dlrm.core.optim import lr_factor
+from dlrm.core.optim import lr_factor, lr_schedule
 from dlrm.data.loader import make_source
 
 
@@ -131,6 +131,32 @@ def test_lr_schedule_warmup_constant_poly_decay():
     assert lr_factor(15, s) == pytest.approx(0.25)
     assert lr_factor(20, s) == 0.0 and lr_factor(50, s) == 0.0
     assert lr_factor(123, ScheduleConfig()) == 1.0
+
+
+def test_lr_schedule_is_torchs_lambdalr_positioned_by_the_step():
+    """lr_schedule sets every group's lr to its base lr x lr_factor(step), from any starting step
+    (a resume), and moves one step per .step(); a positioned schedule equals one run from 0."""
+    s = ScheduleConfig(warmup_steps=4, decay_start_step=6, decay_steps=4, decay_power=2.0)
+
+    def optimizer():
+        w = torch.nn.Parameter(torch.zeros(1))
+        return torch.optim.SGD([{"params": [w], "lr": 0.5}, {"params": [torch.nn.Parameter(w.detach())], "lr": 2.0}])
+
+    opt = optimizer()
+    schedule = lr_schedule(opt, s)
+    assert isinstance(schedule, torch.optim.lr_scheduler.LambdaLR)
+    seen = []
+    for step in range(12):
+        seen.append([g["lr"] for g in opt.param_groups])
+        assert seen[-1] == pytest.approx([0.5 * lr_factor(step, s), 2.0 * lr_factor(step, s)])
+        opt.step()
+        schedule.step()
+    resumed = optimizer()
+    schedule = lr_schedule(resumed, s, step=7)
+    for step in range(7, 12):
+        assert [g["lr"] for g in resumed.param_groups] == pytest.approx(seen[step])
+        resumed.step()
+        schedule.step()
 
 
 def test_shards_are_filled_in_chunks_with_the_same_values(make_config, monkeypatch):
