@@ -21,7 +21,13 @@ Needs root (each run is a `dlrm.cluster` job: network namespaces, tc-shaped upli
 The variants run interleaved within a round (their order rotated by one each round), so slow phases of a
 shared machine fall on all of them; the figures are medians over rounds. Each run's record is appended to
 `results.json` as it ends; `findings.md` (tables and the findings stated from them) and `findings.png`
-are rewritten after each round. All three written atomically.
+are rewritten after each round. All three written atomically. `--render` rewrites them from a results.json,
+the model side re-evaluated with the current model against its measurements.
+
+Modules: this one runs (options, jobs, the loop, `--render`); `dlrm.cluster_bench_report` reads the
+results back into tables, `dlrm.cluster_bench_findings` answers the questions and writes findings.md,
+`dlrm.cluster_bench_plot` draws findings.png and
+`dlrm.cluster_bench_model` computes the model side (and re-computes it for `--render`).
 """
 
 from __future__ import annotations
@@ -29,36 +35,33 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import signal
-import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from dlrm.cluster_bench_findings import findings, findings_md
+from dlrm.cluster_bench_model import comms_model_links, comms_rows, plan_overrides, projection_rows, remodel
+from dlrm.cluster_bench_plot import plot
+from dlrm.cluster_bench_report import (
+    VARIANTS,
+    comms_table,
+    describe,
+    machine,
+    scale_table,
+    train_record,
+    train_table,
+)
 from dlrm.errors import ArgumentParser, UsageError, UserError
-from dlrm.io import figure_png, output_dir_problem, write_atomic, write_json_atomic
+from dlrm.io import output_dir_problem, write_atomic, write_json_atomic
 
 SCHEMA = "dlrm.cluster_bench/1"
 EXPERIMENTS = ("comms", "train", "scale")
-VARIANTS: dict[str, list[str]] = {  # 2 x 2 training variants: their dlrm.train overrides
-    "auto": [],
-    "hierarchical": ["trainer.dense_allreduce=hierarchical"],
-    "local_sgd": ["trainer.dense_sync=local_sgd", "trainer.sync_period=4"],
-    "table_wise": ["sharding=table_wise"],
-    "row_wise": ["sharding=row_wise"],
-    "table_row_wise": ["sharding=table_row_wise"],
-    "column_wise": ["sharding=column_wise"],
-}
-SHARDING_VARIANTS = ("auto", "table_wise", "row_wise", "table_row_wise", "column_wise")
-DENSE_SYNC = {"auto": "allreduce", "hierarchical": "hierarchical", "local_sgd": "local_sgd"}  # plan's rows
 COLLECTIVES = ("allreduce", "alltoall", "reduce_scatter", "allgather")
-A2A_PHASES = ("input_dist", "emb_a2a_fwd", "grad_a2a")  # waiting on the embedding exchange
 RUN_TIMEOUT_S = 600
-GOALS = {"comms_error": 0.25, "comm_vs_model": 1.5, "auto_within": 0.10, "scale_error": 0.20}
 
 
 def say(message: str) -> None:
@@ -249,495 +252,6 @@ def cluster_command(opts: Options, spec: Spec, run_dir: Path) -> list[str]:
     return [*cmd, "--", *train_overrides(opts, spec, run_dir)]
 
 
-# --- reading a run -------------------------------------------------------------------------------------
-
-
-def train_record(run_dir: Path) -> dict:
-    """The figures of one training run from its summary.json and metrics.jsonl."""
-    summary = json.loads((run_dir / "summary.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    windows = [w for w in records if "step_s" in w and "step" in w]
-    step_s, before = [], 0
-    for w in windows:  # less the profiler's overhead the trainer recorded for the window's profiled step
-        length = max(1, w["step"] - before)
-        step_s.append(w["step_s"] - w.get("profile_overhead_s", 0.0) * w.get("profiled_steps", 1) / length)
-        before = w["step"]
-    steady = step_s[1:] or step_s  # the first window holds the warm-up
-    phases = summary.get("step_breakdown", {}).get("phase_s", {})
-    total = sum(phases.values())
-    cvm = summary.get("comm_vs_model", {})
-    plan_types: dict[str, int] = {}
-    for entry in summary.get("sharding_plan", []):
-        plan_types[entry["sharding_type"]] = plan_types.get(entry["sharding_type"], 0) + 1
-    raw = [w["step_s"] for w in windows][1:] or [w["step_s"] for w in windows]
-    return {
-        "step_s": statistics.median(steady) if steady else None,
-        "step_with_profiler_s": statistics.median(raw) if raw else None,
-        "a2a_share": sum(phases.get(p, 0.0) for p in A2A_PHASES) / total if total else None,
-        "allreduce_share": phases.get("dense_allreduce", 0.0) / total if total else None,
-        "phase_s": phases,
-        "comm_measured_s": {k: v["measured_s"] for k, v in cvm.items() if isinstance(v, dict)},
-        "comm_model_s": {k: v["model_s"] for k, v in cvm.items() if isinstance(v, dict)},
-        "plan_types": plan_types,
-        "samples_per_s": summary.get("train_samples_per_s"),
-    }
-
-
-def comms_model_links(gbit: float, nodes: int, ranks_per_node: int):
-    """(intra, inter) cost-model links of the emulated topology at this uplink rate, as dlrm.cluster sets it."""
-    from dlrm.comms.costmodel import Link
-    from dlrm.compose import compose
-
-    cfg = compose(
-        [f"topology=emu_{nodes}x{ranks_per_node}", f"topology.inter_node.bandwidth_GBps={gbit / 8 / ranks_per_node!r}"]
-    )
-    return Link.from_config(cfg.topology.intra_node), Link.from_config(cfg.topology.inter_node)
-
-
-def comms_rows(bench: dict, gbit: float, links) -> list[dict]:
-    """Per measured size: the cost model's time for the same collective, scope and size."""
-    from dlrm.comms.bench import base_collective
-    from dlrm.comms.costmodel import collective_time, two_level_time
-
-    intra, inter = links
-    nodes = bench["nodes"]
-    rows = []
-    for r in bench["results"]:
-        c, scope, p, n = base_collective(r["collective"]), r["scope"], r["group_size"], r["bytes"]
-        if scope == "world":
-            model = two_level_time(c, intra, inter, nodes, p // nodes, n)
-        else:
-            model = collective_time(c, intra if scope == "intra" else inter, p, n)
-        rows.append({"gbit": gbit, "collective": c, "scope": scope, "group_size": p, "bytes": n,
-                     "measured_s": r["median_us"] * 1e-6, "model_s": model})  # fmt: skip
-    return rows
-
-
-def projection_rows(plan: dict, round_index: int, gbit: float, series: str) -> list[dict]:
-    """The rows of `dlrm.plan --json --scale` (one node included: the calibration run modelled again)."""
-    rows = []
-    for r in plan["scaling"]:
-        if r["nodes"] >= 1:
-            share = r.get("share", {})
-            rows.append({"round": round_index, "gbit": gbit, "series": series, "nodes": r["nodes"],
-                         "dense_sync": r["dense_sync"], "step_s": r["step_s"], "a2a_share": share.get("alltoall"),
-                         "allreduce_share": share.get("allreduce_exposed")})  # fmt: skip
-    return rows
-
-
-# --- summaries -----------------------------------------------------------------------------------------
-
-
-def median(values: Sequence[float | None]) -> float | None:
-    got = [v for v in values if v is not None]
-    return statistics.median(got) if got else None
-
-
-def runs_of(results: dict, nodes: int, rpn: int, gbit: float | None, variant: str) -> list[dict]:
-    """The successful training runs of one shape, uplink and variant, in the order they ran."""
-    want = (nodes, rpn, gbit, variant)
-    return [
-        r
-        for r in results["runs"]
-        if r["kind"] == "train" and r.get("ok") and (r["nodes"], r["ranks_per_node"], r["gbit"], r["variant"]) == want
-    ]
-
-
-def train_cell(results: dict, nodes: int, rpn: int, gbit: float | None, variant: str, key: str) -> list[float]:
-    return [r[key] for r in runs_of(results, nodes, rpn, gbit, variant) if r.get(key) is not None]
-
-
-def projected(
-    results: dict, gbit: float, series: str, nodes: int, dense_sync: str | None, key: str = "step_s"
-) -> float | None:
-    """The median over rounds of `dlrm.plan --scale`'s figure `key` for that row (None: not projected)."""
-    want = (gbit, series, nodes, dense_sync)
-    rows = results.get("projections", [])
-    return median([p[key] for p in rows if (p["gbit"], p["series"], p["nodes"], p["dense_sync"]) == want])
-
-
-def comms_errors(results: dict) -> list[dict]:
-    """Geometric-mean |model/measured - 1| over sizes >= 64 KiB per (gbit, collective, scope)."""
-    from dlrm.comms.accuracy import geomean_abs_error
-
-    groups: dict[tuple, list[dict]] = {}
-    for r in results.get("comms", []):
-        groups.setdefault((r["gbit"], r["collective"], r["scope"]), []).append(r)
-    out = []
-    for (g, c, scope), rows in sorted(groups.items()):
-        n = [r["bytes"] for r in rows]
-        m = [r["measured_s"] for r in rows]
-        p = [r["model_s"] for r in rows]
-        big = [(x, y) for x, y, s in zip(m, p, n, strict=True) if s >= 64 * 2**10]
-        out.append({"gbit": g, "collective": c, "scope": scope, "error": geomean_abs_error(n, m, p),
-                    "ratio_median": median([y / x for x, y in big]) if big else None})  # fmt: skip
-    return out
-
-
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1e3:.1f}"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:.0%}"
-
-
-def _x(x: float | None) -> str:
-    return "-" if x is None else f"x{x:.2f}"
-
-
-def table(rows: Sequence[Sequence], header: Sequence[str]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
-
-
-def _spread(values: list[float]) -> str:
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return f"{values[0] * 1e3:.1f}"
-    return f"{statistics.median(values) * 1e3:.1f} ({min(values) * 1e3:.1f}-{max(values) * 1e3:.1f})"
-
-
-def train_table(results: dict) -> str:
-    """One row per (uplink, 2 x 2 variant): measured and modelled step, shares and comm_vs_model."""
-    rows = []
-    gbits = sorted(
-        {r["gbit"] for r in results["runs"] if r["kind"] == "train" and r["nodes"] == 2 and r["ranks_per_node"] == 2}
-    )
-    for g in gbits:
-        base = median(train_cell(results, 2, 2, g, "auto", "step_s"))
-        for v in VARIANTS:
-            steps = train_cell(results, 2, 2, g, v, "step_s")
-            if not steps:
-                continue
-            step = statistics.median(steps)
-            runs = runs_of(results, 2, 2, g, v)
-            kinds = ("embedding_exchange", "dense_allreduce")
-            ratio = {kind: median([comm_ratio(r, kind) for r in runs]) for kind in kinds}
-            types = ", ".join(f"{k} {n}" for k, n in sorted(runs[-1]["plan_types"].items())) if runs else "-"
-            dense_sync = DENSE_SYNC.get(v)
-            model_step = projected(results, g, "1x2", 2, dense_sync) if dense_sync else None
-            rows.append([
-                f"{g:g}", v, len(steps), _spread(steps), "-" if base is None else f"{step / base:.2f}", _ms(model_step),
-                _pct(median(train_cell(results, 2, 2, g, v, "a2a_share"))),
-                _pct(projected(results, g, "1x2", 2, dense_sync, "a2a_share") if dense_sync else None),
-                _pct(median(train_cell(results, 2, 2, g, v, "allreduce_share"))),
-                _x(ratio["embedding_exchange"]), _x(ratio["dense_allreduce"]), types,
-            ])  # fmt: skip
-    header = ["Gbit/s", "variant (2 x 2)", "runs", "step ms measured (min-max)", "vs auto", "step ms modelled",
-              "alltoall share measured", "alltoall share modelled", "allreduce share measured",
-              "emb. exchange measured/model", "allreduce measured/model", "plan (tables per type)"]  # fmt: skip
-    return table(rows, header)
-
-
-def comm_ratio(run: dict, kind: str) -> float | None:
-    """comm_vs_model's measured / modelled seconds of `kind` in one run (None: not reported)."""
-    m, p = run.get("comm_measured_s", {}).get(kind), run.get("comm_model_s", {}).get(kind)
-    return m / p if m is not None and p else None
-
-
-def scale_table(results: dict) -> str:
-    """Measured weak-scaling step times beside `dlrm.plan --scale --measured` calibrated on one node."""
-    rows = []
-    for series, rpn in (("1x1", 1), ("1x2", 2)):
-        one = train_cell(results, 1, rpn, None, "auto", "step_s")
-        if not one:
-            continue
-        gbits = sorted({p["gbit"] for p in results.get("projections", []) if p["series"] == series})
-        again = projected(results, gbits[0], series, 1, "allreduce") if gbits else None
-        rows.append([f"{rpn}", 1, "-", _spread(one), f"{_ms(again)} (calibration)", "-"])
-        for g in gbits:
-            for nodes in (2, 4):
-                meas = train_cell(results, nodes, rpn, g, "auto", "step_s")
-                model = projected(results, g, series, nodes, "allreduce")
-                if model is None and not meas:
-                    continue
-                m = median(meas)
-                err = None if (m is None or model is None) else model / m - 1
-                rows.append(
-                    [f"{rpn}", nodes, f"{g:g}", _spread(meas), _ms(model), "-" if err is None else f"{err:+.0%}"]
-                )
-    return table(
-        rows, ["ranks per node", "nodes", "Gbit/s", "step ms measured (min-max)", "step ms modelled", "model error"]
-    )
-
-
-def comms_table(results: dict) -> str:
-    rows = [
-        [f"{e['gbit']:g}", e["collective"], e["scope"], "-" if e["error"] is None else f"{e['error']:.0%}",
-         _x(e["ratio_median"]), "met" if e["error"] is not None and e["error"] <= GOALS["comms_error"] else "missed"]
-        for e in comms_errors(results)
-    ]  # fmt: skip
-    return table(
-        rows,
-        ["Gbit/s", "collective", "scope", "model error (geomean, >= 64 KiB)", "model/measured (median)", "goal 25%"],
-    )
-
-
-def findings(results: dict) -> list[str]:
-    """The paper's questions answered from the measured medians, one sentence each."""
-    out: list[str] = []
-    gbits = sorted({r["gbit"] for r in results["runs"] if r["gbit"] is not None})
-    # The alltoall's share as the link slows.
-    shares = [
-        (
-            g,
-            median(train_cell(results, 2, 2, g, "auto", "a2a_share")),
-            projected(results, g, "1x2", 2, "allreduce", "a2a_share"),
-        )
-        for g in gbits
-    ]
-    shares = [s for s in shares if s[1] is not None]
-    if len(shares) >= 2:
-        (g_fast, m_fast, p_fast), (g_slow, m_slow, p_slow) = shares[-1], shares[0]
-        out.append(
-            f"**Alltoall share vs link speed** (2 x 2, the planner's plan): as the uplink slows from {g_fast:g} to "
-            f"{g_slow:g} Gbit/s the exposed embedding exchange (input_dist + pooled alltoall + gradient alltoall) goes "
-            f"from {_pct(m_fast)} to {_pct(m_slow)} of the step (modelled {_pct(p_fast)} to {_pct(p_slow)})."
-        )
-    for rpn, nodes in ((1, 4), (1, 2)):
-        s4 = [(g, median(train_cell(results, nodes, rpn, g, "auto", "a2a_share"))) for g in gbits]
-        s4 = [s for s in s4 if s[1] is not None]
-        if len(s4) >= 2:
-            out.append(
-                f"On {nodes} x {rpn} the alltoall share is "
-                + ", ".join(f"{_pct(s)} at {g:g} Gbit/s" for g, s in s4)
-                + "."
-            )
-            break
-    # Hierarchical allreduce and local SGD against the flat allreduce.
-    for v, what in (("hierarchical", "Hierarchical allreduce"), ("local_sgd", "Local SGD (H=4)")):
-        parts = []
-        for g in gbits:
-            base, other = (
-                median(train_cell(results, 2, 2, g, "auto", "step_s")),
-                median(train_cell(results, 2, 2, g, v, "step_s")),
-            )
-            if base is None or other is None:
-                continue
-            ar_b = median(train_cell(results, 2, 2, g, "auto", "allreduce_share"))
-            ar_v = median(train_cell(results, 2, 2, g, v, "allreduce_share"))
-            mb, mv = projected(results, g, "1x2", 2, "allreduce"), projected(results, g, "1x2", 2, DENSE_SYNC[v])
-            modelled = f", modelled {mv / mb:.2f}x" if mb and mv else ""
-            parts.append(
-                f"at {g:g} Gbit/s {other / base:.2f}x the flat allreduce's step time{modelled} "
-                f"(allreduce share {_pct(ar_b)} -> {_pct(ar_v)})"
-            )
-        if parts:
-            verdict = []
-            for g in gbits:
-                base, other = (
-                    median(train_cell(results, 2, 2, g, "auto", "step_s")),
-                    median(train_cell(results, 2, 2, g, v, "step_s")),
-                )
-                if base and other:
-                    verdict.append(
-                        "pays" if other < 0.97 * base else "costs" if other > 1.03 * base else "is even (within 3%)"
-                    )
-            out.append(f"**{what}** on 2 x 2: " + "; ".join(parts) + f". Verdict per rate: {', '.join(verdict)}.")
-    # The planner's choice against the measured fastest sharding type.
-    for g in gbits:
-        steps: dict[str, float] = {}
-        for v in SHARDING_VARIANTS:
-            s = median(train_cell(results, 2, 2, g, v, "step_s"))
-            if s is not None:
-                steps[v] = s
-        if "auto" in steps and len(steps) > 1:
-            best = min(steps, key=lambda v: steps[v])
-            gap = steps["auto"] / steps[best] - 1
-            ok = "met" if gap <= GOALS["auto_within"] else "missed"
-            autos = runs_of(results, 2, 2, g, "auto")
-            plan = ", ".join(f"{n} tables {k}" for k, n in sorted(autos[-1]["plan_types"].items())) if autos else "?"
-            out.append(
-                f"**Planner's choice at {g:g} Gbit/s**: auto planned {plan}; "
-                f"measured fastest: {best} ({steps[best] * 1e3:.1f} ms); auto {steps['auto'] * 1e3:.1f} ms, {gap:+.0%} "
-                f"(goal within 10%: {ok})."
-            )
-    # comm_vs_model.
-    multi = [
-        r for r in results["runs"] if r["kind"] == "train" and r.get("ok") and r["nodes"] * r["ranks_per_node"] > 1
-    ]
-    for kind in ("embedding_exchange", "dense_allreduce"):
-        rs = sorted(x for r in multi if (x := comm_ratio(r, kind)) is not None)
-        if rs:
-            within = sum(1 for x in rs if 1 / GOALS["comm_vs_model"] <= x <= GOALS["comm_vs_model"])
-            out.append(
-                f"**comm_vs_model {kind}** (measured / modelled seconds per step, every multi-rank run): "
-                f"median x{statistics.median(rs):.2f}, x{rs[0]:.2f}-x{rs[-1]:.2f}; {within} of {len(rs)} within 1.5x."
-            )
-    errs = [e for e in comms_errors(results) if e["error"] is not None]
-    if errs:
-        met = [e for e in errs if e["error"] <= GOALS["comms_error"]]
-        worst = max(errs, key=lambda e: e["error"])
-        out.append(
-            f"**Cost model vs comms benchmark**: {len(met)} of {len(errs)} (rate, collective, scope) cells within 25%; "
-            f"worst {worst['collective']} {worst['scope']} at {worst['gbit']:g} Gbit/s, {worst['error']:.0%}."
-        )
-    return out
-
-
-def machine() -> dict:
-    model = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    from importlib.metadata import version
-
-    return {
-        "cpus": os.cpu_count(),
-        "cpu_model": model,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": version("torch"),
-        "torchrec": version("torchrec"),
-        "loadavg_start": os.getloadavg(),
-    }
-
-
-def findings_md(results: dict) -> str:
-    m = dict(results.get("machine", {}))
-    for key in ("loadavg_start", "loadavg_end"):
-        if isinstance(m.get(key), list | tuple):
-            m[key] = " ".join(f"{x:.1f}" for x in m[key])
-    o = results.get("options", {})
-    head = (
-        f"Measured {results.get('started', '?')} to {results.get('ended', '?')} on {m.get('cpus', '?')} cores "
-        f"({m.get('cpu_model', '?')}), shared: load average {m.get('loadavg_start', '?')} at the start, "
-        f"{m.get('loadavg_end', '?')} at the end; torch {m.get('torch', '?')}, torchrec {m.get('torchrec', '?')}, "
-        f"Gloo. model={o.get('model')}, {o.get('batch_per_rank')} samples per rank and step (weak scaling), "
-        f"{o.get('steps')} steps per run, {results.get('rounds_done', 0)} interleaved round(s); step times are the "
-        "median over a run's log windows after the first, less the profiler overhead the trainer recorded for "
-        "each window's profiled step, then over rounds (min-max over rounds in brackets). Shares are of "
-        "a profiled step's phases. 4 ranks share 2 cores: compute is contended in every multi-rank run."
-    )
-    parts = ["# The Zion paper's questions on the emulated cluster", "", head, ""]
-    parts += ["## Findings", ""] + [f"- {f}" for f in findings(results)] + [""]
-    parts += ["## Training on 2 nodes x 2 ranks", "", train_table(results), ""]
-    parts += [
-        "## Weak scaling: `dlrm.plan --scale --measured` (one-node run) vs measured",
-        "",
-        scale_table(results),
-        "",
-    ]
-    parts += [
-        "## Collectives: cost model (emu_2x2 topology, not fitted) vs `dlrm.comms.bench` on 2 x 2",
-        "",
-        comms_table(results),
-        "",
-    ]
-    failed = [r for r in results["runs"] if not r.get("ok")]
-    if failed:
-        parts += (
-            ["## Failed runs", ""]
-            + [f"- {r['name']} (round {r['round'] + 1}): {r.get('error', '')}" for r in failed]
-            + [""]
-        )
-    return "\n".join(parts)
-
-
-# --- plot ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Series:
-    panel: int  # 0: step time vs Gbit/s (2 x 2), 1: step time vs nodes, 2: alltoall share vs Gbit/s
-    label: str
-    x: list[float]
-    y: list[float]
-    measured: bool
-    color: str = "C0"
-    extra: dict = field(default_factory=dict)
-
-
-PANELS = (
-    ("2 nodes x 2 ranks: step time vs uplink", "inter-node uplink (Gbit/s)", "step time (ms)"),
-    ("weak scaling, 1 rank per node: step time vs nodes", "nodes", "step time (ms)"),
-    ("alltoall (embedding exchange) share of the step", "inter-node uplink (Gbit/s)", "share of the step (%)"),
-)
-
-
-def plot_series(results: dict) -> list[Series]:
-    """Every line of findings.png: measured ones solid, modelled ones dashed (label says which)."""
-    out: list[Series] = []
-    gbits = sorted({r["gbit"] for r in results["runs"] if r["gbit"] is not None})
-    for i, v in enumerate(VARIANTS):
-        pts = [(g, median(train_cell(results, 2, 2, g, v, "step_s"))) for g in gbits]
-        pts = [(g, s * 1e3) for g, s in pts if s is not None]
-        if pts:
-            out.append(Series(0, f"{v} (measured)", [p[0] for p in pts], [p[1] for p in pts], True, f"C{i}"))
-        if v in DENSE_SYNC:
-            mp = [(g, projected(results, g, "1x2", 2, DENSE_SYNC[v])) for g in gbits]
-            mp = [(g, s * 1e3) for g, s in mp if s is not None]
-            if mp:
-                out.append(Series(0, f"{v} (modelled)", [p[0] for p in mp], [p[1] for p in mp], False, f"C{i}"))
-    one = median(train_cell(results, 1, 1, None, "auto", "step_s"))
-    for j, g in enumerate(gbits):
-        pts = [(1, one)] + [(n, median(train_cell(results, n, 1, g, "auto", "step_s"))) for n in (2, 4)]
-        pts = [(n, s * 1e3) for n, s in pts if s is not None]
-        if len(pts) > 1:
-            out.append(Series(1, f"{g:g} Gbit/s (measured)", [p[0] for p in pts], [p[1] for p in pts], True, f"C{j}"))
-        mp = [(n, projected(results, g, "1x1", n, "allreduce")) for n in (1, 2, 4)]
-        mp = [(n, s * 1e3) for n, s in mp if s is not None]
-        if len(mp) > 1:
-            out.append(Series(1, f"{g:g} Gbit/s (modelled)", [p[0] for p in mp], [p[1] for p in mp], False, f"C{j}"))
-    for j, (nodes, rpn, series) in enumerate(((2, 2, "1x2"), (4, 1, "1x1"), (2, 1, "1x1"))):
-        pts = [(g, median(train_cell(results, nodes, rpn, g, "auto", "a2a_share"))) for g in gbits]
-        pts = [(g, s * 100) for g, s in pts if s is not None]
-        if pts:
-            out.append(
-                Series(2, f"{nodes} x {rpn}, auto (measured)", [p[0] for p in pts], [p[1] for p in pts], True, f"C{j}")
-            )
-        mp = [(g, projected(results, g, series, nodes, "allreduce", "a2a_share")) for g in gbits]
-        mp = [(g, s * 100) for g, s in mp if s is not None]
-        if mp:
-            out.append(
-                Series(2, f"{nodes} x {rpn}, auto (modelled)", [p[0] for p in mp], [p[1] for p in mp], False, f"C{j}")
-            )
-    return out
-
-
-def plot(results: dict) -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(18, 6.5))
-    shapes = ("s", "^", "v", "D", "P", "X", "*")  # modelled lines that coincide stay visible: nested markers
-    drawn = [0, 0, 0]
-    for s in plot_series(results):
-        ax = axes[s.panel]
-        if s.measured:
-            ax.plot(s.x, s.y, "-", marker="o", ms=5, lw=2.0, color=s.color, label=s.label)
-        else:
-            k = drawn[s.panel]
-            drawn[s.panel] += 1
-            ax.plot(s.x, s.y, "--", marker=shapes[k % len(shapes)], ms=max(4, 11 - 2 * k), mfc="none", lw=1.5,
-                    color=s.color, label=s.label)  # fmt: skip
-    for ax, (title, xlabel, ylabel) in zip(axes, PANELS, strict=True):
-        ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-        ax.grid(True, alpha=0.3)
-        if ax.has_data():
-            ax.legend(fontsize=8, title="solid: measured, dashed: modelled", title_fontsize=8, ncol=2,
-                      loc="upper center", bbox_to_anchor=(0.5, -0.13))  # fmt: skip
-    gbits = sorted({r["gbit"] for r in results["runs"] if r["gbit"] is not None})
-    for ax in (axes[0], axes[2]):
-        ax.set_xscale("log", base=2)
-        if gbits:
-            ax.set_xticks(gbits, [f"{g:g}" for g in gbits])
-            ax.set_xlim(min(gbits) / 1.4, max(gbits) * 1.4)
-    axes[1].set_xticks([1, 2, 4], ["1", "2", "4"])
-    for ax in axes:
-        ax.set_ylim(bottom=0)
-    fig.suptitle("DLRM on the emulated cluster (network namespaces, tc tbf uplinks; Gloo, 2 shared CPU cores)")
-    return figure_png(fig)
-
-
 # --- running -------------------------------------------------------------------------------------------
 
 
@@ -762,29 +276,13 @@ def run_job(opts: Options, spec: Spec, run_dir: Path) -> tuple[bool, str, float]
 
 def run_plan(opts: Options, gbit: float, series: str, calibration: Path) -> dict:
     """`dlrm.plan --json --scale` calibrated on a one-node run of `series` ('1x1' or '1x2')."""
-    rpn = int(series[-1])
-    topology, counts = ("emu_4x1", "1,2,4") if rpn == 1 else ("emu_2x2", "1,2")
-    cmd = [
-        *(sys.executable, "-m", "dlrm.plan", "--json", "--scale", counts),
-        *("--measured", str(calibration / "summary.json"), f"model={opts.model}", f"topology={topology}"),
-        *("topology.nodes=1", f"topology.inter_node.bandwidth_GBps={gbit / 8 / rpn!r}"),
-        f"data.global_batch_size={opts.batch_per_rank * rpn}",
-    ]
+    overrides, counts = plan_overrides(opts.model, opts.batch_per_rank, gbit, series)
+    cmd = [sys.executable, "-m", "dlrm.plan", "--json", "--scale", counts]
+    cmd += ["--measured", str(calibration / "summary.json"), *overrides]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     if done.returncode:
         raise RuntimeError(f"dlrm.plan failed: {done.stderr.strip()[-500:]}")
     return json.loads(done.stdout)
-
-
-def describe(rec: dict) -> str:
-    if not rec.get("ok"):
-        return f"FAILED: {rec.get('error', '')}"
-    if rec["kind"] == "comms":
-        return f"{rec.get('comms_rows', 0)} (collective, scope, size) timings"
-    cm, mm = rec.get("comm_measured_s", {}), rec.get("comm_model_s", {})
-    ratio = " ".join(f"{k.split('_')[0]} x{cm[k] / mm[k]:.1f}" for k in cm if mm.get(k))
-    shares = f"alltoall {_pct(rec['a2a_share'])}, allreduce {_pct(rec['allreduce_share'])}"
-    return f"step {_ms(rec['step_s'])} ms, {shares}, comm measured/model {ratio or '-'}"
 
 
 def save(out: Path, results: dict, with_figures: bool) -> None:
@@ -792,6 +290,40 @@ def save(out: Path, results: dict, with_figures: bool) -> None:
     if with_figures:
         write_atomic(out / "findings.md", findings_md(results).encode())
         write_atomic(out / "findings.png", plot(results))
+
+
+def _record(spec: Spec, k: int, ok: bool, tail: str, seconds: float, run_dir: Path, results: dict) -> dict:
+    """One job's record for results.json: its figures read back (a comms job's rows go to results)."""
+    rec: dict = {**asdict(spec), "name": spec.name, "round": k, "ok": ok, "seconds": round(seconds, 1)}
+    rec["run_dir"] = str(run_dir)
+    if not ok:
+        rec["error"] = tail
+        return rec
+    try:
+        if spec.kind == "comms":
+            bench = json.loads((run_dir / "bench.json").read_text())
+            assert spec.gbit is not None
+            rows = comms_rows(bench, spec.gbit, comms_model_links(spec.gbit, spec.nodes, spec.ranks_per_node))
+            results["comms"] += rows
+            rec["comms_rows"] = len(rows)
+        else:
+            rec.update(train_record(run_dir))
+    except (OSError, ValueError, KeyError) as e:
+        rec.update(ok=False, error=f"unreadable output: {e}")
+    return rec
+
+
+def _project(opts: Options, out: Path, k: int, results: dict) -> None:
+    """Round k's `dlrm.plan --scale --measured` projections from its one-node runs, into results."""
+    for series, rpn in (("1x1", 1), ("1x2", 2)):
+        cal = out / "runs" / f"r{k + 1}" / Spec("train", 1, rpn, None, "auto").name
+        if not (cal / "summary.json").is_file():
+            continue
+        for g in opts.gbits:
+            try:
+                results["projections"] += projection_rows(run_plan(opts, g, series, cal), k, g, series)
+            except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+                say(f"projection {series} at {g:g} Gbit/s failed: {e}")
 
 
 def run(opts: Options, now: Callable[[], float] = time.monotonic) -> int:
@@ -815,37 +347,12 @@ def run(opts: Options, now: Callable[[], float] = time.monotonic) -> int:
         for i, spec in enumerate(specs):
             run_dir = out / "runs" / f"r{k + 1}" / spec.name
             ok, tail, seconds = run_job(opts, spec, run_dir)
-            rec: dict = {**asdict(spec), "name": spec.name, "round": k, "ok": ok, "seconds": round(seconds, 1)}
-            rec["run_dir"] = str(run_dir)
-            if not ok:
-                rec["error"] = tail
-            else:
-                try:
-                    if spec.kind == "comms":
-                        bench = json.loads((run_dir / "bench.json").read_text())
-                        assert spec.gbit is not None
-                        rows = comms_rows(
-                            bench, spec.gbit, comms_model_links(spec.gbit, spec.nodes, spec.ranks_per_node)
-                        )
-                        results["comms"] += rows
-                        rec["comms_rows"] = len(rows)
-                    else:
-                        rec.update(train_record(run_dir))
-                except (OSError, ValueError, KeyError) as e:
-                    rec.update(ok=False, error=f"unreadable output: {e}")
+            rec = _record(spec, k, ok, tail, seconds, run_dir, results)
             results["runs"].append(rec)
             say(f"round {k + 1}/{opts.rounds} [{i + 1}/{len(specs)}] {spec.name} ({seconds:.0f} s): {describe(rec)}")
             save(out, results, with_figures=False)
         if "scale" in opts.experiments:
-            for series, rpn in (("1x1", 1), ("1x2", 2)):
-                cal = out / "runs" / f"r{k + 1}" / Spec("train", 1, rpn, None, "auto").name
-                if not (cal / "summary.json").is_file():
-                    continue
-                for g in opts.gbits:
-                    try:
-                        results["projections"] += projection_rows(run_plan(opts, g, series, cal), k, g, series)
-                    except (RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
-                        say(f"projection {series} at {g:g} Gbit/s failed: {e}")
+            _project(opts, out, k, results)
         results["rounds_done"] = k + 1
         round_s.append(now() - r0)
         results["machine"]["loadavg_end"] = os.getloadavg()
@@ -859,7 +366,8 @@ def run(opts: Options, now: Callable[[], float] = time.monotonic) -> int:
 
 
 def render(opts: Options) -> int:
-    """Rewrite findings.md and findings.png from an earlier run's results.json (the tables' code may have changed)."""
+    """Rewrite findings.md and findings.png from an earlier run's results.json (the tables' code may have
+    changed), the model side re-evaluated against the stored measurements (`cluster_bench_model.remodel`)."""
     out = Path(opts.out)
     try:
         results = json.loads((out / "results.json").read_text())
@@ -870,6 +378,8 @@ def render(opts: Options) -> int:
     for rec in results["runs"]:  # read the runs again where they are kept (this code may read them better)
         if rec["kind"] == "train" and rec.get("ok") and (Path(rec.get("run_dir", "")) / "summary.json").is_file():
             rec.update(train_record(Path(rec["run_dir"])))
+    done = remodel(results, say)
+    say(f"re-modelled with the current model: {done}")
     save(out, results, with_figures=True)
     say(findings_md(results))
     return 0

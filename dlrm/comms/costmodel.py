@@ -32,19 +32,41 @@ intra reduce-scatter(n) + inter allreduce(n/g, among the N ranks of one local in
 allgather(n). Alltoall: the intra-node part, alltoall(n/N) among g, and the inter-node part,
 alltoall(n) among N over the NIC, run concurrently on separate links, so T = max(intra, inter); the
 inter part counts one message per remote node (messages to one node's ranks are aggregated).
+
+Backends (`level_time`, `world_time`; `backend_of` reads a topology's): the formulas above are NCCL's
+(each fabric its algorithm). Gloo runs other algorithms, whatever the fabric:
+
+- allreduce and allgather: a ring over the group's ranks in rank order (gloo/allreduce.cc,
+  gloo/allgather.cc), so the ring's steps and factors: 2(p-1) alpha + 2(p-1)/p n/B and
+  (p-1) alpha + (p-1)/p n/B;
+- reduce-scatter: a whole allreduce of the input, of which each rank keeps its chunk (torch's
+  ProcessGroupGloo::reduce_scatter_tensor_coalesced), so 2(p-1) alpha + 2(p-1)/p n/B, twice the
+  bandwidth term of a reduce-scatter;
+- alltoall: direct sends to every peer, all posted at once: the fabric's formula;
+- over N nodes x g ranks (the `world` of the trainer, DDP's flat allreduce): no two-level scheme but
+  one flat ring over all p = N g ranks (`ring_time`). A node's ranks are consecutive, so the ring
+  enters and leaves each node once: its uplink carries one ring edge each way, 2(p-1)/p n bytes for
+  an allreduce (1.5 n at 2 x 2), at the node's whole inter-node rate g B_inter (its g ranks share the
+  uplink, and no other edge uses it), while the g - 1 edges inside a node run on B_intra. Every step
+  waits for the slowest edge: T = steps max(alpha) + factor n / min(B_intra, g B_inter).
+  With one NIC of B_inter per rank, NCCL's rings (one per channel, each through its own NIC) put n/g
+  through each: the same bandwidth term, so `ring_time` is also NCCL's flat ring. For NCCL the world
+  collective stays `two_level_time`: its tree and NVLS/CollNet algorithms cross the nodes with about
+  the hierarchical scheme's n/g per NIC (its ring, picked by its tuner for some sizes, is `ring_time`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dlrm.choices import Fabric
 from dlrm.errors import UserError
 
 COLLECTIVES = ("allreduce", "alltoall", "reduce_scatter", "allgather")
 FABRICS = tuple(Fabric)  # the topology config's choices
+BACKENDS = ("gloo", "nccl")  # the topology config's backend once 'auto' is resolved (backend_of)
 
 
 class CommsError(UserError, ValueError):
@@ -75,6 +97,20 @@ def check_collective(collective: str) -> None:
 def check_fabric(fabric: str) -> None:
     if fabric not in FABRICS:
         raise CommsError(f"unknown fabric {fabric!r}: choose one of {', '.join(FABRICS)}")
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise CommsError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+
+
+def backend_of(topology) -> str:
+    """The backend of a `TopologyConfig`: its `backend`, 'auto' being NCCL on cuda and Gloo on cpu
+    (as `dlrm.core.topology.backend_for`, which imports torch)."""
+    backend = str(topology.backend)
+    if backend == "auto":
+        return "nccl" if str(topology.device) == "cuda" else "gloo"
+    return backend
 
 
 def busbw_factor(collective: str, p: int) -> float:
@@ -113,22 +149,85 @@ def collective_time(collective: str, link: Link, p: int, nbytes: float) -> float
     return steps * link.alpha_s + factor * nbytes / link.bandwidth_Bps
 
 
-def two_level_time(collective: str, intra: Link, inter: Link, nodes: int, ranks_per_node: int, nbytes: float) -> float:
-    """Seconds for one collective of `nbytes` over nodes x ranks_per_node ranks (module docstring)."""
+def level_time(collective: str, link: Link, p: int, nbytes: float, backend: str = "nccl") -> float:
+    """Seconds for one collective among p ranks on one level, as `backend` runs it (module docstring):
+    NCCL by the fabric's formula (`collective_time`); Gloo's allreduce and allgather as rings on any
+    fabric, its reduce-scatter as an allreduce, its alltoall by the fabric's formula."""
+    check_collective(collective)
+    check_backend(backend)
+    if backend == "gloo" and collective != "alltoall":
+        ran = "allreduce" if collective == "reduce_scatter" else collective
+        return collective_time(ran, replace(link, fabric="ring"), p, nbytes)
+    return collective_time(collective, link, p, nbytes)
+
+
+def two_level_time(
+    collective: str,
+    intra: Link,
+    inter: Link,
+    nodes: int,
+    ranks_per_node: int,
+    nbytes: float,
+    backend: str = "nccl",
+) -> float:
+    """Seconds for one collective of `nbytes` over nodes x ranks_per_node ranks by the two-level scheme
+    (module docstring), each level's collective as `backend` runs it (`level_time`)."""
     check_collective(collective)
     n, g = nodes, ranks_per_node
     if n < 1 or g < 1:
         raise CommsError(f"nodes={n} and ranks_per_node={g} must both be at least 1")
+
+    def level(c: str, link: Link, p: int, size: float) -> float:
+        return level_time(c, link, p, size, backend)
+
     if collective == "allreduce":
         return (
-            collective_time("reduce_scatter", intra, g, nbytes)
-            + collective_time("allreduce", inter, n, nbytes / g)
-            + collective_time("allgather", intra, g, nbytes)
+            level("reduce_scatter", intra, g, nbytes)
+            + level("allreduce", inter, n, nbytes / g)
+            + level("allgather", intra, g, nbytes)
         )
     if collective == "alltoall":
-        return max(collective_time("alltoall", intra, g, nbytes / n), collective_time("alltoall", inter, n, nbytes))
+        return max(level("alltoall", intra, g, nbytes / n), level("alltoall", inter, n, nbytes))
     # reduce-scatter (allgather mirrors it): intra reduce-scatter of n, then inter reduce-scatter of n/g.
-    return collective_time(collective, intra, g, nbytes) + collective_time(collective, inter, n, nbytes / g)
+    return level(collective, intra, g, nbytes) + level(collective, inter, n, nbytes / g)
+
+
+def ring_time(collective: str, intra: Link, inter: Link, nodes: int, ranks_per_node: int, nbytes: float) -> float:
+    """Seconds for one ring collective over all nodes x ranks_per_node ranks in rank order (module docstring):
+    the ring's (steps, factor) for p = N g, each step at the largest alpha of the levels it crosses and
+    the bandwidth term at min(B_intra (g > 1), g B_inter (N > 1)). Allreduce, reduce-scatter, allgather."""
+    check_collective(collective)
+    n, g = nodes, ranks_per_node
+    if n < 1 or g < 1:
+        raise CommsError(f"nodes={n} and ranks_per_node={g} must both be at least 1")
+    if collective == "alltoall":
+        raise CommsError("no backend here runs alltoall as a ring; use world_time or two_level_time")
+    levels = ([intra] if g > 1 else []) + ([replace(inter, bandwidth_Bps=g * inter.bandwidth_Bps)] if n > 1 else [])
+    if not levels:
+        return 0.0
+    slowest = Link("ring", max(x.alpha_s for x in levels), min(x.bandwidth_Bps for x in levels))
+    return collective_time(collective, slowest, n * g, nbytes)
+
+
+def world_time(
+    collective: str,
+    intra: Link,
+    inter: Link,
+    nodes: int,
+    ranks_per_node: int,
+    nbytes: float,
+    backend: str = "nccl",
+) -> float:
+    """Seconds for one collective over all nodes x ranks_per_node ranks, one process group, as `backend`
+    runs it: NCCL by the two-level scheme (`two_level_time`); Gloo's alltoall likewise (direct sends,
+    intra and inter concurrent), its allreduce and allgather as one flat ring (`ring_time`), its
+    reduce-scatter as that ring's allreduce."""
+    check_collective(collective)
+    check_backend(backend)
+    if backend == "nccl" or collective == "alltoall":
+        return two_level_time(collective, intra, inter, nodes, ranks_per_node, nbytes, backend)
+    ran = "allreduce" if collective == "reduce_scatter" else collective
+    return ring_time(ran, intra, inter, nodes, ranks_per_node, nbytes)
 
 
 @dataclass(frozen=True)
@@ -198,6 +297,25 @@ def _resolved(a, resid, beta: float) -> bool:
     return True
 
 
+def _check_step_inputs(
+    g: int, nodes: int, a2a_intra: float, a2a_inter: float, allreduce: float, dense_allreduce: str
+) -> None:
+    """`step_comm_time`'s inputs: bytes >= 0, none across a level that does not exist, a known scheme."""
+    if dense_allreduce not in ("flat", "hierarchical"):
+        raise CommsError(f"dense_allreduce={dense_allreduce!r}: choose flat or hierarchical")
+    for key, value in (
+        ("alltoall_bytes_intra", a2a_intra),
+        ("alltoall_bytes_inter", a2a_inter),
+        ("allreduce_bytes", allreduce),
+    ):
+        if value < 0:
+            raise CommsError(f"{key}={value} is negative; pass bytes per rank per iteration (>= 0)")
+    if g == 1 and a2a_intra:
+        raise CommsError(f"alltoall_bytes_intra={a2a_intra} but a node holds one rank; pass 0")
+    if nodes == 1 and a2a_inter:
+        raise CommsError(f"alltoall_bytes_inter={a2a_inter} but topology.nodes=1; pass 0")
+
+
 def step_comm_time(
     topology,
     alltoall_bytes_intra: float,
@@ -206,6 +324,7 @@ def step_comm_time(
     ranks_per_node: int | None = None,
     alltoall_count: int = 1,
     allreduce_count: int = 1,
+    dense_allreduce: str = "flat",
 ) -> dict[str, float]:
     """Estimated communication seconds of one training iteration on a `TopologyConfig`.
 
@@ -214,9 +333,11 @@ def step_comm_time(
     - alltoall_bytes_inter: bytes this rank sends by alltoall to ranks on other nodes;
     - allreduce_bytes: size of the allreduced buffer (dense gradients: parameters x 4 for fp32);
     - ranks_per_node: needed when topology.ranks_per_node is None (pass LOCAL_WORLD_SIZE);
-    - alltoall_count / allreduce_count: collectives issued per iteration (each pays its latency).
+    - alltoall_count / allreduce_count: collectives issued per iteration (each pays its latency);
+    - dense_allreduce: "flat" (DDP's one allreduce over all ranks: `world_time` on the topology's
+      backend) or "hierarchical" (`two_level_time` on that backend), as trainer.dense_allreduce.
     Returns seconds: alltoall_intra, alltoall_inter, alltoall (= max, they run concurrently),
-    allreduce (hierarchical), total (= alltoall + allreduce, no overlap with compute assumed).
+    allreduce, total (= alltoall + allreduce, no overlap with compute assumed).
     Bytes sent are turned into link time with the fabric's hops: a ring carries a byte (p/2) times
     on average (p = ranks at that level), fully connected and switch once.
     """
@@ -226,14 +347,8 @@ def step_comm_time(
             f"topology {topology.name!r} has ranks_per_node=None (taken from the launcher); "
             "pass ranks_per_node=LOCAL_WORLD_SIZE"
         )
-    nodes = topology.nodes
-    for key, value in (
-        ("alltoall_bytes_intra", alltoall_bytes_intra),
-        ("alltoall_bytes_inter", alltoall_bytes_inter),
-        ("allreduce_bytes", allreduce_bytes),
-    ):
-        if value < 0:
-            raise CommsError(f"{key}={value} is negative; pass bytes per rank per iteration (>= 0)")
+    nodes, backend = topology.nodes, backend_of(topology)
+    _check_step_inputs(g, nodes, alltoall_bytes_intra, alltoall_bytes_inter, allreduce_bytes, dense_allreduce)
     intra, inter = Link.from_config(topology.intra_node), Link.from_config(topology.inter_node)
 
     def sent_time(link: Link, p: int, sent: float, count: int) -> float:
@@ -243,15 +358,12 @@ def step_comm_time(
         hops = p / 2 if link.fabric == "ring" else 1.0
         return count * steps * link.alpha_s + sent * hops / link.bandwidth_Bps
 
-    if g == 1 and alltoall_bytes_intra:
-        raise CommsError(f"alltoall_bytes_intra={alltoall_bytes_intra} but a node holds one rank; pass 0")
-    if nodes == 1 and alltoall_bytes_inter:
-        raise CommsError(f"alltoall_bytes_inter={alltoall_bytes_inter} but topology.nodes=1; pass 0")
     a2a_intra = sent_time(intra, g, alltoall_bytes_intra, alltoall_count)
     a2a_inter = sent_time(inter, nodes, alltoall_bytes_inter, alltoall_count)
     allreduce = 0.0
     if allreduce_bytes:
-        one = two_level_time("allreduce", intra, inter, nodes, g, allreduce_bytes / allreduce_count)
+        timed = world_time if dense_allreduce == "flat" else two_level_time
+        one = timed("allreduce", intra, inter, nodes, g, allreduce_bytes / allreduce_count, backend)
         allreduce = allreduce_count * one
     alltoall = max(a2a_intra, a2a_inter)
     return {

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dlrm.comms.bench import Request, group_layout, measure, parse_size
-from dlrm.comms.costmodel import CommsError, Link, busbw_factor, collective_time, two_level_time
+from dlrm.comms.costmodel import CommsError, Link, backend_of, busbw_factor, level_time, world_time
 from dlrm.config import TopologyConfig
 from dlrm.errors import ArgumentParser, UserError, exit_on_user_error
 from dlrm.io import output_dir_problem, write_json_atomic
@@ -46,19 +46,20 @@ ADVICE = {
 
 
 def expected_busbw_GBps(topo: TopologyConfig, ranks_per_node: int, collective: str, scope: str, nbytes: int) -> float:
-    """busbw (GB/s) that the cost model predicts from the topology config for one scope's groups."""
+    """busbw (GB/s) that the cost model predicts from the topology config for one scope's groups, each
+    collective as the topology's backend runs it (`costmodel.level_time`, `world_time`)."""
     intra, inter = Link.from_config(topo.intra_node), Link.from_config(topo.inter_node)
-    g, n = ranks_per_node, topo.nodes
+    g, n, backend = ranks_per_node, topo.nodes, backend_of(topo)
     if scope == "intra":
-        p, seconds = g, collective_time(collective, intra, g, nbytes)
+        p, seconds = g, level_time(collective, intra, g, nbytes, backend)
     elif scope == "inter":
-        p, seconds = n, collective_time(collective, inter, n, nbytes)
+        p, seconds = n, level_time(collective, inter, n, nbytes, backend)
     else:
         p = n * g
         seconds = (
-            collective_time(collective, intra, g, nbytes)
+            level_time(collective, intra, g, nbytes, backend)
             if n == 1
-            else two_level_time(collective, intra, inter, n, g, nbytes)
+            else world_time(collective, intra, inter, n, g, nbytes, backend)
         )
     return nbytes / seconds * busbw_factor(collective, p) / 1e9
 

@@ -3,6 +3,13 @@
 `traffic` is the embedding exchange of each sharding type as a [world, world] matrix of bytes;
 `comm_summary` splits it into intra- and inter-node bytes per rank, adds the allreduce of the dense
 gradients and data-parallel tables, and times the busiest rank with `dlrm.comms.costmodel`.
+
+On Gloo, whose reduce-scatter is a whole allreduce (`dlrm.comms.costmodel`'s docstring), a reduce-scatter
+among the ranks of one node (table_row_wise, grid_shard; row_wise on one node) also sends each reduced
+chunk back, the allreduce's allgather half: twice the bytes, exactly what its ring sends. Not modelled:
+a reduce-scatter spanning nodes (row_wise) runs as Gloo's flat ring allreduce, whose uplink carries
+2(p-1)/p n per node instead of the pairwise (p-g)/p n per rank counted here (1.5x the time at 2 x 2),
+and its backward allgather as a ring (0.75x); the two together, 1.125x the pairwise figure at 2 x 2.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dlrm.choices import PRECISION_BYTES
-from dlrm.comms.costmodel import step_comm_time
+from dlrm.comms.costmodel import backend_of, step_comm_time
 from dlrm.config import Config
 
 if TYPE_CHECKING:  # dlrm.core.sharding imports TorchRec (seconds)
@@ -28,7 +35,7 @@ def id_bytes(tables: list[TablePlan]) -> int:
     return 4 if max((t.rows for t in tables), default=0) <= 2**31 else 8
 
 
-def traffic(tables: list[TablePlan], world: int, ranks_per_node: int, global_batch: int):
+def traffic(tables: list[TablePlan], world: int, ranks_per_node: int, global_batch: int, split: bool = False):
     """Bytes per iteration (forward + backward) rank i sends to rank j: T[i, j], split by kind.
 
     B_l = global_batch / world samples per rank; per table: F features, L ids per sample per feature,
@@ -53,12 +60,14 @@ def traffic(tables: list[TablePlan], world: int, ranks_per_node: int, global_bat
     tests/distributed/test_traffic.py counts TorchRec's actual collectives on 2 nodes x 2 ranks:
     the pooled bytes match exactly, ids and lengths to within those split sizes.
     Returns {"ids": T, "pooled_fwd": T, "pooled_bwd": T} (numpy arrays [world, world], diagonal 0;
-    "ids" holds ids and lengths).
+    "ids" holds ids and lengths); with split=True also "reduce_scatter_in_node": the part of
+    "pooled_fwd" that reduce-scatters among the ranks of one node send.
     """
     p, g = world, ranks_per_node
     b_local = global_batch / p
     ids = np.zeros((p, p))
     fwd = np.zeros((p, p))
+    rs = np.zeros((p, p))  # the part of fwd sent by reduce-scatters among the ranks of one node
     node = np.arange(p) // g
     others = ~np.eye(p, dtype=bool)
     per_id = id_bytes(tables)
@@ -89,15 +98,18 @@ def traffic(tables: list[TablePlan], world: int, ranks_per_node: int, global_bat
                 for r in ranks:
                     for r2 in ranks:  # intra-node reduce-scatter of the global batch's partial sums
                         if r2 != r:
-                            fwd[r, r2] += global_batch / n_ranks * F * cols * FLOAT_BYTES
+                            rs[r, r2] += global_batch / n_ranks * F * cols * FLOAT_BYTES
                     same_local = [d for d in range(p) if d % g == r % g and node[d] != node[r]]
                     fwd[r, same_local] += b_local * F * cols * FLOAT_BYTES  # cross-node alltoall
             else:  # row_wise: reduce-scatter over the shard ranks of every rank's B_l slice
+                to = rs if len(nodes_of_group) == 1 else fwd
                 for r in ranks:
-                    fwd[r, :] += b_local * F * cols * FLOAT_BYTES
+                    to[r, :] += b_local * F * cols * FLOAT_BYTES
     ids *= others
-    fwd *= others
-    return {"ids": ids, "pooled_fwd": fwd, "pooled_bwd": fwd.T.copy()}
+    rs *= others
+    fwd = fwd * others + rs
+    out = {"ids": ids, "pooled_fwd": fwd, "pooled_bwd": fwd.T.copy()}
+    return {**out, "reduce_scatter_in_node": rs} if split else out
 
 
 def comm_summary(cfg: Config, tables: list[TablePlan], world: int, ranks_per_node: int, dense_params: int) -> dict:
@@ -105,10 +117,15 @@ def comm_summary(cfg: Config, tables: list[TablePlan], world: int, ranks_per_nod
 
     The estimate uses the busiest rank (max over ranks of bytes sent or received at each level),
     since every rank waits for the slowest in a collective. Pooled embeddings and their gradients
-    travel in sharding.qcomms_forward / qcomms_backward, the allreduce in trainer.dense_allreduce_precision.
+    travel in sharding.qcomms_forward / qcomms_backward, the allreduce in trainer.dense_allreduce_precision
+    (flat or hierarchical as trainer.dense_allreduce). On Gloo "pooled_fwd" also holds the return half of
+    the reduce-scatters among the ranks of one node (module docstring): their bytes, reversed, once more.
     """
     p, g = world, ranks_per_node
-    mats = traffic(tables, p, g, cfg.data.global_batch_size)
+    mats = traffic(tables, p, g, cfg.data.global_batch_size, split=True)
+    rs = mats.pop("reduce_scatter_in_node")
+    if backend_of(cfg.topology) == "gloo":
+        mats["pooled_fwd"] += rs.T
     mats["pooled_fwd"] *= PRECISION_BYTES[cfg.sharding.qcomms_forward] / FLOAT_BYTES  # quantized comms
     mats["pooled_bwd"] *= PRECISION_BYTES[cfg.sharding.qcomms_backward] / FLOAT_BYTES
     total = sum(mats.values())
@@ -129,6 +146,7 @@ def comm_summary(cfg: Config, tables: list[TablePlan], world: int, ranks_per_nod
         allreduce_bytes=allreduce,
         ranks_per_node=g,
         alltoall_count=3,  # ids, pooled embeddings forward, their gradients backward
+        dense_allreduce=str(cfg.trainer.dense_allreduce),
     )
     by_kind = {
         k: {"intra": float((m * same).sum() / p), "inter": float((m * ~same).sum() / p)} for k, m in mats.items()

@@ -10,20 +10,31 @@ split into phases that sum to it:
   parameters FLOPs per sample forward and twice that backward at `topology.dense_tflops`; embedding =
   the rows looked up per rank (b x sum over tables of features x pooling x dim x 4 bytes) read once
   forward and three times backward (read gradient, read and write the row with its fused optimizer)
-  at `topology.mem_bw_GBps`. Or, with --measured, a run's per-phase times (`step_breakdown.phase_s` of
-  its summary.json): dense = dense_fwd + backward + optimizer, embedding = emb_lookup, other = data +
-  other; that run should have the same per-rank batch and rank type.
+  at `topology.mem_bw_GBps`. Or, with --measured, a one-node run's per-phase times
+  (`step_breakdown.phase_s` of its summary.json): dense = dense_fwd + backward + optimizer, embedding =
+  emb_lookup, other = data + other; that run should have the same per-rank batch and rank type, and
+  the flat allreduce (trainer.dense_allreduce=flat, dense_sync=allreduce). Its communication phases
+  calibrate the communication too (CALIBRATION).
 - alltoall (ids, pooled embeddings, their gradients; intra and inter node concurrent, the busiest
   rank): `dlrm.comms.traffic` on the plan's shards re-placed for N nodes (see `replace_shards`).
 - allreduce of the dense gradients and data-parallel tables: `allreduce` = one flat ring over all
-  ranks at the slowest link's speed (the inter-node NIC once N > 1); `hierarchical` = intra
-  reduce-scatter, inter allreduce of 1/g, intra allgather (`costmodel.two_level_time`); `local_sgd` =
-  the flat allreduce every H steps, its cost / H per step.
+  ranks (`costmodel.ring_time`: each node's uplink carries one ring edge at the node's whole
+  inter-node rate, the edges inside a node run at the intra-node rate, the slower sets the pace);
+  `hierarchical` = intra reduce-scatter, inter allreduce of 1/g, intra allgather
+  (`costmodel.two_level_time`, on the topology's backend: Gloo's reduce-scatter is an allreduce);
+  `local_sgd` = the flat allreduce every H steps, its cost / H per step.
 
 Overlap rule (stated in every output): the allreduce overlaps the backward compute and only its
 excess is exposed: allreduce_exposed = max(0, allreduce - backward); the alltoalls are exposed (the
 forward needs the pooled embeddings, the backward of the embeddings needs their gradients).
 step_s = dense_compute + embedding_compute + alltoall + allreduce_exposed + other.
+
+Calibration (--measured; CALIBRATION): the one-node run also measured its own communication phases
+(input_dist + emb_a2a_fwd + grad_a2a: the embedding exchange; dense_allreduce: the exposed allreduce),
+which the model's one-node figures underestimate (per-collective overheads, waiting for peers). Their
+difference, measured - modelled at one node, is carried to every node count: alltoall(N) = model(N) +
+(measured(1) - model(1)), likewise the exposed allreduce (divided by H for local SGD, which
+allreduces every H steps), each floored at 0. At one node the projected step is the run's phase sum.
 
 Planning: TorchRec's planner runs twice, for one node and for the largest N (above 256 ranks with
 the narrowed search of `dlrm.plan.large`, seconds); each N is projected with both plans' sharding
@@ -39,7 +50,7 @@ from typing import cast
 
 import numpy as np
 
-from dlrm.comms.costmodel import Link, collective_time, two_level_time
+from dlrm.comms.costmodel import Link, backend_of, ring_time, two_level_time
 from dlrm.comms.traffic import FLOAT_BYTES, comm_summary
 from dlrm.config import Config, ConfigError
 from dlrm.io import JSON_LIMIT, UnreadableFileError, parse_json, read_bounded
@@ -55,7 +66,13 @@ PLANNING = (
     "each node count is projected with both plans' sharding types and column blocks, re-placed on its world "
     "(dlrm.plan.projection.replace_shards), and the faster is kept (row key plan_nodes)"
 )
+CALIBRATION = (
+    "with --measured, the one-node run's communication phases less the model's one-node figures are added to "
+    "every node count's alltoall (input_dist + emb_a2a_fwd + grad_a2a) and exposed allreduce (dense_allreduce; "
+    "divided by H for local SGD)"
+)
 EMB_BACKWARD_PASSES = 3  # read the row gradient, read and write the row (fused optimizer update)
+A2A_PHASES = ("input_dist", "emb_a2a_fwd", "grad_a2a")  # the measured embedding exchange
 
 
 def parse_scale(text: str) -> list[int]:
@@ -170,11 +187,46 @@ def replace_shards(tables, world: int, ranks_per_node: int):
 
 
 def flat_allreduce_time(topology, nodes: int, g: int, nbytes: float) -> float:
-    """One ring over all N g ranks; once N > 1 every hop runs at the inter-node link's speed."""
-    if nodes == 1:
-        return collective_time("allreduce", Link.from_config(topology.intra_node), g, nbytes)
-    inter = Link.from_config(topology.inter_node)
-    return collective_time("allreduce", replace(inter, fabric="ring"), nodes * g, nbytes)
+    """One ring over all N g ranks (`costmodel.ring_time`): at the intra-node rate, or once N > 1 at
+    min(intra-node rate, g x the inter-node rate per rank), each node's uplink carrying one ring edge."""
+    intra, inter = Link.from_config(topology.intra_node), Link.from_config(topology.inter_node)
+    return ring_time("allreduce", intra, inter, nodes, g, nbytes)
+
+
+def measured_comm(measured: dict | None) -> dict[str, float] | None:
+    """The one-node run's communication phases: alltoall (the embedding exchange), allreduce (exposed)."""
+    if measured is None:
+        return None
+    return {
+        "alltoall": sum(measured.get(p, 0.0) for p in A2A_PHASES),
+        "allreduce": measured.get("dense_allreduce", 0.0),
+    }
+
+
+def _comms(cfg: Config, tables, dense_params: int, g: int, b_local: float, n: int, sync_period: int) -> dict:
+    """The model at n nodes: its config, comm_summary's times, the allreduce bytes, each sync mode's allreduce."""
+    world = n * g
+    cfg_n = replace(
+        cfg,
+        topology=replace(cfg.topology, nodes=n),
+        data=replace(cfg.data, global_batch_size=int(b_local * world)),
+    )
+    comms = comm_summary(cfg_n, replace_shards(tables, world, g), world, g, dense_params)
+    nbytes = comms["allreduce_bytes"]
+    flat = flat_allreduce_time(cfg.topology, n, g, nbytes)
+    intra, inter = Link.from_config(cfg.topology.intra_node), Link.from_config(cfg.topology.inter_node)
+    backend = backend_of(cfg.topology)
+    return {
+        "cfg": cfg_n,
+        "time_s": comms["time_s"],
+        "allreduce_bytes": nbytes,
+        "alltoall_bytes_inter_max": comms["alltoall_bytes_inter_max"],
+        "allreduce": {
+            "allreduce": flat,
+            "hierarchical": two_level_time("allreduce", intra, inter, n, g, nbytes, backend) if nbytes else 0.0,
+            "local_sgd": flat / sync_period,
+        },
+    }
 
 
 def project(
@@ -186,42 +238,36 @@ def project(
         check_peak_figures(cfg)
     b_local = cfg.data.global_batch_size / g
     compute = compute_times(cfg, tables, dense_params, b_local, measured)
+    comm_1 = measured_comm(measured)
+    offset = {"alltoall": 0.0, **{m: 0.0 for m in SYNC_MODES}}  # measured - modelled at one node (CALIBRATION)
+    if comm_1 is not None:
+        one = _comms(cfg, tables, dense_params, g, b_local, 1, sync_period)
+        offset["alltoall"] = comm_1["alltoall"] - one["time_s"]["alltoall_s"]
+        ar = comm_1["allreduce"] - max(0.0, one["allreduce"]["allreduce"] - compute["backward"])
+        offset.update(allreduce=ar, hierarchical=ar, local_sgd=ar / sync_period)
     rows = []
     for n in node_counts:
-        world = n * g
-        cfg_n = replace(
-            cfg,
-            topology=replace(cfg.topology, nodes=n),
-            data=replace(cfg.data, global_batch_size=int(b_local * world)),
-        )
-        comms = comm_summary(cfg_n, replace_shards(tables, world, g), world, g, dense_params)
-        t = comms["time_s"]
-        nbytes = comms["allreduce_bytes"]
-        flat = flat_allreduce_time(cfg.topology, n, g, nbytes)
-        intra, inter = Link.from_config(cfg.topology.intra_node), Link.from_config(cfg.topology.inter_node)
-        allreduce = {
-            "allreduce": flat,
-            "hierarchical": two_level_time("allreduce", intra, inter, n, g, nbytes) if nbytes else 0.0,
-            "local_sgd": flat / sync_period,
-        }
+        c = _comms(cfg, tables, dense_params, g, b_local, n, sync_period)
+        t, allreduce = c["time_s"], c["allreduce"]
         for mode in SYNC_MODES:
+            exposed = max(0.0, allreduce[mode] - compute["backward"])
             phases = {
                 "dense_compute": compute["dense"],
                 "embedding_compute": compute["embedding"],
-                "alltoall": t["alltoall_s"],
-                "allreduce_exposed": max(0.0, allreduce[mode] - compute["backward"]),
+                "alltoall": max(0.0, t["alltoall_s"] + offset["alltoall"]),
+                "allreduce_exposed": max(0.0, exposed + offset[mode]),
                 "other": compute["other"],
             }
             step = sum(phases.values())
             rows.append(
                 {
                     "nodes": n,
-                    "ranks": world,
-                    "global_batch": cfg_n.data.global_batch_size,
+                    "ranks": n * g,
+                    "global_batch": c["cfg"].data.global_batch_size,
                     "dense_sync": mode,
                     "sync_period": sync_period if mode == "local_sgd" else 1,
                     "step_s": step,
-                    "samples_per_s": cfg_n.data.global_batch_size / step,
+                    "samples_per_s": c["cfg"].data.global_batch_size / step,
                     "phase_s": phases,
                     "share": {k: v / step for k, v in phases.items()},
                     "comm_share": (phases["alltoall"] + phases["allreduce_exposed"]) / step,
@@ -229,8 +275,9 @@ def project(
                     "alltoall_inter_s": t["alltoall_inter_s"],
                     "allreduce_s": allreduce[mode],
                     "backward_s": compute["backward"],
-                    "allreduce_bytes": nbytes,
-                    "alltoall_bytes_inter_max": comms["alltoall_bytes_inter_max"],
+                    "calibration_s": {"alltoall": offset["alltoall"], "allreduce_exposed": offset[mode]},
+                    "allreduce_bytes": c["allreduce_bytes"],
+                    "alltoall_bytes_inter_max": c["alltoall_bytes_inter_max"],
                 }
             )
     return rows
@@ -243,34 +290,49 @@ def tables_of(report: dict):
     return [TablePlan(**{**t, "shards": [Shard(**s) for s in t["shards"]]}) for t in report["plan"]]
 
 
+def plan_pair(cfg: Config, ranks_per_node, proposer: str, node_counts: list[int]) -> tuple[dict, dict[int, dict]]:
+    """(plan report of one node, {plan_nodes: its plan report}) for one node and the largest node count
+    (same per-rank batch); see PLANNING."""
+    from dlrm.plan.planner import make_plan
+
+    one = replace(cfg, topology=replace(cfg.topology, nodes=1))
+    report = make_plan(one, ranks_per_node, proposer)
+    planned = {1: report}
+    for plan_nodes in sorted({1, max(node_counts)} - {1}):
+        big = replace(
+            cfg,
+            topology=replace(cfg.topology, nodes=plan_nodes),
+            data=replace(cfg.data, global_batch_size=cfg.data.global_batch_size * plan_nodes),
+        )
+        planned[plan_nodes] = make_plan(big, ranks_per_node, proposer)
+    return report, planned
+
+
+def best_rows(
+    cfg: Config, report: dict, planned: dict[int, dict], node_counts: list[int], sync_period: int, measured
+) -> list[dict]:
+    """Each node count projected with every plan's sharding types; per node count and sync mode the
+    faster row, `plan_nodes` saying whose plan."""
+    one = replace(cfg, topology=replace(cfg.topology, nodes=1))
+    g = report["topology"]["ranks_per_node"]
+    dense = report["model"]["dense_params"]
+    best = {}
+    for plan_nodes, plan in sorted(planned.items()):
+        for row in project(one, tables_of(plan), dense, g, node_counts, sync_period, measured):
+            key = (row["nodes"], row["dense_sync"])
+            if key not in best or row["step_s"] < best[key]["step_s"]:
+                best[key] = {**row, "plan_nodes": plan_nodes}
+    return [best[n, m] for n in node_counts for m in SYNC_MODES]
+
+
 def scaling(cfg: Config, ranks_per_node, proposer: str, node_counts: list[int], sync_period: int, measured):
     """(plan report of one node, projection rows); see PLANNING.
 
     Plans one node and the largest node count (same per-rank batch), projects every node count with
     each plan's sharding types and keeps, per node count and sync mode, the faster; `plan_nodes` says which.
     """
-    from dlrm.plan.planner import make_plan
-
     check_sync_period(sync_period)  # before planning
     if measured is None:
         check_peak_figures(cfg)
-    one = replace(cfg, topology=replace(cfg.topology, nodes=1))
-    report = make_plan(one, ranks_per_node, proposer)
-    g = report["topology"]["ranks_per_node"]
-    dense = report["model"]["dense_params"]
-    best = {}
-    for plan_nodes in sorted({1, max(node_counts)}):
-        if plan_nodes == 1:
-            planned = report
-        else:
-            big = replace(
-                cfg,
-                topology=replace(cfg.topology, nodes=plan_nodes),
-                data=replace(cfg.data, global_batch_size=cfg.data.global_batch_size * plan_nodes),
-            )
-            planned = make_plan(big, ranks_per_node, proposer)
-        for row in project(one, tables_of(planned), dense, g, node_counts, sync_period, measured):
-            key = (row["nodes"], row["dense_sync"])
-            if key not in best or row["step_s"] < best[key]["step_s"]:
-                best[key] = {**row, "plan_nodes": plan_nodes}
-    return report, [best[n, m] for n in node_counts for m in SYNC_MODES]
+    report, planned = plan_pair(cfg, ranks_per_node, proposer, node_counts)
+    return report, best_rows(cfg, report, planned, node_counts, sync_period, measured)

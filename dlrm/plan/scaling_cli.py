@@ -7,7 +7,7 @@ import json
 import sys
 
 from dlrm.compose import compose
-from dlrm.plan.projection import OVERLAP_RULE, PLANNING, load_measured, parse_scale, scaling
+from dlrm.plan.projection import CALIBRATION, OVERLAP_RULE, PLANNING, load_measured, parse_scale, scaling
 from dlrm.plan.scaling_report import markdown, write
 
 
@@ -29,9 +29,10 @@ def scaling_main(args: argparse.Namespace, overrides: list[str]) -> int:
             "compute": source,
             "overlap_rule": OVERLAP_RULE,
             "planning": PLANNING,
+            "calibration": CALIBRATION if measured else None,
         },
     }
-    md = markdown(rows, title, source)
+    md = markdown(rows, title, source, CALIBRATION if measured else None)
     print(json.dumps(payload, indent=1) if args.json else md)
     if args.out is not None:
         paths = write(args.out, payload, md, title)

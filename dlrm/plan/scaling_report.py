@@ -90,12 +90,13 @@ def findings(rows: list[dict]) -> list[str]:
     return out
 
 
-def markdown(rows: list[dict], title: str, source: str) -> str:
+def markdown(rows: list[dict], title: str, source: str, calibration: str | None = None) -> str:
     return "\n".join(
         [
             f"# Step-time projection: {title}",
             "",
             f"Weak scaling, fixed per-rank batch. Compute: {source}.",
+            *([f"Calibration: {calibration}."] if calibration else []),
             f"Overlap rule: {OVERLAP_RULE}.",
             "",
             "## Findings (Zion paper, Mudigere et al. ISCA 2022)",

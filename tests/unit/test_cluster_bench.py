@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from dlrm import cluster_bench as cb
+from dlrm import cluster_bench_findings as cbf
+from dlrm import cluster_bench_plot as cbp
+from dlrm import cluster_bench_report as cbr
 from dlrm.errors import UsageError
 from tests.helpers.cluster import cannot_build_namespaces
 
@@ -20,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_defaults_and_quick_preset(tmp_path):
     opts = cb.parse_args(["--out", str(tmp_path)])
-    assert opts.rounds == 3 and opts.gbits == (0.5, 2.0) and opts.variants == tuple(cb.VARIANTS)
-    assert set(opts.variants) >= {"auto", "hierarchical", "local_sgd", *cb.SHARDING_VARIANTS}
+    assert opts.rounds == 3 and opts.gbits == (0.5, 2.0) and opts.variants == tuple(cbr.VARIANTS)
+    assert set(opts.variants) >= {"auto", "hierarchical", "local_sgd", *cbr.SHARDING_VARIANTS}
     quick = cb.parse_args(["--quick", "--out", str(tmp_path)])
     assert quick.rounds == 1 and quick.gbits == (1.0,) and quick.steps == 20 and quick.quick
     # Explicit values win over the preset; rates come sorted and unique.
@@ -101,13 +104,13 @@ def test_a_training_run_is_read_from_its_summary_and_metrics(tmp_path):
         windows.append({"step": 10 * i, "step_s": step_s, "profile_overhead_s": 0.03, "profiled_steps": 1})
     windows.append({"step": 40, "eval_auc": 0.7})
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(w) for w in windows) + "\n")
-    rec = cb.train_record(tmp_path)
+    rec = cbr.train_record(tmp_path)
     # The first window (warm-up) left out, and each window's 30 ms of profiler overhead spread over its 10 steps.
     assert rec["step_s"] == pytest.approx(0.047) and rec["step_with_profiler_s"] == pytest.approx(0.05)
     assert rec["a2a_share"] == pytest.approx(0.02 / 0.04) and rec["allreduce_share"] == pytest.approx(0.25)
     assert rec["comm_measured_s"] == {"embedding_exchange": 0.02, "dense_allreduce": 0.012}
     assert rec["plan_types"] == {"table_wise": 3, "row_wise": 1}
-    assert cb.comm_ratio(rec, "dense_allreduce") == pytest.approx(3.0)
+    assert cbr.comm_ratio(rec, "dense_allreduce") == pytest.approx(3.0)
 
 
 def _run(variant, nodes, rpn, gbit, step_s, a2a, ar=0.2, rnd=0, plan=None):
@@ -159,22 +162,22 @@ def fabricated() -> dict:
 
 def test_findings_and_tables_from_a_results_dict():
     results = fabricated()
-    md = cb.findings_md(results)
+    md = cbf.findings_md(results)
     assert md.startswith("# ") and "2 cores (test cpu)" in md and "2 interleaved round(s)" in md
-    train = cb.train_table(results)
+    train = cbr.train_table(results)
     assert (
         "| 0.5 | auto | 2 | 100.0 (100.0-100.0) | 1.00 | 100.0 | 60% | 50% | 20% | x3.00 | x1.00 | table_wise 26 |"
         in train
     )
     assert "| 2 | hierarchical | 2 | 45.0 (45.0-45.0) | 0.90 | 45.0 |" in train
-    scale = cb.scale_table(results)
+    scale = cbr.scale_table(results)
     assert "| 1 | 4 | 0.5 | 80.0 (80.0-80.0) | 160.0 | +100% |" in scale  # model 2x measured
     assert "| 2 | 2 | 2 | 50.0 (50.0-50.0) | 50.0 | +0% |" in scale
-    comms = cb.comms_table(results)
+    comms = cbr.comms_table(results)
     # 32 KiB is left out (< 64 KiB): geomean of 10% and 10% for allreduce; reduce-scatter 50% off.
     assert "| 1 | allreduce | inter | 10% | x1.00 | met |" in comms
     assert "| 1 | reduce_scatter | inter | 50% | x0.50 | missed |" in comms
-    found = "\n".join(cb.findings(results))
+    found = "\n".join(cbf.findings(results))
     assert "from 2 to 0.5 Gbit/s" in found and "from 30% to 60% of the step (modelled 25% to 50%)" in found
     assert "Hierarchical allreduce" in found and "Verdict per rate: pays, pays" in found
     assert "Local SGD (H=4)" in found and "0.80x the flat allreduce's step time, modelled 0.80x" in found
@@ -185,7 +188,7 @@ def test_findings_and_tables_from_a_results_dict():
 
 
 def test_plot_series_tell_measured_from_modelled():
-    series = cb.plot_series(fabricated())
+    series = cbp.plot_series(fabricated())
     for panel in (0, 1, 2):
         labels = [s.label for s in series if s.panel == panel]
         assert labels and len(labels) == len(set(labels)), labels
@@ -199,7 +202,7 @@ def test_plot_series_tell_measured_from_modelled():
     assert {s.label for s in nodes} == {f"{g} Gbit/s ({m})" for g in ("0.5", "2") for m in ("measured", "modelled")}
     assert all(s.x == [1, 2, 4] for s in nodes)
     assert {"4 x 1, auto (measured)", "2 x 2, auto (modelled)"} <= {s.label for s in series if s.panel == 2}
-    png = cb.plot(fabricated())
+    png = cbp.plot(fabricated())
     assert png.startswith(b"\x89PNG")
 
 
@@ -210,6 +213,45 @@ def test_render_rewrites_the_findings(tmp_path, capsys):
     assert (tmp_path / "findings.png").read_bytes().startswith(b"\x89PNG")
     assert cb.main(["--render", "--out", str(tmp_path / "none")]) == 2
     assert "--render: cannot read" in capsys.readouterr().err
+
+
+def test_render_remodels_the_collectives_and_keeps_the_runs_own_figures():
+    from dlrm import cluster_bench_model as cbm
+
+    results = fabricated()
+    n = 4 * 2**20
+    results["comms"].append({"gbit": 0.5, "scope": "world", "group_size": 4, "collective": "reduce_scatter",
+                             "bytes": n, "measured_s": 0.1132, "model_s": 0.0362})  # fmt: skip
+    done = cbm.remodel(results)
+    row = results["comms"][-1]
+    assert row["model_s_at_run"] == 0.0362
+    # emu_2x2 is Gloo: its reduce-scatter over both nodes is one flat ring allreduce, 1.5 n through each
+    # node's 0.5 Gbit/s uplink, 6 steps of 250 us
+    assert row["model_s"] == pytest.approx(6 * 250e-6 + 1.5 * n / 62.5e6)
+    assert done["comms_rows"] == len(results["comms"]) and done["projections"] == 0  # no calibration runs kept
+    assert done["comm_vs_model_runs"] == 0 and results["projections"]  # the stored projections stay
+    assert "re-evaluated on" in cbf.findings_md(results)
+
+
+def test_a_runs_tables_from_its_summarys_plan():
+    from types import SimpleNamespace
+
+    from dlrm.cluster_bench_model import tables_from_summary
+
+    kinds = {"t0": ("table_wise", [2]), "t1": ("row_wise", [0, 1, 2]), "t2": ("column_wise", [0, 1]),
+             "t3": ("table_row_wise", [2, 3]), "t4": ("data_parallel", [])}  # fmt: skip
+    model = SimpleNamespace(
+        tables=[SimpleNamespace(name=k, rows=2000, dim=16, features=["a"], pooling=2) for k in kinds]
+    )
+    plan = [{"table": k, "sharding_type": t, "ranks": r, "compute_kernel": "fused"} for k, (t, r) in kinds.items()]
+    got = {t.table: t for t in tables_from_summary({"sharding_plan": plan, "world_size": 4}, model)}
+    blocks = {k: [(s.rank, s.row_offset, s.col_offset, s.rows, s.cols) for s in t.shards] for k, t in got.items()}
+    assert blocks["t0"] == [(2, 0, 0, 2000, 16)]
+    assert blocks["t1"] == [(0, 0, 0, 667, 16), (1, 667, 0, 667, 16), (2, 1334, 0, 666, 16)]  # ceil(2000 / 3)
+    assert blocks["t2"] == [(0, 0, 0, 2000, 8), (1, 0, 8, 2000, 8)]
+    assert blocks["t3"] == [(2, 0, 0, 1000, 16), (3, 1000, 0, 1000, 16)]
+    assert [b[0] for b in blocks["t4"]] == [0, 1, 2, 3] and got["t4"].ranks == [0, 1, 2, 3]
+    assert got["t1"].features == 1 and got["t1"].pooling == 2 and got["t1"].sharding_type == "row_wise"
 
 
 @pytest.mark.cluster

@@ -11,12 +11,16 @@ from dlrm.comms.costmodel import (
     FABRICS,
     CommsError,
     Link,
+    backend_of,
     busbw_factor,
     coefficients,
     collective_time,
     fit_alpha_beta,
+    level_time,
+    ring_time,
     step_comm_time,
     two_level_time,
+    world_time,
 )
 
 ALPHA, B = 10e-6, 1e9  # 10 us per message, 1 GB/s per rank
@@ -141,6 +145,106 @@ def test_step_comm_time_limits_and_errors():
     ring.intra_node.fabric = "ring"
     t = step_comm_time(ring, 7e6, 0, 0)
     assert t["alltoall_intra_s"] == pytest.approx(7 * 2e-6 + 7e6 * 4 / 300e9)
+
+
+# --- backends -------------------------------------------------------------------------------------------
+# The emulated 2 x 2 cluster at 0.5 Gbit/s per node uplink (conf/topology/emu_2x2.yaml as dlrm.cluster_bench
+# sets it): loopback 1 GB/s, 250 us; inter-node 0.0625 GB/s per node = 31.25 MB/s per rank, 250 us.
+EMU_INTRA, EMU_INTER = Link("switch", 250e-6, 1e9), Link("switch", 250e-6, 31.25e6)
+
+
+def test_gloo_reduce_scatter_is_a_whole_allreduce_at_one_level():
+    n = 4 * 2**20
+    for p, link_ in ((2, EMU_INTRA), (2, EMU_INTER), (4, link("switch"))):
+        ar = 2 * (p - 1) * link_.alpha_s + 2 * (p - 1) / p * n / link_.bandwidth_Bps  # Gloo's ring allreduce
+        assert level_time("reduce_scatter", link_, p, n, "gloo") == pytest.approx(ar)
+        assert level_time("allreduce", link_, p, n, "gloo") == pytest.approx(ar)
+        rs = (p - 1) / p * n / link_.bandwidth_Bps  # NCCL's reduce-scatter: half the bandwidth term
+        assert level_time("reduce_scatter", link_, p, n, "nccl") - rs == pytest.approx(
+            coefficients("reduce_scatter", "switch", p)[0] * link_.alpha_s
+        )
+    # 2 inter-node ranks at 0.5 Gbit/s, 4 MiB: 0.5 ms + 4 MiB / 31.25 MB/s = 134.7 ms, twice NCCL's 67.6 ms
+    assert level_time("reduce_scatter", EMU_INTER, 2, n, "gloo") == pytest.approx(2 * 250e-6 + n / 31.25e6)
+
+
+def test_gloo_runs_allreduce_and_allgather_as_rings_on_any_fabric():
+    n, p = 2**20, 8
+    for fabric in FABRICS:
+        assert level_time("allreduce", link(fabric), p, n, "gloo") == pytest.approx(14 * ALPHA + 14 / 8 * n / B)
+        assert level_time("allgather", link(fabric), p, n, "gloo") == pytest.approx(7 * ALPHA + 7 / 8 * n / B)
+        # alltoall: direct sends, the fabric's formula on both backends
+        assert level_time("alltoall", link(fabric), p, n, "gloo") == collective_time("alltoall", link(fabric), p, n)
+        assert level_time("allreduce", link(fabric), p, n, "nccl") == collective_time("allreduce", link(fabric), p, n)
+
+
+def test_flat_ring_over_two_nodes_by_hand():
+    """Ranks 0,1 on node 0, 2,3 on node 1, a ring 0-1-2-3-0: each node's uplink carries one ring edge each
+    way, 2(p-1)/p n = 1.5 n for an allreduce, at the node's whole rate 2 x 31.25 MB/s; the loopback edges
+    (1 GB/s) are faster. 6 steps of 250 us."""
+    n = 4 * 2**20  # the 4 MiB of the stored benchmark: 109.1 ms measured at 0.5 Gbit/s
+    t = ring_time("allreduce", EMU_INTRA, EMU_INTER, 2, 2, n)
+    assert t == pytest.approx(6 * 250e-6 + 1.5 * n / 62.5e6)  # 102.2 ms (107.4 ms at tbf's delivered 0.95x)
+    assert ring_time("allgather", EMU_INTRA, EMU_INTER, 2, 2, n) == pytest.approx(3 * 250e-6 + 0.75 * n / 62.5e6)
+    # the two-level model it replaces for Gloo: 2 x loopback RS + inter allreduce of n/2 at 31.25 MB/s
+    hier = 2 * (250e-6 + n / 2 / 1e9) + 2 * 250e-6 + (n / 2) / 31.25e6
+    assert two_level_time("allreduce", EMU_INTRA, EMU_INTER, 2, 2, n) == pytest.approx(hier)  # 71.8 ms
+    # at 2 Gbit/s: 6 x 250 us + 1.5 n / 250 MB/s = 26.7 ms (28.3 ms measured)
+    fast = Link("switch", 250e-6, 125e6)
+    assert ring_time("allreduce", EMU_INTRA, fast, 2, 2, n) == pytest.approx(6 * 250e-6 + 1.5 * n / 250e6)
+
+
+def test_flat_ring_limits_and_the_slower_level_sets_the_pace():
+    n = 2**24
+    intra, inter = Link("switch", 2e-6, 1e9), Link("switch", 9e-6, 0.75e9)
+    assert ring_time("allreduce", intra, inter, 1, 4, n) == pytest.approx(6 * 2e-6 + 1.5 * n / 1e9)  # one node
+    assert ring_time("allreduce", intra, inter, 4, 1, n) == pytest.approx(6 * 9e-6 + 1.5 * n / 0.75e9)  # 1 per node
+    # 2 x 2: the uplink's 1.5 GB/s for the node beats the loopback's 1 GB/s: the loopback edges set the pace
+    assert ring_time("allreduce", intra, inter, 2, 2, n) == pytest.approx(6 * 9e-6 + 1.5 * n / 1e9)
+    assert ring_time("reduce_scatter", intra, inter, 2, 2, n) == pytest.approx(3 * 9e-6 + 0.75 * n / 1e9)
+    assert ring_time("allreduce", intra, inter, 1, 1, n) == 0.0
+    with pytest.raises(CommsError, match="alltoall"):
+        ring_time("alltoall", intra, inter, 2, 2, n)
+    with pytest.raises(CommsError, match="nodes=0"):
+        ring_time("allreduce", intra, inter, 0, 2, n)
+
+
+def test_world_time_by_backend():
+    n = 4 * 2**20
+    args = (EMU_INTRA, EMU_INTER, 2, 2, n)
+    for c in COLLECTIVES:  # NCCL: the two-level scheme, as before
+        assert world_time(c, *args, "nccl") == two_level_time(c, *args)
+    assert world_time("alltoall", *args, "gloo") == two_level_time("alltoall", *args)
+    assert world_time("allreduce", *args, "gloo") == ring_time("allreduce", *args)
+    assert world_time("reduce_scatter", *args, "gloo") == ring_time("allreduce", *args)  # 102.2 ms, 113.2 measured
+    assert world_time("allgather", *args, "gloo") == ring_time("allgather", *args)
+    with pytest.raises(CommsError, match="'mpi'.*gloo"):
+        world_time("allreduce", *args, "mpi")
+
+
+def test_gloo_hierarchical_pays_an_allreduce_for_its_intra_node_reduce_scatter():
+    n = 4 * 2**20
+    intra_ar = 2 * 250e-6 + n / 1e9  # 2 ranks: reduce-scatter run as an allreduce
+    inter_ar = 2 * 250e-6 + (n / 2) / 31.25e6
+    intra_ag = 250e-6 + 0.5 * n / 1e9
+    got = two_level_time("allreduce", EMU_INTRA, EMU_INTER, 2, 2, n, "gloo")
+    assert got == pytest.approx(intra_ar + inter_ar + intra_ag)
+    assert got - two_level_time("allreduce", EMU_INTRA, EMU_INTER, 2, 2, n) == pytest.approx(250e-6 + 0.5 * n / 1e9)
+
+
+def test_backend_of_a_topology_and_step_comm_time_on_gloo():
+    assert backend_of(load_topology("emu_2x2")) == "gloo"  # auto on cpu
+    assert backend_of(load_topology("dgx_h100_multinode")) == "nccl"  # auto on cuda
+    topo = load_topology("emu_2x2")
+    topo.backend = "nccl"
+    assert backend_of(topo) == "nccl"
+    emu = load_topology("emu_2x2")  # 1 Gbit/s per node: 0.0625 GB/s per rank
+    intra, inter, n = Link.from_config(emu.intra_node), Link.from_config(emu.inter_node), 1e6
+    flat = step_comm_time(emu, 0, 0, n)["allreduce_s"]
+    assert flat == pytest.approx(6 * 250e-6 + 1.5 * n / 125e6)  # DDP's flat allreduce: one ring over 4 ranks
+    hier = step_comm_time(emu, 0, 0, n, dense_allreduce="hierarchical")["allreduce_s"]
+    assert hier == pytest.approx(two_level_time("allreduce", intra, inter, 2, 2, n, "gloo"))
+    with pytest.raises(CommsError, match="dense_allreduce='tree'"):
+        step_comm_time(emu, 0, 0, n, dense_allreduce="tree")
 
 
 @pytest.mark.parametrize("name", ["cpu", "cpu_2x2", "zion", "dgx_h100", "dgx_h100_multinode"])

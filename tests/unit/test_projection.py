@@ -108,7 +108,40 @@ def test_measured_phases_replace_the_peak_figures(capsys, tmp_path):
     r = json.loads(out)["scaling"][0]
     assert r["phase_s"]["dense_compute"] == pytest.approx(0.0075)
     assert r["phase_s"]["embedding_compute"] == pytest.approx(0.002)
-    assert r["phase_s"]["other"] == pytest.approx(0.0012)  # measured comms (emb_a2a_fwd) are not reused
+    assert r["phase_s"]["other"] == pytest.approx(0.0012)
+    # the run's own communication calibrates the model's: at one node the projection is the run's phase sum
+    assert r["phase_s"]["alltoall"] == pytest.approx(9.0)
+    assert r["step_s"] == pytest.approx(sum(phases.values()))
+    assert r["calibration_s"]["alltoall"] == pytest.approx(9.0 - max(r["alltoall_intra_s"], r["alltoall_inter_s"]))
+
+
+def test_calibration_carries_the_one_node_offsets_to_every_node_count(base):
+    """With --measured: phase(N) = model(N) + measured(1) - model(1), for the alltoall and the exposed
+    allreduce (local SGD's offset / H), each floored at 0."""
+    cfg, tables, dense, g = base
+    phases = {"dense_fwd": 0.001, "backward": 0.0001, "optimizer": 0.0, "emb_lookup": 0.001, "data": 0.0}
+    phases |= {"input_dist": 0.003, "emb_a2a_fwd": 0.004, "grad_a2a": 0.005, "dense_allreduce": 0.002}
+    plain = {(r["nodes"], r["dense_sync"]): r for r in projection.project(cfg, tables, dense, g, SCALE, 4, phases)}
+    for r in plain.values():
+        mode, one = r["dense_sync"], plain[1, "allreduce"]
+        a2a_1 = max(one["alltoall_intra_s"], one["alltoall_inter_s"])
+        a2a_n = max(r["alltoall_intra_s"], r["alltoall_inter_s"])
+        assert r["phase_s"]["alltoall"] == pytest.approx(max(0.0, a2a_n + 0.012 - a2a_1), abs=1e-15)
+        offset = 0.002 - max(0.0, one["allreduce_s"] - one["backward_s"])
+        offset /= 4 if mode == "local_sgd" else 1
+        exposed = max(0.0, r["allreduce_s"] - r["backward_s"])
+        assert r["phase_s"]["allreduce_exposed"] == pytest.approx(max(0.0, exposed + offset), abs=1e-15)
+        assert math.isclose(sum(r["phase_s"].values()), r["step_s"], rel_tol=1e-12)
+    assert plain[1, "allreduce"]["step_s"] == pytest.approx(sum(phases.values()))
+
+
+def test_flat_allreduce_is_one_ring_with_each_uplink_carrying_one_edge():
+    """emu_2x2 (Gloo, 2 x 2) at 1 Gbit/s per node (0.0625 GB/s per rank): 2(p-1)/p n = 1.5 n through each
+    node's whole uplink, 6 steps of 250 us; once the per-rank rate, 2x too slow."""
+    topo = dplan.compose(["topology=emu_2x2"]).topology
+    n = 110e3
+    assert projection.flat_allreduce_time(topo, 2, 2, n) == pytest.approx(6 * 250e-6 + 1.5 * n / 125e6)
+    assert projection.flat_allreduce_time(topo, 1, 2, n) == pytest.approx(2 * 250e-6 + n / 1e9)  # loopback
 
 
 def test_out_writes_json_markdown_and_png(capsys, tmp_path):
