@@ -16,6 +16,7 @@ loss when the rows have labels (AUC is missing when they hold one class).
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import logging
 import math
@@ -241,7 +242,7 @@ def _int_list(text: str, flag: str) -> list[int]:
         raise UserError(f"{flag} {text!r}: give comma-separated integers") from None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> ArgumentParser:
     ap = ArgumentParser(
         prog="python -m dlrm.predict",
         description=(__doc__ or "").splitlines()[0],
@@ -287,55 +288,64 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="TSV: on a bad line stop, or drop and count it (default: the manifest's, else fail)",
     )
+    return ap
+
+
+def _check_args(a: argparse.Namespace) -> None:
+    """Refuse bad numbers, a missing or irregular --data, and an --out that is a directory or an input."""
+    if a.batch_size < 1 or (a.max_rows is not None and a.max_rows < 0) or not math.isfinite(a.eval_fraction):
+        raise UserError(
+            f"--batch-size {a.batch_size} / --max-rows {a.max_rows} / --eval-fraction "
+            f"{a.eval_fraction}: give a batch size >= 1, rows >= 0 and a finite fraction"
+        )
+    if not os.path.exists(a.data):
+        raise UserError(f"--data {a.data} does not exist; give a dlrm.data.preprocess directory or a Criteo TSV")
+    if not os.path.isdir(a.data) and not os.path.isfile(a.data):  # a FIFO or /dev/zero: a hang, or no end
+        raise UserError(f"--data {a.data} is not a regular file; give a dlrm.data.preprocess directory or a Criteo TSV")
+    if a.out is not None and (a.out.is_dir() or not a.out.parent.is_dir()):
+        raise UserError(f"--out {a.out}: give a file path in an existing directory")
+    if a.out is not None:
+        inputs = {
+            "the model": a.model,
+            "--data": a.data,
+            **({"--options-from": a.options_from} if a.options_from else {}),
+        }
+        refuse_alias(a.out, "--out", inputs)
+
+
+def _batches(a: argparse.Namespace, names: list[str], rows: list[int], counts: dict[str, int]) -> Iterator:
+    """The batches of --data: a preprocessed directory's, or a TSV's parsed as the options say."""
+    if os.path.isdir(a.data):
+        if a.options_from or a.table_sizes or a.policy:
+            raise UserError("--options-from, --table-sizes and --policy are for a TSV; a directory holds its own")
+        multi_hot = None
+        if a.multi_hot_sizes:
+            mlperf = a.multi_hot_sizes == "mlperf"
+            multi_hot = MULTI_HOT_SIZES if mlperf else _int_list(a.multi_hot_sizes, "--multi-hot-sizes")
+        days = _int_list(a.days, "--days") if a.days else None
+        return directory_batches(
+            a.data, names, rows, a.batch_size, days, a.eval_fraction, a.max_rows, multi_hot, not a.no_checksums
+        )
+    if a.days or a.eval_fraction or a.multi_hot_sizes or a.no_checksums:
+        raise UserError(
+            "--days, --eval-fraction, --multi-hot-sizes and --no-checksums are for a "
+            "preprocessed directory; preprocess the TSV to use them"
+        )
+    opts, vocabs = tsv_options(a.options_from, a.table_sizes, a.policy)
+    return tsv_batches(a.data, opts, vocabs, names, rows, a.batch_size, counts, a.max_rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = _parser()
     for name, level in QUIET_LOGGERS.items():  # library notices that do not concern scoring
         logging.getLogger(name).setLevel(level)
     try:
         a = ap.parse_args(argv)
-        if a.batch_size < 1 or (a.max_rows is not None and a.max_rows < 0) or not math.isfinite(a.eval_fraction):
-            raise UserError(
-                f"--batch-size {a.batch_size} / --max-rows {a.max_rows} / --eval-fraction "
-                f"{a.eval_fraction}: give a batch size >= 1, rows >= 0 and a finite fraction"
-            )
-        if not os.path.exists(a.data):
-            raise UserError(f"--data {a.data} does not exist; give a dlrm.data.preprocess directory or a Criteo TSV")
-        if not os.path.isdir(a.data) and not os.path.isfile(a.data):  # a FIFO or /dev/zero: a hang, or no end
-            raise UserError(
-                f"--data {a.data} is not a regular file; give a dlrm.data.preprocess directory or a Criteo TSV"
-            )
-        if a.out is not None and (a.out.is_dir() or not a.out.parent.is_dir()):
-            raise UserError(f"--out {a.out}: give a file path in an existing directory")
-        if a.out is not None:
-            inputs = {
-                "the model": a.model,
-                "--data": a.data,
-                **({"--options-from": a.options_from} if a.options_from else {}),
-            }
-            refuse_alias(a.out, "--out", inputs)
+        _check_args(a)
         cfg, state = read_exported(a.model)
         names, rows = feature_layout(cfg)
         counts: dict[str, int] = {"labeled": 1}
-        if os.path.isdir(a.data):
-            if a.options_from or a.table_sizes or a.policy:
-                raise UserError("--options-from, --table-sizes and --policy are for a TSV; a directory holds its own")
-            multi_hot = None
-            if a.multi_hot_sizes:
-                multi_hot = (
-                    MULTI_HOT_SIZES
-                    if a.multi_hot_sizes == "mlperf"
-                    else _int_list(a.multi_hot_sizes, "--multi-hot-sizes")
-                )
-            days = _int_list(a.days, "--days") if a.days else None
-            batches = directory_batches(
-                a.data, names, rows, a.batch_size, days, a.eval_fraction, a.max_rows, multi_hot, not a.no_checksums
-            )
-        else:
-            if a.days or a.eval_fraction or a.multi_hot_sizes or a.no_checksums:
-                raise UserError(
-                    "--days, --eval-fraction, --multi-hot-sizes and --no-checksums are for a "
-                    "preprocessed directory; preprocess the TSV to use them"
-                )
-            opts, vocabs = tsv_options(a.options_from, a.table_sizes, a.policy)
-            batches = tsv_batches(a.data, opts, vocabs, names, rows, a.batch_size, counts, a.max_rows)
+        batches = _batches(a, names, rows, counts)
         model = build_model(cfg)
         model.load_state_dict(state, assign=True)
         if a.quantize != "none":  # TorchRec's serving tables: row-wise quantized weights, fbgemm's inference kernels

@@ -107,29 +107,38 @@ def run(a: argparse.Namespace, work: str) -> None:
     )
 
     if not a.skip_torchrec:
-        from torchrec.datasets.criteo import BinaryCriteoUtils
+        _against_torchrec(tsv, work, out, a.rows, a.workers, ours, ours_cpu)
+    _loader_speed(out, a.batch)
 
-        tr = os.path.join(work, "torchrec")
-        os.makedirs(tr, exist_ok=True)
-        t, c = time.time(), _cpu()
-        BinaryCriteoUtils.tsv_to_npys(tsv, *(os.path.join(tr, f"day_0_{k}.npy") for k in ("dense", "sparse", "labels")))
-        theirs, theirs_cpu = time.time() - t, _cpu() - c
-        print(
-            f"torchrec tsv_to_npys:     {a.rows:,} rows in {theirs:.2f}s = {a.rows / theirs:,.0f} rows/s; "
-            f"{theirs_cpu:.2f} CPU-s = {a.rows / theirs_cpu:,.0f} rows per CPU-s"
-        )
-        print(
-            f"speed-up: {theirs / ours:.1f}x wall clock, {theirs_cpu / ours_cpu:.1f}x per CPU-second "
-            f"(wall clock needs {a.workers} idle cores; check `uptime`: load {os.getloadavg()[0]:.1f})"
-        )
 
-        def same(kind, mod=None):
-            theirs = np.load(os.path.join(tr, f"day_0_{kind}.npy"))
-            ours_ = np.load(os.path.join(out, f"day_0_{kind}.npy"))
-            return np.array_equal(theirs if mod is None else theirs % mod, ours_)
+def _against_torchrec(tsv: str, work: str, out: str, rows: int, workers: int, ours: float, ours_cpu: float) -> None:
+    """TorchRec's tsv_to_npys on the same file: its speed beside ours, and whether the outputs agree."""
+    from torchrec.datasets.criteo import BinaryCriteoUtils
 
-        print(f"same labels: {same('labels')}, same hashed ids: {same('sparse', 10_000_000)}")
+    tr = os.path.join(work, "torchrec")
+    os.makedirs(tr, exist_ok=True)
+    t, c = time.time(), _cpu()
+    BinaryCriteoUtils.tsv_to_npys(tsv, *(os.path.join(tr, f"day_0_{k}.npy") for k in ("dense", "sparse", "labels")))
+    theirs, theirs_cpu = time.time() - t, _cpu() - c
+    print(
+        f"torchrec tsv_to_npys:     {rows:,} rows in {theirs:.2f}s = {rows / theirs:,.0f} rows/s; "
+        f"{theirs_cpu:.2f} CPU-s = {rows / theirs_cpu:,.0f} rows per CPU-s"
+    )
+    print(
+        f"speed-up: {theirs / ours:.1f}x wall clock, {theirs_cpu / ours_cpu:.1f}x per CPU-second "
+        f"(wall clock needs {workers} idle cores; check `uptime`: load {os.getloadavg()[0]:.1f})"
+    )
 
+    def same(kind, mod=None):
+        theirs = np.load(os.path.join(tr, f"day_0_{kind}.npy"))
+        ours_ = np.load(os.path.join(out, f"day_0_{kind}.npy"))
+        return np.array_equal(theirs if mod is None else theirs % mod, ours_)
+
+    print(f"same labels: {same('labels')}, same hashed ids: {same('sparse', 10_000_000)}")
+
+
+def _loader_speed(out: str, batch: int) -> None:
+    """The Criteo loader's samples/s over the preprocessed day, one-hot and MLPerf multi-hot (2 ranks)."""
     from dlrm.config import CriteoConfig
     from dlrm.data.criteo_loader import CriteoSource
 
@@ -138,7 +147,7 @@ def run(a: argparse.Namespace, work: str) -> None:
         from dlrm.data.criteo import MULTI_HOT_SIZES
 
         cfg = CriteoConfig(dir=out, train_days=[0], multi_hot_sizes=list(MULTI_HOT_SIZES) if multi_hot else None)
-        src = CriteoSource(cfg, names, [10_000_000] * 26, a.batch, seed=0)
+        src = CriteoSource(cfg, names, [10_000_000] * 26, batch, seed=0)
         world, steps = 2, min(src.num_batches("train"), 60)
         its = [src.batches("train", r, world) for r in range(world)]
         for it in its:
@@ -150,8 +159,8 @@ def run(a: argparse.Namespace, work: str) -> None:
         dt = time.time() - t
         kind = "multi-hot" if multi_hot else "one-hot  "
         print(
-            f"loader {kind} 2 ranks: {(steps - 1) * a.batch / dt:,.0f} samples/s "
-            f"(global batch {a.batch}, both ranks in one process)"
+            f"loader {kind} 2 ranks: {(steps - 1) * batch / dt:,.0f} samples/s "
+            f"(global batch {batch}, both ranks in one process)"
         )
         for it in its:
             it.close()

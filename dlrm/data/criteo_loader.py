@@ -68,6 +68,37 @@ class _Split:
         return {k: np.concatenate(v) if len(v) > 1 else np.array(v[0]) for k, v in parts.items()}
 
 
+def split_days(cfg: CriteoConfig, manifest: dict) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+    """The train and eval splits as (day, first row, end row) segments: data.criteo.train_days (default:
+    every day not in eval_days) and eval_days, or with no eval days the last data.criteo.eval_fraction
+    of the train days' rows held out."""
+    days = {int(d["day"]): d for d in manifest["days"]}
+    eval_days = [int(d) for d in cfg.eval_days]
+    train_days = [int(d) for d in cfg.train_days] or [d for d in sorted(days) if d not in eval_days]
+    for key, chosen in (("data.criteo.train_days", train_days), ("data.criteo.eval_days", eval_days)):
+        missing = [d for d in chosen if d not in days]
+        if missing:
+            raise CriteoDataError(
+                f"{key} lists day(s) {missing} but {cfg.dir}/manifest.json has days {sorted(days)}; "
+                f"preprocess those input files or change {key}"
+            )
+    train = [(d, 0, days[d]["rows"]) for d in train_days]
+    evals = [(d, 0, days[d]["rows"]) for d in eval_days]
+    if not eval_days and cfg.eval_fraction > 0:
+        if not 0 < cfg.eval_fraction < 1:
+            raise CriteoDataError(f"data.criteo.eval_fraction = {cfg.eval_fraction}: use a fraction in (0, 1)")
+        total = sum(hi for _, _, hi in train)
+        held = int(total * cfg.eval_fraction)
+        train, evals, left = [], [], total - held
+        for d in train_days:
+            n = days[d]["rows"]
+            take = max(0, min(n, left))
+            train.append((d, 0, take))
+            evals.append((d, take, n))
+            left -= take
+    return train, evals
+
+
 class CriteoSource:
     """Batches of preprocessed Criteo for one rank: `Batch(dense [b, 13] f32, sparse KJT, labels [b] f32)`.
 
@@ -97,30 +128,7 @@ class CriteoSource:
         self.global_batch_size, self.seed = int(global_batch_size), int(seed)
         self.expand_on = expand_on
         self.manifest = load_manifest(cfg.dir)
-        days = {int(d["day"]): d for d in self.manifest["days"]}
-        eval_days = [int(d) for d in cfg.eval_days]
-        train_days = [int(d) for d in cfg.train_days] or [d for d in sorted(days) if d not in eval_days]
-        for key, chosen in (("data.criteo.train_days", train_days), ("data.criteo.eval_days", eval_days)):
-            missing = [d for d in chosen if d not in days]
-            if missing:
-                raise CriteoDataError(
-                    f"{key} lists day(s) {missing} but {cfg.dir}/manifest.json has days {sorted(days)}; "
-                    f"preprocess those input files or change {key}"
-                )
-        train = [(d, 0, days[d]["rows"]) for d in train_days]
-        evals = [(d, 0, days[d]["rows"]) for d in eval_days]
-        if not eval_days and cfg.eval_fraction > 0:
-            if not 0 < cfg.eval_fraction < 1:
-                raise CriteoDataError(f"data.criteo.eval_fraction = {cfg.eval_fraction}: use a fraction in (0, 1)")
-            total = sum(hi for _, _, hi in train)
-            held = int(total * cfg.eval_fraction)
-            train, evals, left = [], [], total - held
-            for d in train_days:
-                n = days[d]["rows"]
-                take = max(0, min(n, left))
-                train.append((d, 0, take))
-                evals.append((d, take, n))
-                left -= take
+        train, evals = split_days(cfg, self.manifest)
         self.arrays: dict[int, dict[str, np.ndarray]] = {}  # filled below, once verified
         self.splits = {"train": _Split(train, self.arrays), "eval": _Split(evals, self.arrays)}
         if self.splits["train"].rows < self.global_batch_size:
@@ -139,7 +147,7 @@ class CriteoSource:
                 )
             self.multi_hot = (sizes, multi_hot_offsets(sizes, self.table_rows))
         # the contents last: the only check that reads whole files
-        days_used = sorted(set(train_days + eval_days))
+        days_used = sorted({day for day, _, _ in train + evals})
         self.arrays.update(
             verify_days(
                 cfg.dir, self.manifest, days_used, self.names, self.table_rows, cfg.verify_checksums, report=log.info

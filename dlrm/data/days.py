@@ -71,9 +71,9 @@ def plan_ranges(
     return plan
 
 
-def finish_day(out: str, day: int, path: str, results: list[RangeResult], opts: ParseOptions) -> dict:
-    """Apply the policy to a day's range results, concatenate parts, rename, write day_{i}.json."""
-    results.sort(key=lambda r: r.task.start)
+def _check_results(path: str, results: list[RangeResult], opts: ParseOptions) -> int:
+    """Number the bad lines of a day's sorted range results by file line, and apply the policy to them:
+    a parse error, a broken compressed stream or an empty file (policy fail) is refused. Returns the lines."""
     # Range-local line numbers -> file line numbers.
     offsets, base = [], 0
     for r in results:
@@ -100,6 +100,13 @@ def finish_day(out: str, day: int, path: str, results: list[RangeResult], opts: 
             raise CriteoFormatError(
                 f"{path}: the file is empty (0 lines). Remove it from the inputs, or run with --policy skip."
             )
+    return lines
+
+
+def finish_day(out: str, day: int, path: str, results: list[RangeResult], opts: ParseOptions) -> dict:
+    """Apply the policy to a day's range results, concatenate parts, rename, write day_{i}.json."""
+    results.sort(key=lambda r: r.task.start)
+    lines = _check_results(path, results, opts)
     final = day_paths(out, day)
     files = {}
     rows = None

@@ -55,15 +55,8 @@ def to_contiguous(raw: np.ndarray, vocab: np.ndarray) -> np.ndarray:
     return np.where(found, idx + 1, 0).astype(np.int32)
 
 
-def remap_contiguous(out: str, manifest: dict, min_count: int, block_rows: int = 1 << 20) -> dict:
-    """Replace raw ids by contiguous rows, as MLPerf's preprocessing: per column, the ids seen at least
-    `min_count` times over all days, sorted, get rows 1..K (saved as vocab_C{c}.npy); every other id -> 0.
-
-    Needs ~16 bytes of memory per distinct id of all columns. Rewrites day_{i}_sparse.npy as int32
-    [N, 26] (atomically per day) and the day and manifest json files with the new table sizes.
-    """
-    os.remove(os.path.join(out, MANIFEST))  # unpublished until the remap is complete
-    days = manifest["days"]
+def _vocabularies(out: str, days: list[dict], min_count: int, block_rows: int) -> list[np.ndarray]:
+    """Per column, the sorted ids seen at least `min_count` times over all days (saved as vocab_C{c}.npy)."""
     counters = [IdCounter() for _ in range(NUM_SPARSE)]
     t0 = time.time()
     for meta in days:
@@ -80,6 +73,19 @@ def remap_contiguous(out: str, manifest: dict, min_count: int, block_rows: int =
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             np.save(f, vocabs[-1])
     print(f"preprocess: contiguous vocabularies built in {time.time() - t0:.1f}s", file=sys.stderr, flush=True)
+    return vocabs
+
+
+def remap_contiguous(out: str, manifest: dict, min_count: int, block_rows: int = 1 << 20) -> dict:
+    """Replace raw ids by contiguous rows, as MLPerf's preprocessing: per column, the ids seen at least
+    `min_count` times over all days, sorted, get rows 1..K (saved as vocab_C{c}.npy); every other id -> 0.
+
+    Needs ~16 bytes of memory per distinct id of all columns. Rewrites day_{i}_sparse.npy as int32
+    [N, 26] (atomically per day) and the day and manifest json files with the new table sizes.
+    """
+    os.remove(os.path.join(out, MANIFEST))  # unpublished until the remap is complete
+    days = manifest["days"]
+    vocabs = _vocabularies(out, days, min_count, block_rows)
     stamp = {"contiguous_min_count": min_count}
     for meta in days:
         path = day_paths(out, meta["day"])["sparse"]
