@@ -2,13 +2,16 @@
 
 On a shared machine one run's samples/s moves with the neighbours' load (TorchRec's example alone
 gave 24k to 35k samples/s within one session here); the ratio of two runs made back to back moves
-far less. Each round runs the example (`torchrec_example/run_example.py`: 2 Gloo ranks, fp32) and
-each chosen configuration of ours once, in alternating order (as listed in odd rounds, reversed in
-even ones, so a load that drifts favours neither), and reports, per configuration, the median over
-the rounds of its ratio to the same round's example: samples/s, samples per CPU-second, peak RSS
-per rank. Run from the repository root (see docs/benchmarks.md):
+far less. Each round runs the example and each chosen configuration of ours once, in alternating
+order (as listed in odd rounds, reversed in even ones, so a load that drifts favours neither), and
+reports, per configuration, the median over the rounds of its ratio to the same round's example:
+samples/s, samples per CPU-second, peak RSS per rank. The example is the real script of a checkout
+named by `--example` (facebookresearch/dlrm's `torchrec_dlrm/dlrm_main.py`), run unchanged by
+`example_timer.py` on 2 ranks with its own flags for the bench_cpu shape (`EXAMPLE_ARGS`; fp32, its
+random data; Gloo on the CPU). Run from the repository root (see docs/benchmarks.md):
 
-    .venv/bin/python benchmarks/against_example.py --rounds 5 --configs fp32,bf16,bf16_1p2t --out F
+    git clone https://github.com/facebookresearch/dlrm ~/src/dlrm
+    .venv/bin/python benchmarks/against_example.py --example ~/src/dlrm --rounds 5 --configs fp32,bf16 --out F
 """
 
 from __future__ import annotations
@@ -28,8 +31,21 @@ from pathlib import Path
 from dlrm.errors import ArgumentParser, UsageError, exit_on_user_error
 from dlrm.io import write_json_atomic
 
-EXAMPLE_SCRIPT = Path(__file__).resolve().parent / "torchrec_example" / "run_example.py"
+try:
+    from benchmarks.example_timer import ExampleNotFound, find_script
+except ImportError:  # run as a script: benchmarks/ is sys.path[0]
+    from example_timer import ExampleNotFound, find_script  # type: ignore[no-redef]
+
+TIMER = Path(__file__).resolve().parent / "example_timer.py"
 EXAMPLE = "example"
+# The bench_cpu shape in the example's own flags: 26 tables x 100,000 rows, dim 16, bottom MLP
+# 13-512-256-64-16, top 512-256-1, 1,024 samples per rank (2,048 on 2 ranks), SGD at bench_cpu's lr
+# (the example's default, 15, is tuned for Criteo). The rest are its defaults: one id per feature,
+# dot interaction, RandomRecDataset cycling 10 batches, 10 val and 10 test batches after training.
+EXAMPLE_ARGS = (
+    "--batch_size", "1024", "--num_embeddings", "100000", "--embedding_dim", "16",
+    "--dense_arch_layer_sizes", "512,256,64,16", "--over_arch_layer_sizes", "512,256,1", "--learning_rate", "0.1",
+)  # fmt: skip
 BF16 = ("trainer.dense_precision=bf16",)
 
 
@@ -56,11 +72,16 @@ class RunFailed(Exception):
     """A benchmark run exited with an error or wrote no figures."""
 
 
-def command(name: str, timing: Sequence[str], out: Path, cache_batches: int) -> tuple[list[str], dict[str, str]]:
-    """The command line and environment of one run of SETUPS[name], writing its figures to `out`."""
+def command(
+    name: str, timing: Sequence[str], out: Path, cache_batches: int, example: Path | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of one run of SETUPS[name], writing its figures to `out`;
+    `example`: the example's script (see `example_timer.find_script`)."""
     setup = SETUPS[name]
     if name == EXAMPLE:
-        program, extra = [str(EXAMPLE_SCRIPT)], []
+        if example is None:
+            raise ValueError("the example's run needs its script (--example)")
+        program, extra = [str(TIMER), "--example", str(example)], ["--", *EXAMPLE_ARGS]  # the example's flags last
     else:
         program, extra = ["-m", "dlrm.bench"], [*setup.overrides]
         if cache_batches:
@@ -73,11 +94,13 @@ def command(name: str, timing: Sequence[str], out: Path, cache_batches: int) -> 
     return [*launcher, *program, *timing, "--out", str(out), *extra], env
 
 
-def run_once(name: str, timing: Sequence[str], cache_batches: int, timeout_s: float) -> dict:
-    """Run SETUPS[name] once; its figures (the JSON `--out` of dlrm.bench or of the example)."""
+def run_once(
+    name: str, timing: Sequence[str], cache_batches: int, timeout_s: float, example: Path | None = None
+) -> dict:
+    """Run SETUPS[name] once; its figures (the JSON `--out` of dlrm.bench or of the example's timer)."""
     with tempfile.TemporaryDirectory(prefix="against_example_") as tmp:
         out = Path(tmp) / "figures.json"
-        cmd, env = command(name, timing, out, cache_batches)
+        cmd, env = command(name, timing, out, cache_batches, example)
         # In its own session, so that a timeout or Ctrl-C stops the whole run (torchrun and its ranks).
         with subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
@@ -201,6 +224,12 @@ def table(result: dict[str, dict]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = ArgumentParser(prog="python benchmarks/against_example.py", description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument(
+        "--example",
+        required=True,
+        help="a checkout of https://github.com/facebookresearch/dlrm (its torchrec_dlrm/dlrm_main.py runs), "
+        "or the example's dlrm_main.py",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="rounds (each runs the example and every configuration)")
     parser.add_argument(
         "--configs",
@@ -225,6 +254,10 @@ def main(argv: list[str] | None = None) -> None:
         if unknown or not names:
             choices = ", ".join(k for k in SETUPS if k != EXAMPLE)
             parser.error(f"--configs: unknown or empty {unknown or args.configs!r}; choose from {choices}")
+        try:
+            example = find_script(args.example)
+        except ExampleNotFound as e:
+            parser.error(str(e))
         if args.rounds < 1 or args.cache_batches < 0 or args.timeout <= 0:
             parser.error("--rounds must be >= 1, --cache-batches >= 0, --timeout > 0")
         timing = []
@@ -241,12 +274,17 @@ def main(argv: list[str] | None = None) -> None:
         if args.out is not None:
             rounds_done = max(row["round"] for row in rows)
             record = {"rounds_requested": args.rounds, "rounds_completed": rounds_done, "configs": names}
+            record.update(example=str(example), example_args=list(EXAMPLE_ARGS))
             record.update(cache_batches=args.cache_batches, runs=rows, summary=summary(rows, names))
             write_json_atomic(args.out, record)
 
     try:
         rows = compare(
-            names, args.rounds, lambda name: run_once(name, timing, args.cache_batches, args.timeout), _say, save
+            names,
+            args.rounds,
+            lambda name: run_once(name, timing, args.cache_batches, args.timeout, example),
+            _say,
+            save,
         )
     except RunFailed as e:
         print(f"error: {e}", file=sys.stderr)

@@ -17,11 +17,13 @@ mean ms per phase (`dlrm.core.phases`): on the training thread, and on CUDA of d
 like a preprocessed dataset), to measure the model when the data source is slower than it.
 Prints one summary line and writes the figures as JSON to `--out` (rank 0).
 
-`--source-only` times the data source alone, in one process, without a model or process group:
-the slice of rank 0 of `--ranks` (default: the topology's nodes x ranks per node) of 1 + `--warmup`
-untimed then `--windows` windows of `--window` global batches, made on `--device` (synthetic data;
-default cuda if there is one), and reports the median samples/s per rank against the 1.7M samples/s
-per GPU that MLPerf DLRM-DCNv2 trains at on H100 (~13.8M on 8): what a source must sustain there.
+`--source-only` times the data source alone, in one process, without a model or process group
+(malloc set as the trainer sets it, `dlrm.core.host_memory`): the slice of rank 0 of `--ranks`
+(default: the topology's nodes x ranks per node) of 1 + `--warmup` untimed then `--windows` windows
+of `--window` global batches, made on `--device` (synthetic data; default cuda if there is one), and
+reports the median samples/s per rank against the 1.7M samples/s per GPU that MLPerf DLRM-DCNv2
+trains at on H100 (~13.8M on 8): what a source must sustain there. `python -m dlrm.data.bench_batches`
+runs it for the synthetic and the multi-hot Criteo source on the host.
 
     python -m dlrm.bench --source-only experiment=bench_dcnv2 topology=dgx_h100   # 8,192 per rank
     python -m dlrm.bench --source-only --ranks 2 experiment=bench_cpu              # 1,024 per rank
@@ -43,6 +45,7 @@ import torch.distributed as dist
 
 from dlrm.compose import compose
 from dlrm.config import Config, validate, validate_world
+from dlrm.core.host_memory import keep_freed_memory
 from dlrm.core.metrics import peak_rss_mb
 from dlrm.core.phases import PHASES, device_breakdown, spans_of, step_breakdown
 from dlrm.core.topology import World
@@ -122,6 +125,7 @@ def source_only(args: argparse.Namespace, cfg: Config) -> dict:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.threads:
         torch.set_num_threads(args.threads)  # as a rank gets: torchrun gives cores / ranks per node
+    keep_freed_memory()  # malloc as in a training process (the trainer sets it): no page faults per batch
     source = make_source(cfg, device)
     per_rank = cfg.data.global_batch_size // ranks
     made_on = getattr(source, "device", None)

@@ -4,14 +4,17 @@
 # samples per GPU per step, trained on 16 materialised batches per rank; each run prints samples/s
 # (median of timed windows), peak CUDA memory, the source's own speed, and a profile of 10 steps (the
 # top kernels, then ms per step of each phase: on the training thread and of GPU time); and TorchRec's
-# own DLRM example at the bench_cpu shape (benchmarks/torchrec_example, pinned batches, EXAMPLE_STEPS).
+# own DLRM example at the bench_cpu shape (the real script of the checkout EXAMPLE names, run by
+# benchmarks/example_timer.py, pinned batches, EXAMPLE_STEPS; skipped without EXAMPLE).
 # Then the synthetic source alone (python -m dlrm.bench --source-only, one process, SOURCE_STEPS):
 # samples/s per rank made on the GPU and on the host, against the 1.7M per GPU of MLPerf DCNv2; last,
-# training on batches made on the GPU as it trains (no materialised batches), with fp16 tables, and
-# with the dense arch compiled (trainer.compile_dense).
+# training on batches made on the GPU as it trains (no materialised batches), with fp16 tables, with
+# the dense arch compiled (trainer.compile_dense), and with the GPU synchronized after every step
+# (trainer.sync_every_step=true, the old behaviour, beside the default that lets the host run ahead).
 #   NGPU         GPUs to use (default: all that nvidia-smi lists)
 #   OUT_DIR      where each run's JSON goes (default outputs/bench_gpu)
 #   PYTHON       interpreter (default python3); RUN_TIMEOUT seconds per run (default 240)
+#   EXAMPLE      a checkout of https://github.com/facebookresearch/dlrm (its torchrec_dlrm/dlrm_main.py)
 #   BUDGET_S     start no run after this many seconds (default: no limit), for a time-limited lease
 #   BATCH_PER_GPU (8192), MAX_TABLE_ROWS (2000000), STEPS (the dlrm.bench step options), TOPOLOGY
 #   (dgx_h100): smaller values give a quick check, e.g. on CPU: TOPOLOGY=cpu NGPU=1 BATCH_PER_GPU=64
@@ -56,11 +59,15 @@ run() {
 }
 run cpu_shape_fp32 experiment=bench_cpu
 run cpu_shape_bf16 experiment=bench_cpu trainer.dense_precision=bf16
-if in_budget torchrec_example; then
+if [[ -z ${EXAMPLE:-} ]]; then
+  echo "== torchrec_example: skipped (set EXAMPLE to a checkout of facebookresearch/dlrm)"
+elif in_budget torchrec_example; then
   echo "== torchrec_example: ${example_steps[*]}"
+  # the example picks the device itself (CUDA and NCCL when there is a GPU)
   PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout "${RUN_TIMEOUT:-240}" "$PY" -m torch.distributed.run --standalone \
-    "--nproc_per_node=$NGPU" benchmarks/torchrec_example/run_example.py --device "${DEVICE:-cuda}" --pin-memory \
-    --global-batch-size $((BATCH_PER_GPU * NGPU)) "${example_steps[@]}" --out "$OUT_DIR/torchrec_example.json" ||
+    "--nproc_per_node=$NGPU" benchmarks/example_timer.py --example "$EXAMPLE" "${example_steps[@]}" \
+    --out "$OUT_DIR/torchrec_example.json" -- --batch_size "$BATCH_PER_GPU" --num_embeddings 100000 --embedding_dim 16 \
+    --dense_arch_layer_sizes 512,256,64,16 --over_arch_layer_sizes 512,256,1 --learning_rate 0.1 --pin_memory ||
     { echo "== torchrec_example failed ($?)"; status=1; }
 fi
 run dcnv2_fp32 experiment=bench_dcnv2 --max-table-rows "$MAX_TABLE_ROWS"
@@ -73,4 +80,7 @@ run dcnv2_bf16_fp16_tables experiment=bench_dcnv2 --max-table-rows "$MAX_TABLE_R
   model.embedding_precision=fp16
 run dcnv2_bf16_compiled experiment=bench_dcnv2 --max-table-rows "$MAX_TABLE_ROWS" trainer.dense_precision=bf16 \
   trainer.compile_dense=true
+# the host waits for the GPU after every step (as every H200 figure before it was measured): beside dcnv2_bf16
+run dcnv2_bf16_sync_every_step experiment=bench_dcnv2 --max-table-rows "$MAX_TABLE_ROWS" trainer.dense_precision=bf16 \
+  trainer.sync_every_step=true
 exit $status
