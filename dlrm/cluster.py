@@ -1,6 +1,7 @@
 """An emulated cluster on one machine: N nodes as network namespaces, one torchrun agent per node.
 
-    python -m dlrm.cluster --nodes 2 --ranks-per-node 2 [--gbit G] [--link-down NODE:AT_S:FOR_S] -- [overrides]
+    python -m dlrm.cluster --nodes 2 --ranks-per-node 2 [--gbit G] [--link-down NODE:AT_S:FOR_S]
+        [--kill-agent NODE@AT_S] [--max-restarts N] -- [overrides]
     python -m dlrm.cluster --nodes 2 --ranks-per-node 2 --gbit G --module dlrm.comms.bench -- [its arguments]
 
 Each node is a namespace `dlrm-<pid>-n<i>` with `lo` and one interface `eth0` at 198.18.0.<i+1>/24 (the
@@ -8,22 +9,28 @@ benchmarking range), a veth into a bridge that lives in its own namespace `dlrm-
 added to the host's network. Both directions of every uplink are shaped by `tc tbf` to the inter-node
 bandwidth; ranks of one node reach each other through the node's loopback (a packet to a local address
 never leaves `lo`). Node i runs `python -m dlrm.torchrun --nnodes=N --nproc_per_node=R -m dlrm.train
-OVERRIDES` in its namespace (topology=emu_NxR unless OVERRIDES name one), with a c10d rendezvous at node 0 and
-GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME=eth0. Everything is removed on exit, on Ctrl-C / SIGTERM and on
-failure. Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2.
+OVERRIDES` in its namespace (topology=emu_NxR unless OVERRIDES name one), with GLOO_SOCKET_IFNAME /
+NCCL_SOCKET_IFNAME=eth0 and a c10d rendezvous whose store lives in the bridge's namespace at
+198.18.0.254, outliving every agent; TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 makes rank 0 host the job's
+store, so that a node's agent started again joins the restarted job (dlrm.torchrun). Everything is
+removed on exit, on Ctrl-C / SIGTERM and on failure. Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and
+iproute2.
 
 Bandwidth: topology `inter_node.bandwidth_GBps` is per rank (dlrm.config.LinkConfig), and the R ranks of a
 node share its uplink, so the uplink is shaped to R x that rate; `--gbit G` sets the uplink instead and
 passes `topology.inter_node.bandwidth_GBps=G/8/R` to the trainer, so planner, cost model and fabric agree.
+
+The fabric is dlrm.cluster_fabric; the faults (a link down, a node's agent killed) and the line each ends
+with are dlrm.cluster_faults.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,233 +38,23 @@ import time
 from argparse import Namespace
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType
 
+from dlrm.cluster_fabric import IFNAME, MAX_NODES, STORE_ADDRESS, Fabric, FabricError, missing_right
+from dlrm.cluster_faults import FAILED_GRACE_S, SIGKILL_STATUS, AgentKill, Fault, FaultSchedule, LinkDown
 from dlrm.errors import ArgumentParser, UsageError, UserError
 
-SUBNET = "198.18.0"  # /24 of 198.18.0.0/15 (RFC 2544 benchmarking), node i at .i+1
-ETC_NETNS = "/etc/netns"  # per-namespace /etc files of `ip netns exec`
-IFNAME = "eth0"  # each node's interface, inside its namespace
-RDZV_PORT = 29500  # node 0's namespace is new: the port is free
-FAILED_GRACE_S = 10.0  # after one agent fails, how long the others get to end on their own
+__all__ = ["Fabric", "FabricError", "Job", "agent_command", "main", "parse_args", "plan_job"]
+
+RDZV_PORT = 29500  # the rendezvous store's, at STORE_ADDRESS (the switch namespace is new: the port is free)
+# Rendezvous heartbeats every second, a node dead after 5 missed (torch's default: 5 s x 3): a killed
+# node's agent, started again, joins the restarted job that much sooner.
+KEEP_ALIVE = "keep_alive_interval=1,keep_alive_max_attempt=5"
 STOP_GRACE_S = 20.0  # after a signal is forwarded, how long the agents get to stop cleanly
-CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21  # bits of /proc/self/status CapEff
 
 
 def say(message: str) -> None:
     print(f"cluster: {message}", file=sys.stderr, flush=True)
-
-
-class FabricError(RuntimeError):
-    """An `ip` or `tc` command failed: the message names it and its output."""
-
-
-@dataclass(frozen=True)
-class LinkDown:
-    """Node `node`'s uplink is set down `at_s` seconds after training starts, for `for_s` seconds."""
-
-    node: int
-    at_s: float
-    for_s: float
-
-    @classmethod
-    def parse(cls, text: str) -> LinkDown:
-        parts = text.split(":")
-        try:
-            node, at_s, for_s = int(parts[0]), float(parts[1]), float(parts[2])
-            if len(parts) != 3 or node < 0 or not (0 <= at_s < math.inf and 0 < for_s < math.inf):
-                raise ValueError(text)
-        except (ValueError, IndexError):
-            raise UsageError(
-                f"--link-down {text}: give NODE:AT_S:FOR_S, a node index and two seconds (e.g. 1:5:3: node 1's "
-                "link down 5 s after training starts, for 3 s)"
-            ) from None
-        return cls(node, at_s, for_s)
-
-    def outcome(self, trained_s: float | None, status: int) -> str:
-        """One line: what the fault did, given how long after the start of training the job ended (None:
-        training never started) and its exit status."""
-        what = f"fault: node {self.node}'s link down at {self.at_s:g} s of training for {self.for_s:g} s"
-        if trained_s is None or trained_s < self.at_s:
-            when = "training never started" if trained_s is None else f"the job ended first, at {trained_s:.1f} s"
-            return f"{what}: not applied, {when} (exit status {status})"
-        result = "rode through it" if status == 0 else f"failed (exit status {status})"
-        return f"{what}: the job {result}, ending at {trained_s:.1f} s of training"
-
-
-class FaultSchedule:
-    """The link faults of one run, timed from the start of training: when the run's metrics.jsonl gets
-    a record (the trainer writes its start event first), so a slow start-up does not shift them."""
-
-    def __init__(self, faults: list[LinkDown], fabric: Fabric, run_dir: str) -> None:
-        self.faults, self.fabric = faults, fabric
-        self.metrics = Path(run_dir, "metrics.jsonl")
-        self.size_before = self._size()  # a continued run's file has records already
-        self.started: float | None = None  # time.monotonic() at the start of training
-        downs, ups = [(f.at_s, f, False) for f in faults], [(f.at_s + f.for_s, f, True) for f in faults]
-        self.events = sorted(downs + ups, key=_when)  # (seconds of training, fault, set up)
-
-    def _size(self) -> int:
-        try:
-            return self.metrics.stat().st_size
-        except OSError:
-            return 0
-
-    def tick(self) -> None:
-        """Set the links whose time has come down or up."""
-        if not self.faults:
-            return
-        now = time.monotonic()
-        if self.started is None:
-            if self._size() <= self.size_before:
-                return
-            self.started = now
-        while self.events and self.started + self.events[0][0] <= now:
-            _, fault, up = self.events.pop(0)
-            self.fabric.set_link(fault.node, up)
-
-    def report(self, status: int) -> None:
-        trained_s = None if self.started is None else time.monotonic() - self.started
-        for fault in self.faults:
-            say(fault.outcome(trained_s, status))
-
-
-def _when(event: tuple[float, LinkDown, bool]) -> float:
-    return event[0]
-
-
-def missing_right() -> str | None:
-    """Why this process cannot build namespaces and links, or None when it can (nothing is created)."""
-    caps = 0
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("CapEff:"):
-                caps = int(line.split()[1], 16)
-    lacking = [
-        name
-        for bit, name in ((CAP_NET_ADMIN, "CAP_NET_ADMIN"), (CAP_SYS_ADMIN, "CAP_SYS_ADMIN"))
-        if not caps >> bit & 1
-    ]
-    if lacking:
-        return (
-            f"dlrm.cluster creates network namespaces and links, which needs root: this process (uid {os.geteuid()}) "
-            f"lacks {' and '.join(lacking)}; run it as root (e.g. sudo .venv/bin/python -m dlrm.cluster ...)"
-        )
-    for tool in ("ip", "tc"):
-        if tool_path(tool) is None:
-            return f"'{tool}' is not installed (PATH, /usr/sbin, /sbin); install iproute2 (apt-get install iproute2)"
-    return None
-
-
-def tool_path(tool: str) -> str | None:
-    return shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/sbin")
-
-
-class Fabric:
-    """The namespaces, veths, bridge and qdiscs of one emulated cluster; `close` removes them all."""
-
-    def __init__(self, prefix: str, nodes: int, uplink_gbit: float) -> None:
-        self.prefix, self.nodes, self.uplink_gbit = prefix, nodes, uplink_gbit
-        self.switch = f"{prefix}-sw"
-        self.made_etc_netns = False
-        self.ip, self.tc = str(tool_path("ip")), str(tool_path("tc"))
-
-    def node(self, i: int) -> str:
-        return f"{self.prefix}-n{i}"
-
-    @staticmethod
-    def address(i: int) -> str:
-        return f"{SUBNET}.{i + 1}"
-
-    def _run(self, *args: str) -> None:
-        done = subprocess.run(args, capture_output=True, text=True)
-        if done.returncode:
-            raise FabricError(f"{' '.join(args)} failed (exit status {done.returncode}): {done.stderr.strip()}")
-
-    def _netns(self, name: str) -> None:
-        """A namespace with lo up, and an /etc/hosts naming every node (`ip netns exec` mounts
-        /etc/netns/NAME/hosts over /etc/hosts), so c10d's reverse lookups of node addresses succeed."""
-        hosts = Path(ETC_NETNS, name, "hosts")
-        self.made_etc_netns = self.made_etc_netns or not os.path.isdir(ETC_NETNS)
-        hosts.parent.mkdir(parents=True, exist_ok=True)
-        names = "".join(f"{a}{self.address(i)} {self.node(i)}\n" for i in range(self.nodes) for a in ("", "::ffff:"))
-        hosts.write_text(
-            f"127.0.0.1 localhost\n::1 localhost\n{names}"
-        )  # ::ffff: as the store's dual-stack socket sees them
-        self._run(self.ip, "netns", "add", name)
-        self._run(self.ip, "-n", name, "link", "set", "lo", "up")
-
-    def _shape(self, namespace: str, dev: str) -> None:
-        """tbf on dev's egress: rate = the uplink, a bucket of 2 ms of it (>= 64 KiB), 50 ms of queue."""
-        rate = self.uplink_gbit * 1e9
-        burst = max(64 * 1024, int(rate / 8 * 0.002))
-        self._run(self.ip, "netns", "exec", namespace, self.tc, "qdisc", "add", "dev", dev, "root", "tbf",
-                  "rate", f"{int(rate)}bit", "burst", str(burst), "latency", "50ms")  # fmt: skip
-
-    def open(self) -> None:
-        self._netns(self.switch)
-        self._run(self.ip, "-n", self.switch, "link", "add", "br0", "type", "bridge")
-        self._run(self.ip, "-n", self.switch, "link", "set", "br0", "up")
-        for i in range(self.nodes):
-            ns, port = self.node(i), f"n{i}"
-            self._netns(ns)
-            self._run(self.ip, "-n", self.switch, "link", "add", port, "type", "veth", "peer", IFNAME, "netns", ns)
-            self._run(self.ip, "-n", self.switch, "link", "set", port, "master", "br0", "up")
-            self._run(self.ip, "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", IFNAME)
-            self._run(self.ip, "-n", ns, "link", "set", IFNAME, "up")
-            self._shape(ns, IFNAME)  # what the node sends
-            self._shape(self.switch, port)  # what it receives
-
-    def set_link(self, i: int, up: bool) -> None:
-        self._run(self.ip, "-n", self.node(i), "link", "set", IFNAME, "up" if up else "down")
-
-    def namespaces(self) -> list[str]:
-        """The cluster's namespaces that exist (listed, not remembered: an interrupted `ip netns add` counts)."""
-        out = subprocess.run([self.ip, "netns", "list"], capture_output=True, text=True).stdout
-        return [line.split()[0] for line in out.splitlines() if line.startswith(self.prefix + "-")]
-
-    def pids(self) -> list[int]:
-        """The processes inside the cluster's namespaces."""
-        found: list[int] = []
-        for ns in self.namespaces():
-            out = subprocess.run([self.ip, "netns", "pids", ns], capture_output=True, text=True).stdout
-            found += [int(p) for p in out.split()]
-        return found
-
-    def sent_mb(self) -> list[float]:
-        """MB (1e6 bytes) each node has sent through its uplink (its tbf's counter); 0 where gone."""
-        sent = []
-        for i in range(self.nodes):
-            out = subprocess.run(
-                [self.ip, "netns", "exec", self.node(i), self.tc, "-s", "qdisc", "show", "dev", IFNAME],
-                capture_output=True,
-                text=True,
-            ).stdout
-            found = re.search(r"Sent (\d+) bytes", out)
-            sent.append(int(found[1]) / 1e6 if found else 0.0)
-        return sent
-
-    def close(self) -> None:
-        """Kill whatever still runs inside, then delete the namespaces (their veths and bridge go with them)."""
-        deadline = time.monotonic() + 10.0
-        while (pids := self.pids()) and time.monotonic() < deadline:
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.1)
-        for ns in self.namespaces():
-            subprocess.run([self.ip, "netns", "del", ns], capture_output=True)
-        for etc in Path(ETC_NETNS).glob(f"{self.prefix}-*"):
-            shutil.rmtree(etc, ignore_errors=True)
-        if self.made_etc_netns:
-            with contextlib.suppress(OSError):
-                os.rmdir(ETC_NETNS)  # ours, if nobody has put files there since
-        left = self.namespaces()
-        if left or pids:
-            raise FabricError(f"could not remove namespaces {left} or processes {pids}; remove them by hand")
 
 
 @dataclass(frozen=True)
@@ -270,6 +67,8 @@ class Job:
     overrides: list[str]
     run_dir: str
     module: str = "dlrm.train"  # what each agent runs (`--module`): its arguments are `overrides`
+    collective_timeout_s: float = 1800.0  # the trainer's trainer.collective_timeout_s
+    max_restarts: int = 0  # torchrun --max-restarts of every agent
 
 
 def plan_job(nodes: int | None, ranks: int | None, gbit: float | None, overrides: list[str]) -> Job:
@@ -312,7 +111,7 @@ def plan_job(nodes: int | None, ranks: int | None, gbit: float | None, overrides
         name = override_value(overrides, "run.name")
         run_dir = f"outputs/{name}" if name else time.strftime("outputs/cluster-%Y-%m-%d_%H-%M-%S")
         overrides = [*overrides, f"hydra.run.dir={run_dir}"]
-    return Job(nodes, ranks, gbit, overrides, run_dir)
+    return Job(nodes, ranks, gbit, overrides, run_dir, collective_timeout_s=cfg.trainer.collective_timeout_s)
 
 
 def agent_command(job: Job, fabric: Fabric, i: int) -> list[str]:
@@ -321,17 +120,18 @@ def agent_command(job: Job, fabric: Fabric, i: int) -> list[str]:
     return [
         fabric.ip, "netns", "exec", fabric.node(i), *torchrun,
         f"--nnodes={job.nodes}", f"--nproc_per_node={job.ranks_per_node}",  # c10d numbers the nodes itself
-        "--rdzv_backend=c10d", f"--rdzv_endpoint={fabric.address(0)}:{RDZV_PORT}", f"--rdzv_id={fabric.prefix}",
-        f"--rdzv_conf=is_host={str(i == 0).lower()}", f"--local_addr={fabric.address(i)}",
-        "-m", job.module, *job.overrides,
+        "--rdzv_backend=c10d", f"--rdzv_endpoint={STORE_ADDRESS}:{RDZV_PORT}", f"--rdzv_id={fabric.prefix}",
+        f"--rdzv_conf=is_host=false,{KEEP_ALIVE}", f"--local_addr={fabric.address(i)}",  # Fabric.start_store hosts it
+        f"--max-restarts={job.max_restarts}", "-m", job.module, *job.overrides,
     ]  # fmt: skip
 
 
 def agent_env() -> dict[str, str]:
-    """This environment for the agents, less another launcher's variables, with the node's interface."""
+    """This environment for the agents, less another launcher's variables, with the node's interface and
+    the ranks hosting their own store (dlrm.torchrun sets that too; $TORCHRUN may be another launcher)."""
     drop = ("SLURM_", "TORCHELASTIC_", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env.update(GLOO_SOCKET_IFNAME=IFNAME, NCCL_SOCKET_IFNAME=IFNAME)
+    env.update(GLOO_SOCKET_IFNAME=IFNAME, NCCL_SOCKET_IFNAME=IFNAME, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
@@ -351,23 +151,41 @@ class StopRequest:
         self.signum = self.signum or signum
 
 
-def supervise(agents: list[subprocess.Popen], faults: FaultSchedule, stop: StopRequest) -> int:
-    """Wait for the agents, applying the link faults on time; the job's exit status: the first failure's,
+def supervise(agents: list[subprocess.Popen], faults: FaultSchedule, stop: StopRequest, kill_grace_s: float) -> int:
+    """Wait for the agents, applying the faults on time; the job's exit status: the first failure's,
     128 + the signal on a stop request (forwarded to the agents), else 0.
 
-    When one agent fails the others get FAILED_GRACE_S to end, then the caller's teardown ends them.
+    When one agent fails the others get FAILED_GRACE_S to end; once a fault has killed an agent and left
+    its node down, the others get kill_grace_s from the kill; then the caller's teardown ends them. A node
+    whose agent the faults started again (its entry in `agents` replaced) counts like any other.
     """
     failed: tuple[float, int] | None = None
     while stop.signum is None:
-        faults.tick()
-        codes = [a.poll() for a in agents]
+        for line in faults.tick():
+            say(line)
+        now = time.monotonic()
+        codes = [a.poll() for i, a in enumerate(agents) if i not in faults.killed]  # a killed one's is ours
         if failed is None and any(codes):
-            failed = (time.monotonic(), next(c for c in codes if c))
-        if all(c is not None for c in codes) or (failed and time.monotonic() - failed[0] > FAILED_GRACE_S):
-            status = failed[1] if failed else 0
-            if not all(c is not None for c in codes):
+            failed = (now, next(c for c in codes if c))
+        running = codes.count(None)
+        late = failed is not None and now - failed[0] > FAILED_GRACE_S
+        hung = bool(faults.killed) and now - min(faults.killed.values()) > kill_grace_s
+        if not running or late or hung:
+            if failed:
+                status = failed[1]
+            elif running:  # only after a kill: the survivors hang
+                status = 1
+            else:  # every agent that was not killed finished; none left means all were killed
+                status = 0 if codes else SIGKILL_STATUS
+            if running and late:
                 say(f"an agent failed (exit status {status}); the others had {FAILED_GRACE_S:g} s to end")
-            faults.report(status)
+            elif running:
+                say(
+                    f"{running} agent(s) still ran {kill_grace_s:g} s after the kill "
+                    f"(trainer.collective_timeout_s + {FAILED_GRACE_S:g} s): stopping them"
+                )
+            for line in faults.report(status):
+                say(line)
             return status
         time.sleep(0.1)
     say(f"{signal.Signals(stop.signum).name}: stopping the agents (up to {STOP_GRACE_S:g} s)")
@@ -386,34 +204,45 @@ def stop_agents(agents: list[subprocess.Popen], signum: int, grace_s: float) -> 
         time.sleep(0.1)
 
 
-def run_cluster(job: Job, faults: list[LinkDown], stop: StopRequest) -> int:
+def run_cluster(job: Job, faults: list[Fault], stop: StopRequest) -> int:
     """Bring up the fabric, run one agent per node, tear everything down; the job's exit status."""
     fabric = Fabric(f"dlrm-{os.getpid()}", job.nodes, job.uplink_gbit)
-    agents: list[subprocess.Popen] = []
+    agents: list[subprocess.Popen] = []  # node i's agent is agents[i]
+    store: list[subprocess.Popen] = []  # the rendezvous store's process, outliving the agents
     try:
         fabric.open()
+        store.append(fabric.start_store(RDZV_PORT))
         say(
             f"fabric up: {job.nodes} nodes ({fabric.node(0)}..{job.nodes - 1}, {fabric.address(0)}.."
             f"{fabric.address(job.nodes - 1)}), {job.uplink_gbit:g} Gbit/s per uplink (tc tbf, each direction)"
         )
         env = agent_env()
-        for i in range(job.nodes):
-            agents.append(subprocess.Popen(agent_command(job, fabric, i), env=env, start_new_session=True))
+
+        def start(i: int) -> subprocess.Popen:
+            return subprocess.Popen(agent_command(job, fabric, i), env=env, start_new_session=True)
+
+        def restart(i: int) -> None:  # the killed agent is gone (Fabric.kill_node): reap it, start a new one
+            agents[i].wait(timeout=5.0)
+            agents[i] = start(i)
+
+        agents.extend(start(i) for i in range(job.nodes))
         say(
-            f"agents started: {job.nodes} x torchrun --nproc_per_node={job.ranks_per_node} -m {job.module}, rendezvous "
-            f"{fabric.address(0)}:{RDZV_PORT}, run dir {job.run_dir}"
+            f"agents started: {job.nodes} x torchrun --nproc_per_node={job.ranks_per_node} -m {job.module} "
+            f"--max-restarts={job.max_restarts}, rendezvous {STORE_ADDRESS}:{RDZV_PORT}, run dir {job.run_dir}"
         )
-        return supervise(agents, FaultSchedule(faults, fabric, job.run_dir), stop)
+        kill_grace_s = job.collective_timeout_s + FAILED_GRACE_S  # a survivor's collective fails by then
+        schedule = FaultSchedule(faults, fabric, job.run_dir, restart, job.max_restarts)
+        return supervise(agents, schedule, stop, kill_grace_s)
     finally:
         stop_agents(agents, signal.SIGTERM, 5.0)
         sent = ", ".join(f"n{i} {mb:.2f}" for i, mb in enumerate(fabric.sent_mb()))
-        fabric.close()
-        for a in agents:
+        fabric.close()  # ends the store too
+        for a in agents + store:
             a.wait()  # reaped: gone from the process table
         say(f"fabric removed: {job.nodes + 1} namespaces, their links and processes (uplinks had sent MB: {sent})")
 
 
-def parse_args(argv: Sequence[str] | None) -> tuple[Namespace, list[LinkDown]]:
+def parse_args(argv: Sequence[str] | None) -> tuple[Namespace, list[Fault]]:
     """The command line, its values checked (a UsageError names the bad one)."""
     parser = ArgumentParser(prog="python -m dlrm.cluster", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--nodes", type=int, help="nodes (namespaces); default: the topology's")
@@ -427,6 +256,22 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Namespace, list[LinkDown]]:
         help="node NODE's link down AT_S s after training starts, for FOR_S s (repeatable)",
     )
     parser.add_argument(
+        "--kill-agent",
+        action="append",
+        default=[],
+        metavar="NODE@AT_S",
+        help="SIGKILL node NODE's torchrun agent and its workers AT_S s after training starts (repeatable), "
+        "then start the node's agent again: torchrun restarts the job, which resumes from its last checkpoint "
+        "with trainer.resume=auto and checkpoint.every_steps",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        metavar="N",
+        help="torchrun --max-restarts of every agent (default: the number of --kill-agent); a kill beyond N "
+        "leaves its node down and fails the job",
+    )
+    parser.add_argument(
         "--module",
         default="dlrm.train",
         help="the torchrun worker module each agent runs (default dlrm.train); another one (e.g. dlrm.comms.bench) "
@@ -437,24 +282,36 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Namespace, list[LinkDown]]:
     if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", args.module):
         raise UsageError(f"--module={args.module}: give a Python module name (e.g. dlrm.comms.bench)")
     if args.module != "dlrm.train":
-        lacking = [
-            f
-            for f, v in (("--nodes", args.nodes), ("--ranks-per-node", args.ranks_per_node), ("--gbit", args.gbit))
-            if v is None
-        ]
-        if lacking:
-            raise UsageError(
-                f"--module {args.module} needs {', '.join(lacking)}: no trainer config is read to size the job "
-                f"(e.g. --nodes 2 --ranks-per-node 2 --gbit 1 --module {args.module} -- ARGS)"
-            )
-        if args.link_down:
-            raise UsageError(f"--link-down times faults from dlrm.train's metrics; not with --module {args.module}")
-    for flag, value in (("--nodes", args.nodes), ("--ranks-per-node", args.ranks_per_node)):
-        if value is not None and not 1 <= value <= 254:
-            raise UsageError(f"{flag}={value}: give an integer from 1 to 254")
+        _check_other_module(args)
+    for flag, value, most in (("--nodes", args.nodes, MAX_NODES), ("--ranks-per-node", args.ranks_per_node, 254)):
+        if value is not None and not 1 <= value <= most:
+            raise UsageError(f"{flag}={value}: give an integer from 1 to {most}")
+    if args.max_restarts is None:
+        args.max_restarts = len(args.kill_agent)
+    elif not 0 <= args.max_restarts <= 100:
+        raise UsageError(f"--max-restarts={args.max_restarts}: give an integer from 0 to 100")
     if args.gbit is not None and not (math.isfinite(args.gbit) and args.gbit > 0):
         raise UsageError(f"--gbit={args.gbit}: give a positive, finite uplink rate in Gbit/s (e.g. --gbit 1)")
-    return args, [LinkDown.parse(text) for text in args.link_down]
+    faults: list[Fault] = [LinkDown.parse(text) for text in args.link_down]
+    return args, faults + [AgentKill.parse(text) for text in args.kill_agent]
+
+
+def _check_other_module(args: Namespace) -> None:
+    """A --module other than dlrm.train reads no trainer config: the sizes must be given, and the faults
+    (timed from dlrm.train's metrics) cannot be."""
+    lacking = [
+        f
+        for f, v in (("--nodes", args.nodes), ("--ranks-per-node", args.ranks_per_node), ("--gbit", args.gbit))
+        if v is None
+    ]
+    if lacking:
+        raise UsageError(
+            f"--module {args.module} needs {', '.join(lacking)}: no trainer config is read to size the job "
+            f"(e.g. --nodes 2 --ranks-per-node 2 --gbit 1 --module {args.module} -- ARGS)"
+        )
+    for flag, given in (("--link-down", args.link_down), ("--kill-agent", args.kill_agent)):
+        if given:
+            raise UsageError(f"{flag} times faults from dlrm.train's metrics; not with --module {args.module}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -469,9 +326,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             job = plan_job(args.nodes, args.ranks_per_node, args.gbit, list(args.overrides))
         else:  # its own arguments: nothing to compose; the sizes were checked by parse_args
             job = Job(args.nodes, args.ranks_per_node, args.gbit, list(args.overrides), os.getcwd(), args.module)
+        job = dataclasses.replace(job, max_restarts=args.max_restarts)
         for f in faults:
             if f.node >= job.nodes:
-                raise UsageError(f"--link-down {f.node}:{f.at_s:g}:{f.for_s:g}: the nodes are 0..{job.nodes - 1}")
+                raise UsageError(f"{f}: the nodes are 0..{job.nodes - 1}")
         return 128 + stop.signum if stop.signum else run_cluster(job, faults, stop)
     except UserError as e:
         print(f"{e.prefix}: {e}", file=sys.stderr)

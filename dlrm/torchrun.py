@@ -9,24 +9,46 @@ exit 130/143), also when torchrun itself got the signal and forwarded it to the 
 collective that timed out or lost a rank (exit 3, one `failed:` line: dlrm.core.topology). Any other
 failure (a crash, a signal, another exit status) gets torchrun's full report and traceback, as
 plain torchrun would print it.
+
+A multi-node launch gets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 unless the environment sets it
+(`separate_store`): rank 0's worker then hosts the job's store, a new one every rendezvous round, on a
+free port of its node, instead of sharing the rendezvous host agent's. With the shared store, an agent
+started again in place of a dead node's (torchrun --max-restarts on every node) waits 60 s for a
+MASTER_ADDR the surviving agent never publishes again, and fails. Single-node launches keep torch's
+default, and so does a multi-node dlrm.train that names no run directory (hydra.run.dir= / run.name=):
+its ranks agree on outputs/<timestamp> through the agent's store (dlrm.train).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
+from argparse import Namespace
 from collections.abc import Sequence
 
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
-from torch.distributed.run import parse_args, run
+from torch.distributed.run import parse_args, parse_min_max_nnodes, run
 
 USER_ERROR = 2  # dlrm.errors.UserError.exit_code
 COLLECTIVE_FAILED = 3  # a collective timed out or lost a rank (core.topology), or fell short (comms.preflight)
 # A clean stop on a signal (dlrm.core.stop.TrainingStopped): 128 + SIGINT / SIGTERM.
 STOPPED = (128 + signal.SIGINT, 128 + signal.SIGTERM)
 QUIET = (USER_ERROR, COLLECTIVE_FAILED, *STOPPED)  # the rank has printed its one line
+SEPARATE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # torch's opt-out of the agent-hosted store
+
+
+def separate_store(args: Namespace) -> bool:
+    """Whether the ranks should host their own store (see the module's docstring): a multi-node launch,
+    unless it is a dlrm.train that names no run directory."""
+    try:
+        multi_node = not args.standalone and parse_min_max_nnodes(args.nnodes)[1] > 1
+    except (RuntimeError, ValueError):  # a bad --nnodes: torchrun's `run` reports it
+        return False
+    named = any(a.lstrip("+").startswith(("hydra.run.dir=", "run.name=")) for a in args.training_script_args)
+    return multi_node and (named or not (args.module and args.training_script == "dlrm.train"))
 
 
 def only_user_errors(failures: dict) -> int | None:
@@ -58,6 +80,8 @@ class _DropUserErrorNoise(logging.Filter):
 @record
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if separate_store(args):
+        os.environ.setdefault(SEPARATE_STORE, "1")
     for name in ("torch.distributed.elastic.multiprocessing.api", "torch.distributed.elastic.agent.server.api"):
         logging.getLogger(name).addFilter(_DropUserErrorNoise())
     try:

@@ -117,11 +117,24 @@ class CollectiveFailure(UserError):
     prefix = "failed"
 
 
+def _what_next() -> str:
+    """How a failed job goes on: torchrun restarts it while --max-restarts allows (it then resumes
+    with trainer.resume=auto), else the user runs it again."""
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    done = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if done < restarts:
+        return (
+            f"torchrun restarts the job (restart {done + 1} of --max-restarts={restarts}), from the last "
+            "checkpoint if the command has trainer.resume=auto"
+        )
+    return "continue from the last checkpoint with trainer.resume=auto"
+
+
 def collective_failure(e: BaseException, timeout_s: float) -> CollectiveFailure | None:
     """The one-line failure for Gloo's collective timeout or lost connection, else None (NCCL's
     watchdog ends the process itself after `timeout_s`; its log says so)."""
     text = str(e)
-    again = "continue from the last checkpoint with trainer.resume=auto"
+    again = _what_next()
     timed_out = r"Timed out waiting \d+ms for \w+ operation|Application timeout caused pair closure"
     if isinstance(e, RuntimeError) and re.search(timed_out, text):
         return CollectiveFailure(
@@ -138,10 +151,15 @@ def collective_failure(e: BaseException, timeout_s: float) -> CollectiveFailure 
 
 
 def _launcher_store(world: World) -> dist.Store:
-    """The rendezvous store at MASTER_ADDR:MASTER_PORT, under a prefix unique to this attempt.
+    """The rendezvous store at MASTER_ADDR:MASTER_PORT, under a prefix that no earlier attempt used.
 
-    torchrun hosts the store in its agent and keeps it across restarts (--max-restarts): without
-    the per-attempt prefix, restarted ranks would read the dead attempt's addresses and hang or fail.
+    Where torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True, torch's default) it
+    outlives the workers across restarts (--max-restarts), so the prefix carries the attempt
+    (TORCHELASTIC_RESTART_COUNT): restarted ranks would otherwise read the dead attempt's addresses.
+    Otherwise (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, which dlrm.torchrun sets for multi-node launches)
+    rank 0 hosts a new store every round and the prefix is constant: restart counts are per agent, so
+    after a node's agent is started again its ranks count 0 while the others count 1, and a prefix by
+    the count would keep them apart (torch's own `_create_c10d_store` reasons the same way).
     """
     agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(
@@ -150,7 +168,8 @@ def _launcher_store(world: World) -> dist.Store:
         world.world_size,
         is_master=world.rank == 0 and not agent_hosts_it,
     )
-    return dist.PrefixStore(f"dlrm/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"dlrm/attempt_{count}" if agent_hosts_it else "dlrm/job", store)
 
 
 def init_distributed(

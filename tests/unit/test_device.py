@@ -71,9 +71,14 @@ def test_the_process_group_gets_the_collective_timeout_and_the_gpu(make_config, 
         ("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:2451", "lost the connection"),
     ],
 )
-def test_collective_failures_are_one_line(message, words):
+def test_collective_failures_are_one_line(message, words, monkeypatch):
     from dlrm.core.topology import collective_failure
 
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")  # torchrun restarts it: said so
+    failure = collective_failure(RuntimeError(message), 5.0)
+    assert failure is not None and "torchrun restarts the job (restart 1 of --max-restarts=1)" in str(failure)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # no restart left: the user continues it
     failure = collective_failure(RuntimeError(message), 5.0)
     assert failure is not None and words in str(failure) and "trainer.resume=auto" in str(failure)
     assert failure.exit_code == 3 and "\n" not in str(failure)
