@@ -168,6 +168,7 @@ def test_a_killed_agent_is_started_again_and_the_job_resumes_in_place(tmp_path):
 
 @needs_root
 @pytest.mark.slow
+@pytest.mark.long  # ~20 s; the one-line failure is test_device's, the schedule test_kills_start_the_node_again's
 def test_a_kill_beyond_max_restarts_fails_the_job_in_one_line(tmp_path):
     """--max-restarts 0: node 1 stays down, node 0's ranks lose their connections and the job ends with
     `failed:` lines and one fault line saying how to continue, exit 3, no traceback, nothing left."""

@@ -383,16 +383,14 @@ def test_dense_lookup_without_autograd_kernel_still_gets_exact_gradients():
 def test_console_names_the_eval_batches_that_run(available, expected):
     """The config line says how many eval batches an evaluation scores: data.eval_batches, or the eval
     split's all when it holds fewer (a small Criteo file), never the 1600 asked for when 6 run."""
-    from types import SimpleNamespace
-
     from dlrm.config import Config
     from dlrm.core import console
-    from dlrm.core.trainer import Trainer
+    from dlrm.core.evaluator import Evaluator
 
     cfg = Config()
     cfg.data.eval_batches = 1600
-    source = SimpleNamespace(num_batches=lambda split: available if split == "eval" else None)
-    n = Trainer.eval_batches(SimpleNamespace(cfg=cfg, source=source))  # type: ignore[arg-type]
+    unused = None  # batch_count reads the config and the eval split's size only
+    n = Evaluator(cfg, unused, lambda: available, unused, unused, unused, unused).batch_count()  # type: ignore[arg-type]
     assert n == expected
     line = console.config_lines(cfg, 1, 2, "gloo", "cpu", 1000, 10, n)[1]
     assert f"eval {expected} batches" in line if expected else "no eval (the data has no eval split" in line
