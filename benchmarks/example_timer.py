@@ -1,6 +1,6 @@
 """Run TorchRec's DLRM example script itself, unchanged, and time it as `dlrm.bench` times ours.
 
-The baseline of issue #12 is the real example: `torchrec_dlrm/dlrm_main.py` of a checkout of
+The baseline is the real example: `torchrec_dlrm/dlrm_main.py` of a checkout of
 https://github.com/facebookresearch/dlrm (or `examples/dlrm/dlrm_main.py` of a TorchRec checkout
 that still has it), named by `--example PATH`. Nothing of it is copied here: this script runs the
 file with `runpy` as `python dlrm_main.py ARGS` would (its directory first on `sys.path`, for its
