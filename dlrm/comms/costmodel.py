@@ -161,6 +161,13 @@ def level_time(collective: str, link: Link, p: int, nbytes: float, backend: str 
     return collective_time(collective, link, p, nbytes)
 
 
+def _shape(nodes: int, ranks_per_node: int) -> tuple[int, int]:
+    """(nodes, ranks_per_node), refused unless both are at least 1."""
+    if nodes < 1 or ranks_per_node < 1:
+        raise CommsError(f"nodes={nodes} and ranks_per_node={ranks_per_node} must both be at least 1")
+    return nodes, ranks_per_node
+
+
 def two_level_time(
     collective: str,
     intra: Link,
@@ -173,9 +180,7 @@ def two_level_time(
     """Seconds for one collective of `nbytes` over nodes x ranks_per_node ranks by the two-level scheme
     (module docstring), each level's collective as `backend` runs it (`level_time`)."""
     check_collective(collective)
-    n, g = nodes, ranks_per_node
-    if n < 1 or g < 1:
-        raise CommsError(f"nodes={n} and ranks_per_node={g} must both be at least 1")
+    n, g = _shape(nodes, ranks_per_node)
 
     def level(c: str, link: Link, p: int, size: float) -> float:
         return level_time(c, link, p, size, backend)
@@ -197,9 +202,7 @@ def ring_time(collective: str, intra: Link, inter: Link, nodes: int, ranks_per_n
     the ring's (steps, factor) for p = N g, each step at the largest alpha of the levels it crosses and
     the bandwidth term at min(B_intra (g > 1), g B_inter (N > 1)). Allreduce, reduce-scatter, allgather."""
     check_collective(collective)
-    n, g = nodes, ranks_per_node
-    if n < 1 or g < 1:
-        raise CommsError(f"nodes={n} and ranks_per_node={g} must both be at least 1")
+    n, g = _shape(nodes, ranks_per_node)
     if collective == "alltoall":
         raise CommsError("no backend here runs alltoall as a ring; use world_time or two_level_time")
     levels = ([intra] if g > 1 else []) + ([replace(inter, bandwidth_Bps=g * inter.bandwidth_Bps)] if n > 1 else [])
