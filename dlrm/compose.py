@@ -13,8 +13,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
 
 from dlrm.config import Config, ConfigError, register_configs, to_config
 
@@ -152,15 +155,35 @@ def compose(overrides: Sequence[str]) -> Config:
     Raises ConfigError for an unknown key or option (with a "did you mean"), a value of the wrong
     type, or anything else Hydra refuses. Does not `validate`.
     """
-    from hydra import compose as hydra_compose
+    with hydra_session():
+        return to_config(compose_job(overrides, with_hydra=False))
+
+
+@contextmanager
+def hydra_session(job_name: str = "train") -> Iterator[None]:
+    """Hydra initialized on conf/ for the block, as `@hydra.main` of dlrm/train.py initializes it."""
     from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=job_name):
+        yield
+
+
+def compose_job(overrides: Sequence[str], with_hydra: bool = True) -> DictConfig:
+    """The composed config for these overrides, with Hydra's node (run dir, job, overrides) unless
+    with_hydra=False; inside `hydra_session`. ConfigError as `compose`."""
+    from hydra import compose as hydra_compose
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     check_overrides(overrides)
     register_configs()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return to_config(hydra_compose(config_name="config", overrides=list(overrides)))
+        return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=with_hydra)
     except (HydraException, OmegaConfBaseException) as e:
         raise _composition_error(e) from None
+
+
+def task_config(composed: DictConfig) -> Config:
+    """The typed Config of a composed config (Hydra's node left out)."""
+    task = OmegaConf.masked_copy(composed, [str(k) for k in composed if k != "hydra"])
+    return to_config(task)

@@ -1,9 +1,12 @@
 """Entry point: `python -m dlrm.train [overrides]` or `torchrun --nproc_per_node=N -m dlrm.train [overrides]`.
 
-The overrides are checked against the schema and conf/ first (an unknown key or option gets a
-"did you mean"), then Hydra composes the config; `run` validates it, checks that the model can fit,
-then builds and runs the trainer. Under torchrun all ranks agree on one run directory, and only
-rank 0 writes into it.
+The overrides are checked against the schema and conf/ (an unknown key or option gets a "did you
+mean"), Hydra composes the config once, and `check` refuses bad values, a config that does not match
+the launcher's world and unusable output places, all before torch is imported or a run directory is
+made. Then Hydra's `run_job` runs the job in the run directory (as `@hydra.main` would: `.hydra/`,
+`HydraConfig`): `run` checks that the model can fit, then builds and runs the trainer. Under torchrun
+all ranks agree on one run directory, and only rank 0 writes into it. Hydra's own flags (--help,
+--cfg, -cp...) go to Hydra's `@main`.
 
 A user error (`dlrm.errors.UserError`, also when DCP wraps one) prints `error: <message>` once and
 exits with status 2, without a traceback: see `exit_on_user_error`. Launch through
@@ -21,9 +24,9 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from dlrm.compose import CONF_DIR, compose, override_value
+from dlrm.compose import CONF_DIR, compose_job, hydra_session, override_value, task_config
 from dlrm.config import Config, ConfigError, register_configs, to_config, validate, validate_world
 from dlrm.core.logs import setup_logging
 from dlrm.errors import UsageError, UserError, exit_on_user_error
@@ -34,17 +37,15 @@ register_configs()
 
 
 def run(cfg: Config, run_dir: Path | None = None) -> dict:
-    """Validate, train and evaluate on this rank; return the run summary (see docs/configuration.md, Outputs)."""
-    validate(cfg)
+    """Train and evaluate a config that passed `check` on this rank; return the run summary (see
+    docs/configuration.md, Outputs)."""
     import torch.distributed as dist
 
-    from dlrm.core.topology import World
-
-    world = World.from_env()
-    validate_world(cfg, world.world_size, world.local_world_size)
     from dlrm.core.memory import check_memory  # imports TorchRec (seconds): only once the config is valid
+    from dlrm.core.topology import World
     from dlrm.core.trainer import Trainer
 
+    world = World.from_env()
     model = check_memory(cfg, world.world_size)  # a model that cannot fit: refused before any process group
     from dlrm.comms.measured import summary_extras  # the cost model, outside the core
 
@@ -59,22 +60,31 @@ def run(cfg: Config, run_dir: Path | None = None) -> dict:
     return summary
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def hydra_main(dcfg: DictConfig) -> None:
+def check(cfg: Config, run_dir: str | None) -> None:
+    """Refuse what can be refused before torch is imported: the config's values, the config against
+    the launcher's world (WORLD_SIZE, LOCAL_WORLD_SIZE), and the places it writes to (`run_dir`:
+    hydra.run.dir as given, if given)."""
+    validate(cfg)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    validate_world(cfg, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+    _check_output_places(cfg, run_dir)
+
+
+def _job(cfg: Config, task: DictConfig) -> None:
+    """What runs in the run directory once Hydra has set it up: logging, the run's records, training,
+    the closing line. `task` is the composed config without Hydra's node (written to config.yaml)."""
     from dlrm.core.topology import World
 
     world = World.from_env()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     setup_logging(world.rank, run_dir if world.is_main else None)  # console, train.log; library noise off
-    timeout_s = float(dcfg.trainer.collective_timeout_s)
     try:
-        cfg = to_config(dcfg)
-        _record_run(cfg, dcfg, run_dir, world.is_main)
+        _record_run(cfg, task, run_dir, world.is_main)
         summary = run(cfg, run_dir)
     except Exception as e:
         from dlrm.core.topology import collective_failure
 
-        exit_on_user_error(collective_failure(e, timeout_s) or e, world.rank)
+        exit_on_user_error(collective_failure(e, cfg.trainer.collective_timeout_s) or e, world.rank)
         raise
     if world.is_main:
         speed = summary["train_samples_per_s"]
@@ -83,6 +93,39 @@ def hydra_main(dcfg: DictConfig) -> None:
             f"eval auc {summary['eval_auc'] and round(summary['eval_auc'], 4)}, "
             f"logloss {summary['eval_logloss'] and round(summary['eval_logloss'], 4)}; outputs in {run_dir}"
         )
+
+
+def _run_job(composed: DictConfig, cfg: Config) -> None:
+    """Run `_job` on the config composed once, as `@hydra.main` runs its function (Hydra's `run_job`:
+    the run directory, `.hydra/`, `HydraConfig`, `hydra.job.env_set`, `hydra.callbacks`).
+
+    Call inside `hydra_session`. Hydra's `Callbacks` is internal: the `@hydra.main` path builds it so;
+    tests/hostile/test_cli_errors.py (test_a_run_writes_hydra_records) catches a change.
+    """
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import run_job
+    from hydra.types import HydraContext, RunMode
+
+    with open_dict(composed.hydra):
+        composed.hydra.mode = RunMode.RUN
+    callbacks = Callbacks(composed)
+    callbacks.on_run_start(config=composed, config_name="config")
+    context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
+    done = run_job(lambda task: _job(cfg, task), composed, "hydra.run.dir", None, context, configure_logging=False)
+    callbacks.on_run_end(config=composed, config_name="config", job_return=done)
+    _ = done.return_value  # raises the job's exception, if it failed
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def hydra_main(dcfg: DictConfig) -> None:
+    """The job when Hydra's flags compose the config from elsewhere (-cp, -cn, -cd)."""
+    try:
+        cfg = to_config(dcfg)
+        check(cfg, None)
+    except UserError as e:
+        exit_on_user_error(e, int(os.environ.get("RANK", "0")))
+    _job(cfg, dcfg)
 
 
 def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool) -> None:
@@ -149,7 +192,7 @@ def _check_output_places(cfg: Config, run_dir: str | None) -> None:
 # Hydra's flags: those that only print (help, version, info) are Hydra's business; those naming another
 # config place or a rerun compose from elsewhere than conf/, so the early checks cannot compose as Hydra will.
 _HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--info", "-i", "--shell-completion", "-sc"}
-_HYDRA_ELSEWHERE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+_HYDRA_ELSEWHERE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"}
 _HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", *_HYDRA_ELSEWHERE_FLAGS}  # flags followed by a value
 
 
@@ -170,44 +213,68 @@ def _split_flags(args: list[str]) -> tuple[set[str], list[str]]:
 
 
 def main() -> None:
-    """Check the command line, add the launcher-dependent Hydra overrides, then hand over to Hydra."""
-    args = sys.argv[1:]
+    """Compose the command line's config once, check it, then run the job in its run directory; with
+    Hydra's own flags (--help, --cfg, -cp...), hand the command line to Hydra's `@main`."""
     rank = int(os.environ.get("RANK", "0"))
-    flags, overrides = _split_flags(args)
-    cfg = None
-    if not flags & (_HYDRA_INFO_FLAGS | _HYDRA_ELSEWHERE_FLAGS):
-        try:  # fail fast, before torch is imported and Hydra makes a run directory
-            if flags & {"-m", "--multirun"}:
-                raise UsageError(
-                    "dlrm.train runs one training per command; -m/--multirun (a Hydra sweep) is not supported: "
-                    "run one command per setting (e.g. a shell loop over the values)"
-                )
-            cfg = compose(overrides)
-            validate(cfg)
-            world_size = int(os.environ.get("WORLD_SIZE", "1"))
-            validate_world(cfg, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
-            _check_output_places(cfg, override_value(overrides, "hydra.run.dir"))
+    flags, overrides = _split_flags(sys.argv[1:])
+    with hydra_session():
+        cfg = None
+        try:  # fail fast, before torch is imported and a run directory is made
+            _refuse_flags(flags)
+            if not flags & (_HYDRA_INFO_FLAGS | _HYDRA_ELSEWHERE_FLAGS):
+                composed = compose_job(overrides)
+                cfg = task_config(composed)
+                check(cfg, override_value(overrides, "hydra.run.dir"))
         except UserError as e:
             exit_on_user_error(e, rank)
-    from dlrm.core.topology import World
-
-    world = World.from_env()
-    try:  # not checked above (Hydra's flags): a parse error is then Hydra's to report
+        if not flags:
+            assert cfg is not None
+            for key, value in _placement(cfg.run.name, override_value(overrides, "hydra.run.dir")).items():
+                OmegaConf.update(composed, key, value, force_add=True)
+            _run_job(composed, cfg)
+            return
+    try:  # not composed above (Hydra's flags): a parse error is then Hydra's to report
         run_dir, name = override_value(overrides, "hydra.run.dir"), override_value(overrides, "run.name")
     except ConfigError:
         run_dir, name = None, None
-    if cfg is not None:
-        name = cfg.run.name
-    added = []  # first: argparse wants the overrides together, before any flag
-    if run_dir is None and "--help" not in flags and "-h" not in flags:
-        if name:  # a named run: the same directory for every rank and every invocation
-            added.append(f"hydra.run.dir=outputs/{name}")
-        elif world.world_size > 1:
-            added.append(f"hydra.run.dir={_shared_run_dir()}")
-    if not world.is_main:  # only rank 0 writes Hydra's files and log
-        added += ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none"]
-    sys.argv[1:1] = added
-    hydra_main()
+    help_only = bool(flags & _HYDRA_INFO_FLAGS)
+    placed = {} if help_only else _placement(cfg.run.name if cfg else name, run_dir)
+    # first: argparse wants the overrides together, before any flag
+    sys.argv[1:1] = [f"{key}={'null' if value is None else value}" for key, value in placed.items()]
+    if "hydra.output_subdir" in placed:  # not rank 0: no Hydra logging (dlrm.core.logs sets it up)
+        sys.argv[1:1] = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
+    hydra_main()  # Hydra's @main initializes Hydra itself, outside the session above
+
+
+def _placement(name: str | None, run_dir: str | None) -> dict[str, str | None]:
+    """The Hydra settings that place this rank's run: the directory all ranks share (a named run's, or
+    one agreed under torchrun) unless hydra.run.dir was given; Hydra's records on rank 0 only."""
+    from dlrm.core.topology import World
+
+    world = World.from_env()
+    placed: dict[str, str | None] = {}
+    if run_dir is None and name:  # a named run: the same directory for every rank and every invocation
+        placed["hydra.run.dir"] = f"outputs/{name}"
+    elif run_dir is None and world.world_size > 1:
+        placed["hydra.run.dir"] = _shared_run_dir()
+    if not world.is_main:
+        placed["hydra.output_subdir"] = None
+    return placed
+
+
+def _refuse_flags(flags: set[str]) -> None:
+    """Hydra's flags dlrm.train does not take: a sweep, and a rerun from a pickled config (code from a file)."""
+    if flags & {"-m", "--multirun"}:
+        raise UsageError(
+            "dlrm.train runs one training per command; -m/--multirun (a Hydra sweep) is not supported: "
+            "run one command per setting (e.g. a shell loop over the values)"
+        )
+    if "--experimental-rerun" in flags:
+        raise UsageError(
+            "dlrm.train does not rerun from a pickled config (--experimental-rerun: loading it can run code); "
+            "rerun with the overrides in RUN_DIR/.hydra/overrides.yaml, or continue a named run with "
+            "run.name=NAME trainer.resume=auto"
+        )
 
 
 if __name__ == "__main__":

@@ -28,12 +28,13 @@ AFTER_THE_FAMILIES = ("tests/unit/test_observability.py",)
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the selected tests count
 def pytest_collection_modifyitems(config, items):
-    """The tests that read scenario families run last, and the families they need start at once on a
-    background thread (tests/helpers/families.py `prefetch`): the 2-rank launches overlap with the
-    single-process tests instead of following them."""
+    """The families the tests read start at once on a background thread (tests/helpers/families.py
+    `prefetch`), and their 2-rank launches overlap with the tests that use one core: first the tests
+    not marked slow (one process), then the slow ones (several processes each), then those that read
+    the families, then the timing-sensitive ones."""
     from tests.helpers.families import FAMILIES, FIXTURE_READS, families_read_by, prefetch
 
-    needed, readers, rest, late = set(), [], [], []
+    needed, light, heavy, readers, late = set(), [], [], [], []
     for item in items:
         function = getattr(item, "function", None)
         families = families_read_by(function) if function is not None else []
@@ -43,8 +44,10 @@ def pytest_collection_modifyitems(config, items):
             readers.append(item)
         elif item.nodeid.startswith(AFTER_THE_FAMILIES):
             late.append(item)
+        elif item.get_closest_marker("slow"):
+            heavy.append(item)
         else:
-            rest.append(item)
-    items[:] = rest + readers + late
+            light.append(item)
+    items[:] = light + heavy + readers + late
     if needed and not config.option.collectonly:
         prefetch([f for f in FAMILIES if f in needed])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import threading
+import time
 
 import pytest
 
@@ -33,3 +35,19 @@ def main_in_process(monkeypatch, capsys, *args, env=None):
         train.main()
     out, err = capsys.readouterr()
     return exc.value.code, out, err
+
+
+def record_sleeps(monkeypatch) -> list[float]:
+    """Replace time.sleep for this test: the main thread's calls are recorded (and return at once);
+    other threads (the scenario families' launcher runs beside the tests) still sleep."""
+    waits: list[float] = []
+    real = time.sleep
+
+    def sleep(seconds: float) -> None:
+        if threading.current_thread() is threading.main_thread():
+            waits.append(seconds)
+        else:
+            real(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    return waits

@@ -20,7 +20,7 @@ import pytest
 from dlrm import errors, train
 from dlrm.config import ConfigError
 from dlrm.errors import UserError
-from tests.helpers.cli import TORCHRUN_VARS, assert_one_error, main_in_process
+from tests.helpers.cli import TORCHRUN_VARS, assert_one_error, main_in_process, record_sleeps
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,6 +71,7 @@ CASES = {
     "typo beside --cfg": (["--cfg", "job", "trainer.max_step=3"], ["'trainer.max_step'", "did you mean"]),
     "typo beside --cfg=job --resolve": (["--cfg=job", "--resolve", "model=dlrm_smal"], ["'dlrm_smal'"]),
     "multirun": (["-m", "trainer.max_steps=1,2"], ["-m/--multirun", "one command per setting"]),
+    "rerun from a pickle": (["--experimental-rerun", "x/config.pickle"], ["--experimental-rerun", "can run code"]),
     "uvm on cpu": (["sharding.compute_kernel=fused_uvm_caching"], ["'sharding.compute_kernel'", "host memory already"]),
     "cache factor 0": (["sharding.cache_load_factor=0"], ["'sharding.cache_load_factor' = 0", "(0, 1]"]),
     "cache factor without cache": (
@@ -101,23 +102,54 @@ def test_bad_command_line_is_one_error_line(monkeypatch, capsys, case):
         (['run.name="dq"'], "outputs/dq"),
         (["run.name=a", "run.name=b"], "outputs/b"),  # the last one wins, as in Hydra
         (["++run.name=forced"], "outputs/forced"),
-        (["run.name=n", "--cfg", "job"], "outputs/n"),
-        (["run.name=n", "hydra.run.dir='elsewhere'"], None),  # hydra.run.dir wins: nothing added
+        (["run.name=n", "hydra.run.dir='elsewhere'"], "elsewhere"),  # hydra.run.dir wins
     ],
 )
 def test_named_run_directory_is_the_name_hydra_reads(monkeypatch, capsys, args, run_dir):
-    """A named run's directory comes from the value Hydra composes (quotes, repeats, ++), and is
-    placed before any flag (argparse takes the overrides together)."""
+    """A named run's directory comes from the value Hydra composes (quotes, repeats, ++)."""
     seen = []
-    monkeypatch.setattr(train, "hydra_main", lambda: seen.append(list(sys.argv[1:])))
+    monkeypatch.setattr(train, "_run_job", lambda composed, cfg: seen.append(composed.hydra.run.dir))
     monkeypatch.setattr(sys, "argv", ["dlrm.train", *args])
     for name in TORCHRUN_VARS:
         monkeypatch.delenv(name, raising=False)
     train.main()
-    added = [a for a in seen[0] if a.startswith("hydra.run.dir=") and a not in args]
-    assert added == ([f"hydra.run.dir={run_dir}"] if run_dir else []), seen
-    flags = [i for i, a in enumerate(seen[0]) if a.startswith("-")]
-    assert all(i >= len(seen[0]) - 2 for i in flags), seen  # flags (and --cfg's value) stay last
+    assert seen == [run_dir]
+
+
+def test_hydra_flags_go_to_hydra_with_the_named_run_directory(monkeypatch, capsys):
+    """With Hydra's flags, the named run's directory is added before them (argparse takes the overrides together)."""
+    seen = []
+    monkeypatch.setattr(train, "hydra_main", lambda: seen.append(list(sys.argv[1:])))
+    monkeypatch.setattr(sys, "argv", ["dlrm.train", "run.name=n", "--cfg", "job"])
+    for name in TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+    train.main()
+    assert seen == [["hydra.run.dir=outputs/n", "run.name=n", "--cfg", "job"]]
+
+
+def test_a_run_writes_hydra_records(monkeypatch, capsys, tmp_path):
+    """The config composed once runs as `@hydra.main` would run it (run_job, with Hydra's internal
+    `Callbacks`): HydraConfig names the run directory, `.hydra/` holds the config and the overrides,
+    config.yaml is written; the training itself is replaced here."""
+    seen = []
+
+    def fake_run(cfg, run_dir):
+        from hydra.core.hydra_config import HydraConfig
+
+        seen.append((cfg.trainer.max_steps, run_dir, HydraConfig.get().runtime.output_dir))
+        return {"steps": 3, "train_samples_per_s": 1.0, "eval_auc": None, "eval_logloss": None}
+
+    monkeypatch.setattr(train, "run", fake_run)
+    run_dir = tmp_path / "run"
+    monkeypatch.setattr(sys, "argv", ["dlrm.train", "model=tiny", "trainer.max_steps=3", f"hydra.run.dir={run_dir}"])
+    for name in TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+    train.main()
+    assert seen == [(3, run_dir, str(run_dir))]
+    assert f"outputs in {run_dir}" in capsys.readouterr().out
+    assert "max_steps: 3" in (run_dir / ".hydra" / "config.yaml").read_text()
+    assert "trainer.max_steps=3" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert "max_steps: 3" in (run_dir / "config.yaml").read_text()
 
 
 def test_topology_against_the_launcher_is_checked_before_torchrun_store(monkeypatch, capsys):
@@ -127,8 +159,7 @@ def test_topology_against_the_launcher_is_checked_before_torchrun_store(monkeypa
     assert_one_error(code, out, err, "topology.nodes", "WORLD_SIZE=2", "--nnodes=2")
     # Rank 1 meets the same error: it waits for rank 0 to report it and torchrun to stop the job;
     # if that does not happen (here: no torchrun), it reports it itself, with its rank.
-    waits = []
-    monkeypatch.setattr(errors.time, "sleep", waits.append)
+    waits = record_sleeps(monkeypatch)
     code, out, err = main_in_process(monkeypatch, capsys, "topology=cpu_2x2", env=dict(env, RANK="1", LOCAL_RANK="1"))
     assert waits == [errors.REPORT_GRACE_S]
     assert_one_error(code, out, err, "error: [rank 1] config key 'topology.nodes'")
@@ -210,8 +241,7 @@ def test_rank_local_error_waits_for_rank_0_under_torchrun(monkeypatch, capsys, l
     class LocalError(UserError):
         pass
 
-    waits = []
-    monkeypatch.setattr(errors.time, "sleep", waits.append)
+    waits = record_sleeps(monkeypatch)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     if launcher:
         monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
