@@ -48,7 +48,7 @@ from dlrm.config import Config, validate, validate_world
 from dlrm.core.host_memory import keep_freed_memory
 from dlrm.core.metrics import peak_rss_mb
 from dlrm.core.phases import PHASES, device_breakdown, spans_of, step_breakdown
-from dlrm.core.topology import World
+from dlrm.core.world import World
 from dlrm.errors import ArgumentParser, UserError, exit_on_user_error
 from dlrm.io import write_json_atomic
 

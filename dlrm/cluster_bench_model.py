@@ -13,6 +13,8 @@ import math
 import time
 from pathlib import Path
 
+from dlrm.core.plan_records import Shard, TablePlan
+
 MODEL_PLAN_SYNC_PERIOD = 4  # dlrm.plan --sync-period's default, as run_plan calls it
 PROPOSER = "default"  # dlrm.plan --proposer's default
 
@@ -141,8 +143,6 @@ def tables_from_summary(summary: dict, model) -> list:
     row-sharded tables split into equal row blocks over their ranks (TorchRec's ceil(rows / k)), column-wise
     ones into equal column blocks, data-parallel ones replicated. Exact for whole-table shards and for
     row or column counts that the ranks divide."""
-    from dlrm.core.sharding import Shard, TablePlan
-
     plan = {e["table"]: e for e in summary["sharding_plan"]}
     world = summary["world_size"]
     out = []

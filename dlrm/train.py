@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from dlrm.compose import CONF_DIR, compose_job, hydra_session, override_value, task_config
 from dlrm.config import Config, ConfigError, register_configs, to_config, validate, validate_world
 from dlrm.core.logs import setup_logging
+from dlrm.core.world import World
 from dlrm.errors import UsageError, UserError, exit_on_user_error
 from dlrm.io import output_dir_problem
 
@@ -36,16 +37,15 @@ register_configs()
 # torch (seconds to import) is imported where needed: a bad command line fails before it.
 
 
-def run(cfg: Config, run_dir: Path | None = None) -> dict:
-    """Train and evaluate a config that passed `check` on this rank; return the run summary (see
-    docs/configuration.md, Outputs)."""
+def run(cfg: Config, run_dir: Path | None = None, world: World | None = None) -> dict:
+    """Train and evaluate a config that passed `check` on this rank of `world` (default: the
+    launcher's); return the run summary (see docs/configuration.md, Outputs)."""
     import torch.distributed as dist
 
     from dlrm.core.memory import check_memory  # imports TorchRec (seconds): only once the config is valid
-    from dlrm.core.topology import World
     from dlrm.core.trainer import Trainer
 
-    world = World.from_env()
+    world = world or World.from_env()
     model = check_memory(cfg, world.world_size)  # a model that cannot fit: refused before any process group
     from dlrm.comms.measured import summary_extras  # the cost model, outside the core
 
@@ -60,27 +60,22 @@ def run(cfg: Config, run_dir: Path | None = None) -> dict:
     return summary
 
 
-def check(cfg: Config, run_dir: str | None) -> None:
+def check(cfg: Config, world: World, run_dir: str | None) -> None:
     """Refuse what can be refused before torch is imported: the config's values, the config against
-    the launcher's world (WORLD_SIZE, LOCAL_WORLD_SIZE), and the places it writes to (`run_dir`:
-    hydra.run.dir as given, if given)."""
+    the launcher's world, and the places it writes to (`run_dir`: hydra.run.dir as given, if given)."""
     validate(cfg)
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    validate_world(cfg, world_size, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+    validate_world(cfg, world.world_size, world.local_world_size)
     _check_output_places(cfg, run_dir)
 
 
-def _job(cfg: Config, task: DictConfig) -> None:
+def _job(cfg: Config, task: DictConfig, world: World) -> None:
     """What runs in the run directory once Hydra has set it up: logging, the run's records, training,
     the closing line. `task` is the composed config without Hydra's node (written to config.yaml)."""
-    from dlrm.core.topology import World
-
-    world = World.from_env()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     setup_logging(world.rank, run_dir if world.is_main else None)  # console, train.log; library noise off
     try:
         _record_run(cfg, task, run_dir, world.is_main)
-        summary = run(cfg, run_dir)
+        summary = run(cfg, run_dir, world)
     except Exception as e:
         from dlrm.core.topology import collective_failure
 
@@ -95,7 +90,7 @@ def _job(cfg: Config, task: DictConfig) -> None:
         )
 
 
-def _run_job(composed: DictConfig, cfg: Config) -> None:
+def _run_job(composed: DictConfig, cfg: Config, world: World) -> None:
     """Run `_job` on the config composed once, as `@hydra.main` runs its function (Hydra's `run_job`:
     the run directory, `.hydra/`, `HydraConfig`, `hydra.job.env_set`, `hydra.callbacks`).
 
@@ -112,7 +107,9 @@ def _run_job(composed: DictConfig, cfg: Config) -> None:
     callbacks = Callbacks(composed)
     callbacks.on_run_start(config=composed, config_name="config")
     context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
-    done = run_job(lambda task: _job(cfg, task), composed, "hydra.run.dir", None, context, configure_logging=False)
+    done = run_job(
+        lambda task: _job(cfg, task, world), composed, "hydra.run.dir", None, context, configure_logging=False
+    )
     callbacks.on_run_end(config=composed, config_name="config", job_return=done)
     _ = done.return_value  # raises the job's exception, if it failed
 
@@ -120,12 +117,13 @@ def _run_job(composed: DictConfig, cfg: Config) -> None:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_main(dcfg: DictConfig) -> None:
     """The job when Hydra's flags compose the config from elsewhere (-cp, -cn, -cd)."""
+    world = World.from_env()
     try:
         cfg = to_config(dcfg)
-        check(cfg, None)
+        check(cfg, world, None)
     except UserError as e:
-        exit_on_user_error(e, int(os.environ.get("RANK", "0")))
-    _job(cfg, dcfg)
+        exit_on_user_error(e, world.rank)
+    _job(cfg, dcfg, world)
 
 
 def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool) -> None:
@@ -215,7 +213,7 @@ def _split_flags(args: list[str]) -> tuple[set[str], list[str]]:
 def main() -> None:
     """Compose the command line's config once, check it, then run the job in its run directory; with
     Hydra's own flags (--help, --cfg, -cp...), hand the command line to Hydra's `@main`."""
-    rank = int(os.environ.get("RANK", "0"))
+    world = World.from_env()
     flags, overrides = _split_flags(sys.argv[1:])
     with hydra_session():
         cfg = None
@@ -224,21 +222,21 @@ def main() -> None:
             if not flags & (_HYDRA_INFO_FLAGS | _HYDRA_ELSEWHERE_FLAGS):
                 composed = compose_job(overrides)
                 cfg = task_config(composed)
-                check(cfg, override_value(overrides, "hydra.run.dir"))
+                check(cfg, world, override_value(overrides, "hydra.run.dir"))
         except UserError as e:
-            exit_on_user_error(e, rank)
+            exit_on_user_error(e, world.rank)
         if not flags:
             assert cfg is not None
-            for key, value in _placement(cfg.run.name, override_value(overrides, "hydra.run.dir")).items():
+            for key, value in _placement(world, cfg.run.name, override_value(overrides, "hydra.run.dir")).items():
                 OmegaConf.update(composed, key, value, force_add=True)
-            _run_job(composed, cfg)
+            _run_job(composed, cfg, world)
             return
     try:  # not composed above (Hydra's flags): a parse error is then Hydra's to report
         run_dir, name = override_value(overrides, "hydra.run.dir"), override_value(overrides, "run.name")
     except ConfigError:
         run_dir, name = None, None
     help_only = bool(flags & _HYDRA_INFO_FLAGS)
-    placed = {} if help_only else _placement(cfg.run.name if cfg else name, run_dir)
+    placed = {} if help_only else _placement(world, cfg.run.name if cfg else name, run_dir)
     # first: argparse wants the overrides together, before any flag
     sys.argv[1:1] = [f"{key}={'null' if value is None else value}" for key, value in placed.items()]
     if "hydra.output_subdir" in placed:  # not rank 0: no Hydra logging (dlrm.core.logs sets it up)
@@ -246,12 +244,9 @@ def main() -> None:
     hydra_main()  # Hydra's @main initializes Hydra itself, outside the session above
 
 
-def _placement(name: str | None, run_dir: str | None) -> dict[str, str | None]:
+def _placement(world: World, name: str | None, run_dir: str | None) -> dict[str, str | None]:
     """The Hydra settings that place this rank's run: the directory all ranks share (a named run's, or
     one agreed under torchrun) unless hydra.run.dir was given; Hydra's records on rank 0 only."""
-    from dlrm.core.topology import World
-
-    world = World.from_env()
     placed: dict[str, str | None] = {}
     if run_dir is None and name:  # a named run: the same directory for every rank and every invocation
         placed["hydra.run.dir"] = f"outputs/{name}"

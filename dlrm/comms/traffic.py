@@ -14,16 +14,12 @@ and its backward allgather as a ring (0.75x); the two together, 1.125x the pairw
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from dlrm.choices import PRECISION_BYTES
 from dlrm.comms.costmodel import backend_of, step_comm_time
 from dlrm.config import Config
-
-if TYPE_CHECKING:  # dlrm.core.sharding imports TorchRec (seconds)
-    from dlrm.core.sharding import Shard, TablePlan
+from dlrm.core.plan_records import Shard, TablePlan
 
 FLOAT_BYTES = 4  # pooled embeddings, their gradients and dense gradients in fp32
 LENGTH_BYTES = 4  # int32 lengths in the input KeyedJaggedTensor (both data sources)

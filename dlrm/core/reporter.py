@@ -18,7 +18,8 @@ from dlrm.core import console
 from dlrm.core.cadence import ThroughputWindow
 from dlrm.core.logs import JOB_START
 from dlrm.core.metrics import MetricsLog, Progress, peak_rss_mb
-from dlrm.core.topology import World, backend_for
+from dlrm.core.topology import backend_for
+from dlrm.core.world import World
 from dlrm.io import write_json_atomic
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,6 @@ reduce-scatter/allgather) and wraps the dense layers in DDP (gradients are allre
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
@@ -29,6 +28,7 @@ from torchrec.distributed.types import (
 
 from dlrm.config import Config, ModelConfig, ShardingConfig
 from dlrm.core.memory import planner_refusal
+from dlrm.core.plan_records import Shard, TablePlan
 
 
 class AnyDeviceEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
@@ -175,37 +175,6 @@ def describe_plan(plan: ShardingPlan) -> list[dict]:
         }
         for table, ps in _parameter_plans(plan)
     ]
-
-
-@dataclass(frozen=True)
-class Shard:
-    """One block of a table on one rank: rows [row_offset, row_offset + rows), cols likewise."""
-
-    rank: int
-    row_offset: int
-    col_offset: int
-    rows: int
-    cols: int
-
-
-@dataclass(frozen=True)
-class TablePlan:
-    """Where one table lives in a sharding plan, for analysis (memory, traffic, reports).
-
-    features: how many features look it up; pooling: ids per sample per feature; ranks: those holding
-    a shard; shards: every block (data_parallel: one full replica per rank).
-    """
-
-    table: str
-    rows: int
-    dim: int
-    features: int
-    pooling: int
-    sharding_type: str
-    compute_kernel: str
-    cache_load_factor: float | None
-    ranks: list[int]
-    shards: list[Shard] = field(default_factory=list)
 
 
 def table_plans(plan: ShardingPlan, model: ModelConfig, world_size: int) -> list[TablePlan]:

@@ -1,6 +1,6 @@
-"""The launcher's world, the process group, and TorchRec's planner Topology, from the topology config.
+"""The process group and TorchRec's planner Topology, from the topology config and the launcher's world.
 
-Data flows one way: `World.from_env()` reads what torchrun set (or a single process),
+Data flows one way: `World.from_env()` (dlrm.core.world) reads what torchrun set (or a single process),
 `validate_world` checks it against the config before anything starts, then `init_distributed`
 creates the process group and `planner_topology` describes the hardware to the planner.
 """
@@ -27,35 +27,10 @@ from torchrec.distributed.planner.types import (
 )
 
 from dlrm.config import TopologyConfig
+from dlrm.core.world import World
 from dlrm.errors import UserError
 
 GB = 10**9
-
-
-@dataclass(frozen=True)
-class World:
-    """This process's place in the job, as the launcher (torchrun) describes it."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    local_world_size: int = 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @classmethod
-    def from_env(cls) -> World:
-        """torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; a single process without them."""
-        env = os.environ
-        world_size = int(env.get("WORLD_SIZE", 1))
-        return cls(
-            rank=int(env.get("RANK", 0)),
-            world_size=world_size,
-            local_rank=int(env.get("LOCAL_RANK", 0)),
-            local_world_size=int(env.get("LOCAL_WORLD_SIZE", world_size)),
-        )
 
 
 def backend_for(cfg: TopologyConfig) -> str:

@@ -33,7 +33,6 @@ from dlrm.core.reporter import Reporter, global_mean_and_signal
 from dlrm.core.sharding import describe_plan, plan_sharding, shard_model
 from dlrm.core.stop import StopRequest, TrainingStopped
 from dlrm.core.topology import (
-    World,
     build_process_groups,
     device_for,
     init_distributed,
@@ -41,6 +40,7 @@ from dlrm.core.topology import (
     synchronizer,
 )
 from dlrm.core.train_state import TrainState
+from dlrm.core.world import World
 from dlrm.data.loader import batches_on, make_source
 from dlrm.data.prefetch import Prefetcher, prefetch_pays
 from dlrm.errors import UserError

@@ -8,7 +8,6 @@ weights and optimizer state, are `dlrm.core.memory`'s (the trainer checks them t
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
 
 from dlrm.config import Config
 from dlrm.core.memory import (
@@ -21,9 +20,7 @@ from dlrm.core.memory import (
     optimizer_state_bytes,
     table_weight_bytes,
 )
-
-if TYPE_CHECKING:  # dlrm.core.sharding imports TorchRec (seconds): not before the config is checked
-    from dlrm.core.sharding import TablePlan
+from dlrm.core.plan_records import TablePlan
 
 UVM_KERNELS = ("fused_uvm", "quant_uvm")  # table in host memory (unified virtual memory)
 UVM_CACHING_KERNELS = ("fused_uvm_caching", "quant_uvm_caching")  # in host memory, a cache of rows in HBM

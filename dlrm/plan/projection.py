@@ -53,6 +53,7 @@ import numpy as np
 from dlrm.comms.costmodel import Link, backend_of, ring_time, two_level_time
 from dlrm.comms.traffic import FLOAT_BYTES, comm_summary
 from dlrm.config import Config, ConfigError
+from dlrm.core.plan_records import Shard, TablePlan
 from dlrm.io import JSON_LIMIT, UnreadableFileError, parse_json, read_bounded
 
 SYNC_MODES = ("allreduce", "hierarchical", "local_sgd")
@@ -153,8 +154,6 @@ def replace_shards(tables, world: int, ranks_per_node: int):
     first; row_wise is cut into `world` equal row ranges, one per rank; table_row_wise / grid_shard
     column blocks are row-sharded over the g ranks of the least loaded node; data_parallel is on every rank.
     """
-    from dlrm.core.sharding import Shard
-
     g, nodes = ranks_per_node, world // ranks_per_node
     load = np.zeros(world)
     node_load = np.zeros(nodes)
@@ -285,8 +284,6 @@ def project(
 
 def tables_of(report: dict):
     """The `TablePlan` records of a plan report (`make_plan`'s dict)."""
-    from dlrm.core.sharding import Shard, TablePlan
-
     return [TablePlan(**{**t, "shards": [Shard(**s) for s in t["shards"]]}) for t in report["plan"]]
 
 

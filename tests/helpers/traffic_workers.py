@@ -14,7 +14,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.config import Config, validate, validate_world
 from dlrm.core.sharding import table_plans
-from dlrm.core.topology import World
+from dlrm.core.world import World
 
 
 class SentBytes:

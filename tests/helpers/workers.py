@@ -14,7 +14,7 @@ import torch
 from dlrm.config import Config, validate, validate_world
 from dlrm.core.model import local_pieces
 from dlrm.core.sharding import describe_plan
-from dlrm.core.topology import World
+from dlrm.core.world import World
 from tests.helpers.harness import default_group
 
 

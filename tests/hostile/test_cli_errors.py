@@ -108,7 +108,7 @@ def test_bad_command_line_is_one_error_line(monkeypatch, capsys, case):
 def test_named_run_directory_is_the_name_hydra_reads(monkeypatch, capsys, args, run_dir):
     """A named run's directory comes from the value Hydra composes (quotes, repeats, ++)."""
     seen = []
-    monkeypatch.setattr(train, "_run_job", lambda composed, cfg: seen.append(composed.hydra.run.dir))
+    monkeypatch.setattr(train, "_run_job", lambda composed, cfg, world: seen.append(composed.hydra.run.dir))
     monkeypatch.setattr(sys, "argv", ["dlrm.train", *args])
     for name in TORCHRUN_VARS:
         monkeypatch.delenv(name, raising=False)
@@ -133,7 +133,7 @@ def test_a_run_writes_hydra_records(monkeypatch, capsys, tmp_path):
     config.yaml is written; the training itself is replaced here."""
     seen = []
 
-    def fake_run(cfg, run_dir):
+    def fake_run(cfg, run_dir, world):
         from hydra.core.hydra_config import HydraConfig
 
         seen.append((cfg.trainer.max_steps, run_dir, HydraConfig.get().runtime.output_dir))

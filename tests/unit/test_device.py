@@ -9,7 +9,8 @@ import functools
 import pytest
 import torch
 
-from dlrm.core.topology import DeviceError, NoGPUForRankError, World, device_for, synchronizer
+from dlrm.core.topology import DeviceError, NoGPUForRankError, device_for, synchronizer
+from dlrm.core.world import World
 from dlrm.errors import user_error_message
 
 

@@ -40,7 +40,7 @@ CYCLES = textwrap.dedent(
 KEEP = "from dlrm.core.host_memory import keep_freed_memory; kept = keep_freed_memory()"
 # A 1-rank trainer (in-process group): it applies the settings itself.
 TRAINER = (
-    "from dlrm.compose import compose; from dlrm.core.topology import World; from dlrm.core.trainer import Trainer; "
+    "from dlrm.compose import compose; from dlrm.core.world import World; from dlrm.core.trainer import Trainer; "
     "Trainer(compose(['model=tiny', 'data.global_batch_size=8']), World()); kept = True"
 )
 

@@ -5,6 +5,8 @@ and function-level imports alike), and the core (dlrm/core) imports neither the 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,3 +91,18 @@ def test_the_checks_see_a_cycle_and_a_core_edge():
     """The graph and the cycle finder have teeth."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert "dlrm.core.sharding" in import_graph()["dlrm.core.trainer"]
+
+
+def test_a_bad_command_line_is_refused_before_torch_is_imported():
+    """dlrm.train composes and checks (World included) without torch: the refusal comes in a fraction
+    of the seconds torch and TorchRec take to import."""
+    code = (
+        "import sys, dlrm.train\n"
+        "sys.argv = ['dlrm.train', 'model=tiny', 'data.global_batch_size=0']\n"
+        "try:\n    dlrm.train.main()\nexcept SystemExit as e:\n    print(e.code)\n"
+        "print(sorted(m for m in ('torch', 'torchrec', 'fbgemm_gpu') if m in sys.modules))"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert r.stdout.split("\n")[-3:] == ["2", "[]", ""], r.stdout + r.stderr
+    assert "data.global_batch_size" in r.stderr
