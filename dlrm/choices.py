@@ -1,7 +1,8 @@
 """The choices a config offers, as enums: OmegaConf refuses any other value while composing.
 
 StrEnum members are strings: they compare equal to their values, print and serialise as them.
-Each enum is written `StrEnum(name, "member member ...")`: a member's value is its name.
+Each enum is written `StrEnum(name, "member member ...")` (a member's value is its name), or as a
+class where it carries more than its values (`Precision.itemsize`).
 """
 
 from __future__ import annotations
@@ -32,8 +33,20 @@ ProgressMode = StrEnum("ProgressMode", "auto bar lines none")  # auto: a bar on 
 DenseAllreduce = StrEnum("DenseAllreduce", "flat hierarchical")
 DenseSync = StrEnum("DenseSync", "allreduce local_sgd")  # local_sgd: average the dense weights every H steps
 DensePrecision = StrEnum("DensePrecision", "fp32 bf16")
-# A storage or wire format: table weights (model.embedding_precision), the embedding alltoall /
-# reduce-scatter (sharding.qcomms_forward/backward), the dense allreduce (trainer.dense_allreduce_precision).
-Precision = StrEnum("Precision", "fp32 fp16 bf16")
-PRECISION_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}  # bytes per element of each Precision
+
+
+class Precision(StrEnum):
+    """A storage or wire format: table weights (model.embedding_precision), the embedding alltoall /
+    reduce-scatter (sharding.qcomms_forward/backward), the dense allreduce (trainer.dense_allreduce_precision)."""
+
+    fp32 = "fp32"
+    fp16 = "fp16"
+    bf16 = "bf16"
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return 4 if self is Precision.fp32 else 2
+
+
 OnNonfinite = StrEnum("OnNonfinite", "stop skip")

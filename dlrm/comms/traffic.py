@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlrm.choices import PRECISION_BYTES
+from dlrm.choices import Precision
 from dlrm.comms.costmodel import backend_of, step_comm_time
 from dlrm.config import Config
 from dlrm.core.plan_records import Shard, TablePlan
@@ -122,8 +122,8 @@ def comm_summary(cfg: Config, tables: list[TablePlan], world: int, ranks_per_nod
     rs = mats.pop("reduce_scatter_in_node")
     if backend_of(cfg.topology) == "gloo":
         mats["pooled_fwd"] += rs.T
-    mats["pooled_fwd"] *= PRECISION_BYTES[cfg.sharding.qcomms_forward] / FLOAT_BYTES  # quantized comms
-    mats["pooled_bwd"] *= PRECISION_BYTES[cfg.sharding.qcomms_backward] / FLOAT_BYTES
+    mats["pooled_fwd"] *= Precision(cfg.sharding.qcomms_forward).itemsize / FLOAT_BYTES  # quantized comms
+    mats["pooled_bwd"] *= Precision(cfg.sharding.qcomms_backward).itemsize / FLOAT_BYTES
     total = sum(mats.values())
     node = np.arange(p) // g
     same = node[:, None] == node[None, :]
@@ -132,7 +132,7 @@ def comm_summary(cfg: Config, tables: list[TablePlan], world: int, ranks_per_nod
     recv_intra = (total * same).sum(axis=0)
     recv_inter = (total * ~same).sum(axis=0)
     dp_params = sum(t.rows * t.dim for t in tables if t.sharding_type == "data_parallel")
-    allreduce = PRECISION_BYTES[cfg.trainer.dense_allreduce_precision] * (dense_params + dp_params)  # DDP's buckets
+    allreduce = Precision(cfg.trainer.dense_allreduce_precision).itemsize * (dense_params + dp_params)  # DDP's buckets
     busiest_intra = float(max(sent_intra.max(), recv_intra.max()))
     busiest_inter = float(max(sent_inter.max(), recv_inter.max()))
     times = step_comm_time(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from dlrm.choices import PRECISION_BYTES
+from dlrm.choices import Precision
 from dlrm.config import Config
 from dlrm.errors import UserError
 
@@ -21,7 +21,7 @@ FLOAT_BYTES = 4  # fp32 dense weights and every optimizer state
 
 def table_weight_bytes(cfg: Config) -> int:
     """Bytes per table weight (model.embedding_precision); optimizer state stays fp32 (fbgemm's)."""
-    return PRECISION_BYTES[cfg.model.embedding_precision]
+    return Precision(cfg.model.embedding_precision).itemsize
 
 
 class PlanError(UserError, ValueError):

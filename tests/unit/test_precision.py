@@ -8,6 +8,7 @@ import torch
 from torchmetrics.functional.classification import binary_auroc
 from torchrec.distributed.types import CommOp
 
+from dlrm.choices import Precision
 from dlrm.config import ConfigError, ShardingConfig, validate
 from dlrm.core.memory import PlanError
 from dlrm.core.metrics import auc_and_logloss, exact_auc
@@ -257,3 +258,12 @@ def test_traffic_model_counts_the_wire_precisions(make_config):
     for kind in ("pooled_fwd", "pooled_bwd"):
         assert by_kind[kind]["intra"] == by_kind32[kind]["intra"] / 2 > 0
     assert by_kind["ids"] == by_kind32["ids"]
+
+
+def test_each_precision_knows_its_size():
+    """The byte sizes the memory and traffic models use are those of torch's dtypes."""
+    dtypes = {Precision.fp32: torch.float32, Precision.fp16: torch.float16, Precision.bf16: torch.bfloat16}
+    assert set(dtypes) == set(Precision)
+    for precision, dtype in dtypes.items():
+        assert precision.itemsize == dtype.itemsize, precision
+        assert Precision(str(precision)).itemsize == dtype.itemsize  # from a config's plain string too
