@@ -75,11 +75,10 @@ class MultiHotLayout:
                 torch.tensor([int(o) - r for o in offs]).to(self._sum_dtype).to(device)
                 for offs, r in zip(offsets, rows, strict=True)
             ]
-            limit = torch.cat(
-                [torch.full((count * p,), r, dtype=torch.int64) for r, p in zip(rows, pooling, strict=True)]
-            )
-            self._limit = limit.to(self._sum_dtype).to(device)
             self._total = count * sum(pooling)
+            self._offset_lists = [list(o) for o in offsets]
+            # A GPU's expansion reads constants per value: made now (a host only makes them if asked).
+            self._per_value = None if torch.device(device).type == "cpu" else self._values_constants(device)
 
     def kjt(self, base: torch.Tensor) -> KeyedJaggedTensor:
         """The batch's KJT from its base ids [F, B] (any integer dtype and strides, on the device)."""
@@ -98,26 +97,41 @@ class MultiHotLayout:
         )
 
     def expand(self, base: torch.Tensor) -> torch.Tensor:
-        """[F, B] base ids -> key-major values [sum(P) * B]: one broadcast add per multi-hot feature,
-        written in place, then a branch-free wrap into [0, rows); one-hot: one copy. On a GPU the
-        wrap is one pass over all values (few kernels); on the host it follows each block of at most
-        `_HOST_BLOCK` values while the block is in cache (1.5-1.8x less CPU time at MLPerf's shape)."""
+        """[F, B] base ids -> key-major values [sum(P) * B]: each base id repeated P_f times, its
+        offsets added, then a branch-free wrap into [0, rows); one-hot: one copy. On a GPU that is a
+        few kernels whatever the number of features (`_expand_gathered`); on the host, per feature,
+        blocks of at most `_HOST_BLOCK` values while each is in cache (1.5-1.8x less CPU time at
+        MLPerf's shape than one pass over all values)."""
         if not self.multi_hot:
             out = torch.empty(base.shape, dtype=self.id_dtype, device=base.device)
             return out.copy_(base).reshape(-1)
         base = base.to(self._sum_dtype)
-        values = torch.empty(self._total, dtype=self._sum_dtype, device=base.device)
         if base.device.type == "cpu":
+            values = torch.empty(self._total, dtype=self._sum_dtype)
             self._expand_blocks(base, values)
-            return values if values.dtype == self.id_dtype else values.to(self.id_dtype)
-        start = 0
-        for f, shifted in enumerate(self._shifted):
-            end = start + self.count * shifted.numel()
-            torch.add(base[f, :, None], shifted, out=values[start:end].view(self.count, shifted.numel()))
-            start = end
-        wrap = values >> (8 * values.element_size() - 1)  # -1 where negative, else 0
-        values += wrap.bitwise_and_(self._limit)
+        else:
+            values = self._expand_gathered(base)
         return values if values.dtype == self.id_dtype else values.to(self.id_dtype)
+
+    def _expand_gathered(self, base: torch.Tensor) -> torch.Tensor:
+        """`expand` of base ids [F, B] (the sum dtype, on the layout's device) over all values at once:
+        a repeat of each base id P_f times (sizes known: no device synchronisation), one add of every
+        value's offset minus rows, one wrap. A fixed handful of kernels for any number of features."""
+        if self._per_value is None:
+            self._per_value = self._values_constants(base.device)
+        shifted, limit = self._per_value
+        values = torch.repeat_interleave(base.reshape(-1), self.lengths, output_size=self._total)
+        values += shifted
+        wrap = values >> (8 * values.element_size() - 1)  # -1 where negative, else 0
+        values += wrap.bitwise_and_(limit)
+        return values
+
+    def _values_constants(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per value, as `expand` lays them out: its offset minus its table's rows, and those rows."""
+        pairs = list(zip(self._offset_lists, self._rows, strict=True))
+        shifted = torch.cat([torch.tensor([int(o) - r for o in offs]).repeat(self.count) for offs, r in pairs])
+        limit = torch.cat([torch.full((self.count * len(offs),), r, dtype=torch.int64) for offs, r in pairs])
+        return shifted.to(self._sum_dtype).to(device), limit.to(self._sum_dtype).to(device)
 
     def _expand_blocks(self, base: torch.Tensor, values: torch.Tensor) -> None:
         """`expand` on the host into `values`: per feature, blocks of samples whose ids fit in cache,

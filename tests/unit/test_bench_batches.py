@@ -1,6 +1,6 @@
-"""The data path on the host: the multi-hot expansion, done in cache-sized blocks, equals its
-definition bit for bit; the data-path benchmark (dlrm.data.bench_batches): its random Criteo day,
-both sources, its refusals."""
+"""The data path on the host: the multi-hot expansion, done in cache-sized blocks (the host's) or
+over all values at once (a GPU's), equals its definition bit for bit; the data-path benchmark
+(dlrm.data.bench_batches): its random Criteo day, both sources, its refusals."""
 
 import json
 
@@ -54,6 +54,11 @@ def test_the_blocked_host_expansion_is_base_plus_offsets_mod_rows(scale):
     )
     for got in (layout.expand(base), layout.expand(base.to(torch.int32)) if scale == 1 else layout.expand(base)):
         assert got.dtype == layout.id_dtype and torch.equal(got.long(), expected)
+    # The device's expansion (a GPU's `expand`), run here on the host: the same values, from [F, B]
+    # base ids of any strides (BaseIdBatch hands it the transpose of its [B, F] ids).
+    sums = base.to(layout._sum_dtype)
+    for ids in (sums, sums.t().contiguous().t()):
+        assert torch.equal(layout._expand_gathered(ids).long(), expected)
     host = layout.expand_host(np.asfortranarray(base.t().numpy()))  # the loader's [B, 26] rows, any strides
     assert host.dtype == layout.id_dtype and torch.equal(host.long(), expected)
 

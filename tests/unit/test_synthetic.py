@@ -150,6 +150,18 @@ def test_the_numbers_do_not_depend_on_the_device_argument(make_config):
     assert a.dense_features.device.type == a.sparse_features.values().device.type == "cpu"
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_batch_made_on_cuda_equals_the_hosts(make_config):
+    """The module's claim on a GPU: the same samples bit for bit, the multi-hot ids expanded there by
+    the device's expansion (the host uses its blocked one)."""
+    cfg = make_config("model=tiny")
+    host = _multi_hot_source(cfg, 512).samples("eval", 5, 512)
+    cuda = _multi_hot_source(cfg, 512, device=torch.device("cuda")).samples("eval", 5, 512)
+    assert cuda.sparse_features.values().device.type == "cuda"
+    assert torch.equal(cuda.dense_features.cpu(), host.dense_features) and torch.equal(cuda.labels.cpu(), host.labels)
+    assert torch.equal(cuda.sparse_features.values().cpu(), host.sparse_features.values())
+
+
 def test_distributions_dense_normal_labels_learnable(make_config):
     """Dense features ~ N(0, 1) (tails cut near 3.7 sigma); ids follow a power law; the label depends on
     the hidden model (its logit separates the classes) at a plausible click rate."""
