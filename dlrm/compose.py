@@ -160,11 +160,11 @@ def compose(overrides: Sequence[str]) -> Config:
 
 
 @contextmanager
-def hydra_session(job_name: str = "train") -> Iterator[None]:
+def hydra_session() -> Iterator[None]:
     """Hydra initialized on conf/ for the block, as `@hydra.main` of dlrm/train.py initializes it."""
     from hydra import initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name=job_name):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
         yield
 
 

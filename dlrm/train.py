@@ -188,7 +188,7 @@ def _check_output_places(cfg: Config, run_dir: str | None) -> None:
 
 
 # Hydra's flags: those that only print (help, version, info) are Hydra's business; those naming another
-# config place or a rerun compose from elsewhere than conf/, so the early checks cannot compose as Hydra will.
+# config place compose from elsewhere than conf/, so main() cannot compose as Hydra will (see _refuse_flags).
 _HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--info", "-i", "--shell-completion", "-sc"}
 _HYDRA_ELSEWHERE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"}
 _HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", *_HYDRA_ELSEWHERE_FLAGS}  # flags followed by a value
