@@ -183,7 +183,6 @@ def compose_job(overrides: Sequence[str], with_hydra: bool = True) -> DictConfig
         raise _composition_error(e) from None
 
 
-def task_config(composed: DictConfig) -> Config:
-    """The typed Config of a composed config (Hydra's node left out)."""
-    task = OmegaConf.masked_copy(composed, [str(k) for k in composed if k != "hydra"])
-    return to_config(task)
+def task_part(composed: DictConfig) -> DictConfig:
+    """A composed config without Hydra's node: what the job sees (`to_config` makes it typed)."""
+    return OmegaConf.masked_copy(composed, [str(k) for k in composed if k != "hydra"])

@@ -26,7 +26,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from dlrm.compose import CONF_DIR, compose_job, hydra_session, override_value, task_config
+from dlrm.compose import CONF_DIR, compose_job, hydra_session, override_value, task_part
 from dlrm.config import Config, ConfigError, register_configs, to_config, validate, validate_world
 from dlrm.core.logs import setup_logging
 from dlrm.core.world import World
@@ -68,13 +68,22 @@ def check(cfg: Config, world: World, run_dir: str | None) -> None:
     _check_output_places(cfg, run_dir)
 
 
-def _job(cfg: Config, task: DictConfig, world: World) -> None:
-    """What runs in the run directory once Hydra has set it up: logging, the run's records, training,
-    the closing line. `task` is the composed config without Hydra's node (written to config.yaml)."""
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    setup_logging(world.rank, run_dir if world.is_main else None)  # console, train.log; library noise off
+def _start(cfg: Config, task: DictConfig, run_dir: Path, world: World, overrides: list[str]) -> None:
+    """Logging (console, train.log; library noise off), then the run's records: rank 0 locks the run
+    directory, a start over another run's outputs is refused, config.yaml is written (see `_record_run`)."""
+    setup_logging(world.rank, run_dir if world.is_main else None)
     try:
-        _record_run(cfg, task, run_dir, world.is_main)
+        _record_run(cfg, task, run_dir, world.is_main, overrides)
+    except Exception as e:
+        exit_on_user_error(e, world.rank)
+        raise
+
+
+def _job(cfg: Config, world: World) -> None:
+    """What runs in the run directory once it is started (`_start`) and Hydra has set it up: training
+    and the closing line."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
         summary = run(cfg, run_dir, world)
     except Exception as e:
         from dlrm.core.topology import collective_failure
@@ -91,8 +100,9 @@ def _job(cfg: Config, task: DictConfig, world: World) -> None:
 
 
 def _run_job(composed: DictConfig, cfg: Config, world: World) -> None:
-    """Run `_job` on the config composed once, as `@hydra.main` runs its function (Hydra's `run_job`:
-    the run directory, `.hydra/`, `HydraConfig`, `hydra.job.env_set`, `hydra.callbacks`).
+    """Start the run (`_start`: a refusal leaves the run directory's `.hydra/` as it was), then run
+    `_job` on the config composed once, as `@hydra.main` runs its function (Hydra's `run_job`: the
+    run directory, `.hydra/`, `HydraConfig`, `hydra.job.env_set`, `hydra.callbacks`).
 
     Call inside `hydra_session`. Hydra's `Callbacks` is internal: the `@hydra.main` path builds it so;
     tests/hostile/test_cli_errors.py (test_a_run_writes_hydra_records) catches a change.
@@ -102,14 +112,15 @@ def _run_job(composed: DictConfig, cfg: Config, world: World) -> None:
     from hydra.core.utils import run_job
     from hydra.types import HydraContext, RunMode
 
+    run_dir = Path(str(OmegaConf.select(composed, "hydra.run.dir"))).absolute()
     with open_dict(composed.hydra):
         composed.hydra.mode = RunMode.RUN
+        composed.hydra.run.dir = str(run_dir)  # resolved once (${now:...}): where the run started
+    _start(cfg, task_part(composed), run_dir, world, list(composed.hydra.overrides.task))
     callbacks = Callbacks(composed)
     callbacks.on_run_start(config=composed, config_name="config")
     context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
-    done = run_job(
-        lambda task: _job(cfg, task, world), composed, "hydra.run.dir", None, context, configure_logging=False
-    )
+    done = run_job(lambda _: _job(cfg, world), composed, "hydra.run.dir", None, context, configure_logging=False)
     callbacks.on_run_end(config=composed, config_name="config", job_return=done)
     _ = done.return_value  # raises the job's exception, if it failed
 
@@ -123,10 +134,12 @@ def hydra_main(dcfg: DictConfig) -> None:
         check(cfg, world, None)
     except UserError as e:
         exit_on_user_error(e, world.rank)
-    _job(cfg, dcfg, world)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    _start(cfg, dcfg, run_dir, world, list(HydraConfig.get().overrides.task))
+    _job(cfg, world)
 
 
-def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool) -> None:
+def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, overrides: list[str]) -> None:
     """Own the run directory (rank 0 locks it), refuse to start over another run's outputs, then
     write the run's config.yaml, or, continuing a run with a checkpoint, compare with it (see dlrm.core.runs)."""
     from dlrm.core.checkpoint import complete_checkpoints
@@ -145,7 +158,7 @@ def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool) -> 
     continuing = bool(checkpoints) and bool(tr.resume)
     changes = check_continuation(run_dir, config) if continuing else {}
     if is_main:
-        record(run_dir, config, continuing, list(HydraConfig.get().overrides.task), changes)
+        record(run_dir, config, continuing, overrides, changes)
 
 
 _run_lock: int | None = None  # rank 0's lock on its run directory, held for the process's life
@@ -221,7 +234,7 @@ def main() -> None:
             _refuse_flags(flags)
             if not flags & (_HYDRA_INFO_FLAGS | _HYDRA_ELSEWHERE_FLAGS):
                 composed = compose_job(overrides)
-                cfg = task_config(composed)
+                cfg = to_config(task_part(composed))
                 check(cfg, world, override_value(overrides, "hydra.run.dir"))
         except UserError as e:
             exit_on_user_error(e, world.rank)

@@ -1,6 +1,7 @@
 """Runs own their directory: a second training of the same run is refused while the first holds its
-lock, a fresh run never starts over another run's config.yaml or checkpoints, a resume from an older
-step never replaces the later checkpoints of an earlier invocation. Each refusal is one line, exit 2,
+lock, a fresh run never starts over another run's config.yaml or checkpoints (nor rewrites Hydra's
+`.hydra/` record of it), a resume from an older step never replaces the later checkpoints of an
+earlier invocation. Each refusal is one line, exit 2,
 before any training (dlrm.train.main in-process)."""
 
 from __future__ import annotations
@@ -45,21 +46,36 @@ def test_the_lock_does_not_follow_a_planted_symlink(tmp_path):
     assert target.read_text() == "keep me"
 
 
+def _hydra_records(run: Path) -> dict[str, str]:
+    """The first run's `.hydra/` (Hydra's record of its latest invocation), which a refusal must keep."""
+    (run / ".hydra").mkdir(parents=True)
+    records = {name: f"theirs: {name}\n" for name in ("config.yaml", "hydra.yaml", "overrides.yaml")}
+    for name, text in records.items():
+        (run / ".hydra" / name).write_text(text)
+    return records
+
+
+def _kept(run: Path, records: dict[str, str]) -> bool:
+    return {p.name: p.read_text() for p in (run / ".hydra").iterdir()} == records
+
+
 def test_a_second_training_of_a_running_run_is_one_error(monkeypatch, capsys, tmp_path):
+    records = _hydra_records(tmp_path)
     fd = lock_run_dir(tmp_path)  # the first training, still running
     try:
         result = main_in_process(monkeypatch, capsys, *RUN, f"hydra.run.dir={tmp_path}")
     finally:
         os.close(fd)
     assert_one_error(*result, str(tmp_path), "in use by another training", "run.name")
-    assert not (tmp_path / "config.yaml").exists()
+    assert not (tmp_path / "config.yaml").exists() and _kept(tmp_path, records)
 
 
 def test_a_fresh_run_into_another_runs_directory_is_one_error(monkeypatch, capsys, tmp_path):
     (tmp_path / "config.yaml").write_text("theirs: 1\n")
+    records = _hydra_records(tmp_path)
     result = main_in_process(monkeypatch, capsys, *RUN, f"hydra.run.dir={tmp_path}")
     assert_one_error(*result, str(tmp_path / "config.yaml"), "trainer.resume=auto", "run.name")
-    assert (tmp_path / "config.yaml").read_text() == "theirs: 1\n"
+    assert (tmp_path / "config.yaml").read_text() == "theirs: 1\n" and _kept(tmp_path, records)
 
 
 def test_a_fresh_run_over_checkpoints_is_one_error(monkeypatch, capsys, tmp_path):
