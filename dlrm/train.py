@@ -234,6 +234,11 @@ def main() -> None:
             _refuse_flags(flags)
             if not flags & (_HYDRA_INFO_FLAGS | _HYDRA_ELSEWHERE_FLAGS):
                 composed = compose_job(overrides)
+                if composed.hydra.job.chdir:  # the run is taken (checkpoints found) from where it starts
+                    raise ConfigError(
+                        "hydra.job.chdir=true is not supported: dlrm.train reads relative paths (data, "
+                        "checkpoint.dir, trainer.resume) from the directory it starts in; leave it false"
+                    )
                 cfg = to_config(task_part(composed))
                 check(cfg, world, override_value(overrides, "hydra.run.dir"))
         except UserError as e:

@@ -71,6 +71,7 @@ CASES = {
     "typo beside --cfg": (["--cfg", "job", "trainer.max_step=3"], ["'trainer.max_step'", "did you mean"]),
     "typo beside --cfg=job --resolve": (["--cfg=job", "--resolve", "model=dlrm_smal"], ["'dlrm_smal'"]),
     "multirun": (["-m", "trainer.max_steps=1,2"], ["-m/--multirun", "one command per setting"]),
+    "hydra changing directory": (["hydra.job.chdir=true"], ["hydra.job.chdir=true", "relative paths", "false"]),
     "rerun from a pickle": (["--experimental-rerun", "x/config.pickle"], ["--experimental-rerun", "can run code"]),
     "uvm on cpu": (["sharding.compute_kernel=fused_uvm_caching"], ["'sharding.compute_kernel'", "host memory already"]),
     "cache factor 0": (["sharding.cache_load_factor=0"], ["'sharding.cache_load_factor' = 0", "(0, 1]"]),
