@@ -24,12 +24,13 @@ from tests.helpers.equivalence import reference, tiny
 pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = [sys.executable, "-m", "dlrm.cluster"]
-RUN = tiny("sharding=table_wise")  # tests/helpers/equivalence.py's baseline: 8 steps of model=tiny
+# 60 steps of model=tiny: about 5 s of training here with other jobs on the 2 cores. (8 steps took under
+# 0.6 s on an idle CI machine and could end before a fault 0.2 s in had been applied.)
+RUN = tiny("sharding=table_wise", "trainer.max_steps=60")
 QUIET = ("trainer.tensorboard=false", "trainer.breakdown=false")  # no effect on the numbers, less work
-OUTAGE = "1:0.2:1"  # node 1's link down 0.2 s into training (the 8 steps take about 1 s), for 1 s
-# 60 steps, a checkpoint every 2 (about 5 s of training here, with other jobs on the 2 cores); a node's
-# agent killed 1.5 s into training (near step 15 here): past the first checkpoint, before the end.
-KILL_RUN = tiny("sharding=table_wise", "trainer.max_steps=60")
+OUTAGE = "1:0.2:1"  # node 1's link down 0.2 s into training (faults are polled every 0.1 s), for 1 s
+# With a checkpoint every 2 steps, a node's agent killed 1.5 s into training (near step 15 here): past the
+# first checkpoint, before the end.
 RESUMABLE = ("checkpoint.every_steps=2", "trainer.resume=auto", "trainer.collective_timeout_s=20")
 TIMEOUT_S = 180
 needs_root = pytest.mark.skipif(bool(reason := cannot_build_namespaces()), reason=reason or "")
@@ -148,7 +149,7 @@ def test_a_killed_agent_is_started_again_and_the_job_resumes_in_place(tmp_path):
     checkpoint: one command, exit 0, the losses and final weights equal one process's, nothing left.
     (Node 1's kill is the same path with the roles swapped.)"""
     run_dir, before = tmp_path / "run", links()
-    args = ["--nodes", "2", "--ranks-per-node", "2", "--kill-agent", "0@1.5", "--", *KILL_RUN, *QUIET, *RESUMABLE]
+    args = ["--nodes", "2", "--ranks-per-node", "2", "--kill-agent", "0@1.5", "--", *RUN, *QUIET, *RESUMABLE]
     proc = start(args, run_dir)
     out, err = finish(proc, TIMEOUT_S)
     assert proc.returncode == 0, f"{out[-2000:]}\n{err[-3000:]}"
@@ -159,11 +160,11 @@ def test_a_killed_agent_is_started_again_and_the_job_resumes_in_place(tmp_path):
     assert fault in err and "Traceback" not in err, err[-3000:]
     assert "resumed from" in out + err, f"the job must resume from a checkpoint\n{out[-2000:]}\n{err[-2000:]}"
     assert leftovers(proc.pid, run_dir) == [] and links() == before
-    ref_losses, ref_weights = reference(KILL_RUN)
+    ref_losses, ref_weights = reference(RUN)
     assert losses_by_step(run_dir) == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 60 and summary["world_size"] == 4
-    assert summary["eval_logloss"] == pytest.approx(eval_logloss(KILL_RUN, ref_weights), rel=1e-5, abs=1e-6)
+    assert summary["eval_logloss"] == pytest.approx(eval_logloss(RUN, ref_weights), rel=1e-5, abs=1e-6)
 
 
 @needs_root
@@ -174,7 +175,7 @@ def test_a_kill_beyond_max_restarts_fails_the_job_in_one_line(tmp_path):
     `failed:` lines and one fault line saying how to continue, exit 3, no traceback, nothing left."""
     run_dir = tmp_path / "run"
     args = ["--nodes", "2", "--ranks-per-node", "2", "--kill-agent", "1@1.5", "--max-restarts", "0", "--"]
-    proc = start([*args, *KILL_RUN, *QUIET, *RESUMABLE], run_dir)
+    proc = start([*args, *RUN, *QUIET, *RESUMABLE], run_dir)
     out, err = finish(proc, TIMEOUT_S)
     assert proc.returncode == 3, f"{out[-2000:]}\n{err[-3000:]}"
     assert "not started again: no restart left for kill 1 (--max-restarts=0)" in err, err[-3000:]
