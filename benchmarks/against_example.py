@@ -8,7 +8,7 @@ reports, per configuration, the median over the rounds of its ratio to the same 
 samples/s, samples per CPU-second, peak RSS per rank. The example is the real script of a checkout
 named by `--example` (facebookresearch/dlrm's `torchrec_dlrm/dlrm_main.py`), run unchanged by
 `example_timer.py` on 2 ranks with its own flags for the bench_cpu shape (`EXAMPLE_ARGS`; fp32, its
-random data; Gloo on the CPU). Run from the repository root (see docs/benchmarks.md):
+random data; Gloo on the CPU). Run from the repository root (see benchmarks/README.md):
 
     git clone https://github.com/facebookresearch/dlrm ~/src/dlrm
     .venv/bin/python benchmarks/against_example.py --example ~/src/dlrm --rounds 5 --configs fp32,bf16 --out F

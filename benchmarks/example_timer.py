@@ -16,7 +16,7 @@ the model is in training mode), and `--limit_train_batches` is set to `--warmup`
 per CPU-second (all ranks' CPU time over the windows, child processes such as DataLoader workers
 included), peak RSS per rank (`ru_maxrss` at the end, after the example's evaluation). Rank 0
 writes them as JSON to `--out`; the example's process group, still open when its `main` returns,
-gathers them. Run under torchrun, one process per rank (see docs/benchmarks.md):
+gathers them. Run under torchrun, one process per rank (see benchmarks/README.md):
 
     .venv/bin/python -m dlrm.torchrun --standalone --nproc_per_node=2 benchmarks/example_timer.py \
         --example ~/src/dlrm --out F -- --batch_size 1024 --embedding_dim 16 ...
