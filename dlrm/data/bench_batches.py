@@ -22,7 +22,6 @@ Prints one line per source and, with `--out`, writes the figures as JSON.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import tempfile
@@ -32,7 +31,7 @@ import numpy as np
 
 from dlrm.config import Config, CriteoConfig
 from dlrm.errors import ArgumentParser, UserError, exit_on_user_error
-from dlrm.io import write_json_atomic
+from dlrm.io import size_and_sha256, write_json_atomic
 
 TARGET_SAMPLES_PER_S = 3e6  # per GPU-feeding process: the data path's goal (about 1.8x the 1.7M a GPU trains)
 SOURCES = ("synthetic", "criteo")
@@ -55,10 +54,8 @@ def write_random_day(directory: Path, rows: int, table_rows: list[int], seed: in
     files = {}
     for kind, path in day_paths(str(directory), 0).items():
         np.save(path, arrays[kind])
-        files[kind] = {
-            "bytes": Path(path).stat().st_size,
-            "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(),
-        }
+        size, digest = size_and_sha256(path)
+        files[kind] = {"bytes": size, "sha256": digest}
     manifest = {
         "format": "torchrec-binary-criteo",
         "days": [{"day": 0, "rows": rows, "skipped": 0, "files": files}],
