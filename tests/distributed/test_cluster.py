@@ -154,9 +154,7 @@ def test_a_killed_agent_is_started_again_and_the_job_resumes_in_place(tmp_path):
     out, err = finish(proc, TIMEOUT_S)
     assert proc.returncode == 0, f"{out[-2000:]}\n{err[-3000:]}"
     assert "node 0's agent and workers killed" in err and "its agent started again (restart 1 of" in err, err[-3000:]
-    fault = (
-        "fault: node 0's agent killed at 1 s of training: the job restarted with the node's new agent and finished"
-    )
+    fault = "fault: node 0's agent killed at 1 s of training: the job restarted with the node's new agent and finished"
     assert fault in err and "Traceback" not in err, err[-3000:]
     assert "resumed from" in out + err, f"the job must resume from a checkpoint\n{out[-2000:]}\n{err[-2000:]}"
     assert leftovers(proc.pid, run_dir) == [] and links() == before
