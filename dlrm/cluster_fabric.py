@@ -43,9 +43,14 @@ def missing_right() -> str | None:
         if not caps >> bit & 1
     ]
     if lacking:
+        fix = (  # root without them: a container started without the capabilities
+            "give it those capabilities (e.g. docker run --cap-add NET_ADMIN --cap-add SYS_ADMIN)"
+            if os.geteuid() == 0
+            else "run it as root (e.g. sudo .venv/bin/python -m dlrm.cluster ...)"
+        )
         return (
             f"dlrm.cluster creates network namespaces and links, which needs root: this process (uid {os.geteuid()}) "
-            f"lacks {' and '.join(lacking)}; run it as root (e.g. sudo .venv/bin/python -m dlrm.cluster ...)"
+            f"lacks {' and '.join(lacking)}; {fix}"
         )
     for tool in ("ip", "tc"):
         if tool_path(tool) is None:

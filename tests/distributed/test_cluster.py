@@ -33,6 +33,7 @@ OUTAGE = "1:0.2:1"  # node 1's link down 0.2 s into training (faults are polled 
 # about 3.9 s of training on an idle run): past the first checkpoint, well before the end.
 RESUMABLE = ("checkpoint.every_steps=2", "trainer.resume=auto", "trainer.collective_timeout_s=20")
 TIMEOUT_S = 180
+SETPRIV = shutil.which("setpriv")
 needs_root = pytest.mark.skipif(bool(reason := cannot_build_namespaces()), reason=reason or "")
 
 
@@ -185,18 +186,35 @@ def test_a_kill_beyond_max_restarts_fails_the_job_in_one_line(tmp_path):
 
 def test_refuses_without_root():
     """As an unprivileged user (nobody, when the test runs as root): one line, exit 2, nothing created."""
-    command = [*CLUSTER, "--nodes", "2", "--ranks-per-node", "2", "--", "model=tiny"]
+    prefix = []
     if os.geteuid() == 0:
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
+        if SETPRIV is None:
             pytest.skip("setpriv (util-linux) is not installed, so root cannot run the command as another user")
-        command = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *command]
+        prefix = [SETPRIV, "--reuid=65534", "--regid=65534", "--clear-groups"]
+        probe = subprocess.run([*prefix, sys.executable, "-c", "import dlrm.cluster"], cwd=ROOT, capture_output=True)
+        if probe.returncode != 0:  # e.g. a checkout under `mktemp -d`, whose directory is private (0700)
+            pytest.skip(f"user nobody cannot import this checkout: {probe.stderr.decode().strip()[-200:]}")
+    assert "run it as root" in refused_for_rights(prefix)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or SETPRIV is None, reason="needs root and setpriv (util-linux)")
+def test_refuses_root_without_the_capabilities():
+    """Root without CAP_NET_ADMIN and CAP_SYS_ADMIN (a container started without them): one line that says
+    which capabilities to add."""
+    line = refused_for_rights([str(SETPRIV), "--bounding-set=-net_admin,-sys_admin"])
+    assert "(uid 0) lacks CAP_NET_ADMIN and CAP_SYS_ADMIN" in line and "--cap-add NET_ADMIN" in line
+
+
+def refused_for_rights(prefix: list[str]) -> str:
+    """The one line dlrm.cluster refuses with (exit 2, no traceback, no fabric) when run under `prefix`,
+    a command that takes its rights away."""
+    command = [*prefix, *CLUSTER, "--nodes", "2", "--ranks-per-node", "2", "--", "model=tiny"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
-    if done.returncode == 126 or "Permission denied" in done.stderr:
-        pytest.skip(f"user nobody cannot run this venv's python here: {done.stderr.strip()[:200]}")
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), done.stderr
     assert "root" in done.stderr and "CAP_NET_ADMIN" in done.stderr and "Traceback" not in done.stderr
+    assert "fabric up" not in done.stderr
+    return done.stderr
 
 
 @pytest.mark.parametrize(
