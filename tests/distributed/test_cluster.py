@@ -194,27 +194,16 @@ def test_refuses_without_root():
         probe = subprocess.run([*prefix, sys.executable, "-c", "import dlrm.cluster"], cwd=ROOT, capture_output=True)
         if probe.returncode != 0:  # e.g. a checkout under `mktemp -d`, whose directory is private (0700)
             pytest.skip(f"user nobody cannot import this checkout: {probe.stderr.decode().strip()[-200:]}")
-    assert "run it as root" in refused_for_rights(prefix)
+    line = refusal(["--nodes", "2", "--ranks-per-node", "2", "--", "model=tiny"], prefix)
+    assert "root" in line and "CAP_NET_ADMIN" in line and "run it as root" in line
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or SETPRIV is None, reason="needs root and setpriv (util-linux)")
 def test_refuses_root_without_the_capabilities():
     """Root without CAP_NET_ADMIN and CAP_SYS_ADMIN (a container started without them): one line that says
     which capabilities to add."""
-    line = refused_for_rights([str(SETPRIV), "--bounding-set=-net_admin,-sys_admin"])
+    line = refusal(["--nodes", "2", "--ranks-per-node", "2"], [str(SETPRIV), "--bounding-set=-net_admin,-sys_admin"])
     assert "(uid 0) lacks CAP_NET_ADMIN and CAP_SYS_ADMIN" in line and "--cap-add NET_ADMIN" in line
-
-
-def refused_for_rights(prefix: list[str]) -> str:
-    """The one line dlrm.cluster refuses with (exit 2, no traceback, no fabric) when run under `prefix`,
-    a command that takes its rights away."""
-    command = [*prefix, *CLUSTER, "--nodes", "2", "--ranks-per-node", "2", "--", "model=tiny"]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), done.stderr
-    assert "root" in done.stderr and "CAP_NET_ADMIN" in done.stderr and "Traceback" not in done.stderr
-    assert "fabric up" not in done.stderr
-    return done.stderr
 
 
 @pytest.mark.parametrize(
@@ -232,10 +221,11 @@ def test_bad_arguments_are_one_line(args, says):
     assert says in refusal(args)
 
 
-def refusal(args: list[str]) -> str:
-    """The one line `python -m dlrm.cluster ARGS` refuses with (exit 2), before any namespace exists."""
-    done = subprocess.run([*CLUSTER, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+def refusal(args: list[str], prefix: list[str] | None = None) -> str:
+    """The one line `python -m dlrm.cluster ARGS` refuses with (exit 2), before any namespace exists;
+    run under `prefix` (a command that takes its rights away) if given."""
+    done = subprocess.run([*(prefix or []), *CLUSTER, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), done.stderr
     assert "fabric up" not in done.stderr and "Traceback" not in done.stderr, done.stderr
     return done.stderr
 
