@@ -193,7 +193,8 @@ def test_refuses_without_root():
         prefix = [SETPRIV, "--reuid=65534", "--regid=65534", "--clear-groups"]
         probe = subprocess.run([*prefix, sys.executable, "-c", "import dlrm.cluster"], cwd=ROOT, capture_output=True)
         if probe.returncode != 0:  # e.g. a checkout under `mktemp -d`, whose directory is private (0700)
-            pytest.skip(f"user nobody cannot import this checkout: {probe.stderr.decode().strip()[-200:]}")
+            why = (probe.stderr.decode().strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
+            pytest.skip(f"user nobody cannot import this checkout: {why}")
     line = refusal(["--nodes", "2", "--ranks-per-node", "2", "--", "model=tiny"], prefix)
     assert "root" in line and "CAP_NET_ADMIN" in line and "run it as root" in line
 
