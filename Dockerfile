@@ -47,7 +47,7 @@ RUN pip install --no-deps -e . \
 want = {'torch': '${TORCH_VERSION}', 'fbgemm-gpu': '${FBGEMM_GPU_VERSION}', 'torchrec': '${TORCHREC_VERSION}'}; \
 got = {k: m.version(k).split('+')[0] for k in want}; print('installed:', got); \
 sys.exit(0 if got == want else f'version mismatch: wanted {want}, got {got}')" \
- && python -c "import torch, fbgemm_gpu, torchrec; import dlrm.core.trainer; \
+ && python -c "import torch, fbgemm_gpu, torchrec; import dlrm.trainer.trainer; \
 print('imports ok: torch', torch.__version__, 'fbgemm_gpu', fbgemm_gpu.__version__, 'torchrec', torchrec.__version__)"
 
 # torchrun is the entry point, as `python -m dlrm.torchrun` (torchrun, with a rank's user error as its one

@@ -1,4 +1,4 @@
-"""Interleaved rounds of TorchRec's DLRM example and of `dlrm.bench`: this project's speed as ratios.
+"""Interleaved rounds of TorchRec's DLRM example and of `dlrm.bench.training`: this project's speed as ratios.
 
 On a shared machine one run's samples/s moves with the neighbours' load (TorchRec's example alone
 gave 24k to 35k samples/s within one session here); the ratio of two runs made back to back moves
@@ -83,7 +83,7 @@ def command(
             raise ValueError("the example's run needs its script (--example)")
         program, extra = [str(TIMER), "--example", str(example)], ["--", *EXAMPLE_ARGS]  # the example's flags last
     else:
-        program, extra = ["-m", "dlrm.bench"], [*setup.overrides]
+        program, extra = ["-m", "dlrm.bench.training"], [*setup.overrides]
         if cache_batches:
             extra += ["--cache-batches", str(cache_batches)]
     if setup.ranks > 1:
@@ -97,7 +97,7 @@ def command(
 def run_once(
     name: str, timing: Sequence[str], cache_batches: int, timeout_s: float, example: Path | None = None
 ) -> dict:
-    """Run SETUPS[name] once; its figures (the JSON `--out` of dlrm.bench or of the example's timer)."""
+    """Run SETUPS[name] once; its figures (the JSON `--out` of dlrm.bench.training or of the example's timer)."""
     with tempfile.TemporaryDirectory(prefix="against_example_") as tmp:
         out = Path(tmp) / "figures.json"
         cmd, env = command(name, timing, out, cache_batches, example)

@@ -1,4 +1,4 @@
-"""Run TorchRec's DLRM example script itself, unchanged, and time it as `dlrm.bench` times ours.
+"""Run TorchRec's DLRM example script itself, unchanged, and time it as `dlrm.bench.training` times ours.
 
 The baseline is the real example: `torchrec_dlrm/dlrm_main.py` of a checkout of
 https://github.com/facebookresearch/dlrm (or `examples/dlrm/dlrm_main.py` of a TorchRec checkout
@@ -12,7 +12,7 @@ What this adds is measurement only. `TrainPipelineSparseDist.progress` (the clas
 imports from torchrec) is wrapped to note the time after each training step (calls made while
 the model is in training mode), and `--limit_train_batches` is set to `--warmup` + `--windows` x
 `--window`; the example then evaluates (its val and test passes) as it always does. Reported like
-`dlrm.bench`: the median window's samples/s (global batch = `--batch_size` x world size), samples
+`dlrm.bench.training`: the median window's samples/s (global batch = `--batch_size` x world size), samples
 per CPU-second (all ranks' CPU time over the windows, child processes such as DataLoader workers
 included), peak RSS per rank (`ru_maxrss` at the end, after the example's evaluation). Rank 0
 writes them as JSON to `--out`; the example's process group, still open when its `main` returns,

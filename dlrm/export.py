@@ -12,7 +12,7 @@ whole on the CPU, DCP fills it from the shards, and one file is written atomical
 
 Only tensors, dicts, lists, str, int, float, bool and None: `torch.load(OUT, weights_only=True)` reads
 it anywhere, and `load_exported(OUT)` rebuilds the model from it alone (checking keys, shapes and
-finite values). The checkpoint is verified first (see dlrm.core.checkpoint; `--no-verify` skips the data
+finite values). The checkpoint is verified first (see dlrm.checkpoint; `--no-verify` skips the data
 files' sha256).
 """
 
@@ -28,11 +28,11 @@ import torch
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from dlrm.checkpoint import CheckpointError, load_checkpoint, read_manifest, step_tensor
 from dlrm.config import ModelConfig
-from dlrm.core.checkpoint import CheckpointError, load_checkpoint, read_manifest, step_tensor
-from dlrm.core.model import build_model
 from dlrm.errors import ArgumentParser, UserError
 from dlrm.io import atomic_path, refuse_alias
+from dlrm.models.dlrm import build_model
 
 FORMAT, VERSION = "dlrm-export", 1
 

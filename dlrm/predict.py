@@ -1,7 +1,7 @@
 """Score Criteo rows with an exported model: `python -m dlrm.predict MODEL.pt --data DIR|FILE.tsv`.
 
 One process, no torchrun. MODEL is a file written by `python -m dlrm.export`. DATA is either
-- a directory written by `python -m dlrm.data.preprocess` (verified like the trainer's loader:
+- a directory written by `python -m dlrm.data.criteo.preprocess` (verified like the trainer's loader:
   headers, row counts, ids within the model's tables, finite values, sha256): the rows of `--days`
   (default all, in order) seen as one array, or its held-out last `--eval-fraction` (the rule of
   `data.criteo.eval_fraction`), or
@@ -32,17 +32,17 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.config import CriteoConfig, ModelConfig
-from dlrm.core.logs import QUIET_LOGGERS
-from dlrm.core.metrics import auc_and_logloss
-from dlrm.core.model import build_model
-from dlrm.data.criteo import MULTI_HOT_SIZES, NUM_FIELDS, NUM_SPARSE, SPARSE_NAMES, ParseOptions, parse_block
-from dlrm.data.criteo_loader import CriteoSource
-from dlrm.data.id_remap import to_contiguous
-from dlrm.data.preprocess import parse_table_sizes
-from dlrm.data.verify import load_manifest
+from dlrm.data.criteo.format import MULTI_HOT_SIZES, NUM_FIELDS, NUM_SPARSE, SPARSE_NAMES, ParseOptions, parse_block
+from dlrm.data.criteo.id_remap import to_contiguous
+from dlrm.data.criteo.loader import CriteoSource
+from dlrm.data.criteo.preprocess import parse_table_sizes
+from dlrm.data.criteo.verify import load_manifest
 from dlrm.errors import ArgumentParser, UserError
 from dlrm.export import read_exported
 from dlrm.io import atomic_path, refuse_alias
+from dlrm.models.dlrm import build_model
+from dlrm.trainer.logs import QUIET_LOGGERS
+from dlrm.trainer.metrics import auc_and_logloss
 
 BLOCK_BYTES = 8 << 20  # TSV text parsed at a time
 QUANTIZE = {"int8": torch.qint8, "fp16": torch.float16}  # TorchRec's inference embedding dtypes
@@ -248,7 +248,9 @@ def _parser() -> ArgumentParser:
         description=(__doc__ or "").splitlines()[0],
     )
     ap.add_argument("model", type=Path, help="a file written by `python -m dlrm.export`")
-    ap.add_argument("--data", required=True, help="a dlrm.data.preprocess directory, or a Criteo TSV (plain or .gz)")
+    ap.add_argument(
+        "--data", required=True, help="a dlrm.data.criteo.preprocess directory, or a Criteo TSV (plain or .gz)"
+    )
     ap.add_argument(
         "--out",
         type=Path,
@@ -299,9 +301,11 @@ def _check_args(a: argparse.Namespace) -> None:
             f"{a.eval_fraction}: give a batch size >= 1, rows >= 0 and a finite fraction"
         )
     if not os.path.exists(a.data):
-        raise UserError(f"--data {a.data} does not exist; give a dlrm.data.preprocess directory or a Criteo TSV")
+        raise UserError(f"--data {a.data} does not exist; give a dlrm.data.criteo.preprocess directory or a Criteo TSV")
     if not os.path.isdir(a.data) and not os.path.isfile(a.data):  # a FIFO or /dev/zero: a hang, or no end
-        raise UserError(f"--data {a.data} is not a regular file; give a dlrm.data.preprocess directory or a Criteo TSV")
+        raise UserError(
+            f"--data {a.data} is not a regular file; give a dlrm.data.criteo.preprocess directory or a Criteo TSV"
+        )
     if a.out is not None and (a.out.is_dir() or not a.out.parent.is_dir()):
         raise UserError(f"--out {a.out}: give a file path in an existing directory")
     if a.out is not None:

@@ -4,9 +4,9 @@ Takes exactly torchrun's arguments and runs torchrun's own `run`. The difference
 prints: when a rank exits with status 2 (a user error: the rank has printed `error: <message>`,
 see `dlrm.errors`) and every other failed rank exited 2 too or was stopped by torchrun (SIGTERM),
 the job exits 2 with nothing more: no "failed (exitcode: 2)" log line, no ChildFailedError summary
-and traceback repeating the message. The same for a clean stop on SIGINT/SIGTERM (dlrm.core.stop:
+and traceback repeating the message. The same for a clean stop on SIGINT/SIGTERM (dlrm.trainer.stop:
 exit 130/143), also when torchrun itself got the signal and forwarded it to the ranks, and for a
-collective that timed out or lost a rank (exit 3, one `failed:` line: dlrm.core.topology). Any other
+collective that timed out or lost a rank (exit 3, one `failed:` line: dlrm.distributed.topology). Any other
 failure (a crash, a signal, another exit status) gets torchrun's full report and traceback, as
 plain torchrun would print it.
 
@@ -34,7 +34,7 @@ from torch.distributed.run import parse_args, parse_min_max_nnodes, run
 
 USER_ERROR = 2  # dlrm.errors.UserError.exit_code
 COLLECTIVE_FAILED = 3  # a collective timed out or lost a rank (core.topology), or fell short (comms.preflight)
-# A clean stop on a signal (dlrm.core.stop.TrainingStopped): 128 + SIGINT / SIGTERM.
+# A clean stop on a signal (dlrm.trainer.stop.TrainingStopped): 128 + SIGINT / SIGTERM.
 STOPPED = (128 + signal.SIGINT, 128 + signal.SIGTERM)
 QUIET = (USER_ERROR, COLLECTIVE_FAILED, *STOPPED)  # the rank has printed its one line
 SEPARATE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # torch's opt-out of the agent-hosted store

@@ -26,12 +26,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from dlrm.compose import CONF_DIR, compose_job, hydra_session, override_value, task_part
 from dlrm.config import Config, ConfigError, register_configs, to_config, validate, validate_world
-from dlrm.core.logs import setup_logging
-from dlrm.core.world import World
+from dlrm.config.compose import CONF_DIR, compose_job, hydra_session, override_value, task_part
+from dlrm.distributed.world import World
 from dlrm.errors import UsageError, UserError, exit_on_user_error
 from dlrm.io import output_dir_problem
+from dlrm.trainer.logs import setup_logging
 
 register_configs()
 # torch (seconds to import) is imported where needed: a bad command line fails before it.
@@ -42,8 +42,8 @@ def run(cfg: Config, run_dir: Path | None = None, world: World | None = None) ->
     launcher's); return the run summary (see docs/configuration.md, Outputs)."""
     import torch.distributed as dist
 
-    from dlrm.core.memory import check_memory  # imports TorchRec (seconds): only once the config is valid
-    from dlrm.core.trainer import Trainer
+    from dlrm.distributed.capacity import check_memory  # imports TorchRec (seconds): only once the config is valid
+    from dlrm.trainer.trainer import Trainer
 
     world = world or World.from_env()
     model = check_memory(cfg, world.world_size)  # a model that cannot fit: refused before any process group
@@ -86,7 +86,7 @@ def _job(cfg: Config, world: World) -> None:
     try:
         summary = run(cfg, run_dir, world)
     except Exception as e:
-        from dlrm.core.topology import collective_failure
+        from dlrm.distributed.topology import collective_failure
 
         exit_on_user_error(collective_failure(e, cfg.trainer.collective_timeout_s) or e, world.rank)
         raise
@@ -141,9 +141,9 @@ def hydra_main(dcfg: DictConfig) -> None:
 
 def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, overrides: list[str]) -> None:
     """Own the run directory (rank 0 locks it), refuse to start over another run's outputs, then
-    write the run's config.yaml, or, continuing a run with a checkpoint, compare with it (see dlrm.core.runs)."""
-    from dlrm.core.checkpoint import complete_checkpoints
-    from dlrm.core.runs import check_continuation, check_fresh_start, check_resume_point, lock_run_dir, record
+    write the run's config.yaml, or, continuing a run with a checkpoint, compare with it (see dlrm.trainer.run_dir)."""
+    from dlrm.checkpoint import complete_checkpoints
+    from dlrm.trainer.run_dir import check_continuation, check_fresh_start, check_resume_point, lock_run_dir, record
 
     global _run_lock
     if is_main:
@@ -257,7 +257,7 @@ def main() -> None:
     placed = {} if help_only else _placement(world, cfg.run.name if cfg else name, run_dir)
     # first: argparse wants the overrides together, before any flag
     sys.argv[1:1] = [f"{key}={'null' if value is None else value}" for key, value in placed.items()]
-    if "hydra.output_subdir" in placed:  # not rank 0: no Hydra logging (dlrm.core.logs sets it up)
+    if "hydra.output_subdir" in placed:  # not rank 0: no Hydra logging (dlrm.trainer.logs sets it up)
         sys.argv[1:1] = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
     hydra_main()  # Hydra's @main initializes Hydra itself, outside the session above
 

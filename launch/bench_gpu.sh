@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# GPU benchmark on the GPUs of one node (python -m dlrm.bench under torchrun): the bench_cpu shape and
+# GPU benchmark on the GPUs of one node (python -m dlrm.bench.training under torchrun): the bench_cpu shape and
 # the MLPerf DLRM-DCNv2 shape (tables capped at 2M rows), each in fp32 (TF32 matmuls) and bf16, 8192
 # samples per GPU per step, trained on 16 materialised batches per rank; each run prints samples/s
 # (median of timed windows), peak CUDA memory, the source's own speed, and a profile of 10 steps (the
 # top kernels, then ms per step of each phase: on the training thread and of GPU time); and TorchRec's
 # own DLRM example at the bench_cpu shape (the real script of the checkout EXAMPLE names, run by
 # benchmarks/example_timer.py, pinned batches, EXAMPLE_STEPS; skipped without EXAMPLE).
-# Then the synthetic source alone (python -m dlrm.bench --source-only, one process, SOURCE_STEPS):
+# Then the synthetic source alone (python -m dlrm.bench.training --source-only, one process, SOURCE_STEPS):
 # samples/s per rank made on the GPU and on the host, against the 1.7M per GPU of MLPerf DCNv2; last,
 # training on batches made on the GPU as it trains (no materialised batches), with fp16 tables, with
 # the dense arch compiled (trainer.compile_dense), and with the GPU synchronized after every step
@@ -16,7 +16,7 @@
 #   PYTHON       interpreter (default python3); RUN_TIMEOUT seconds per run (default 240)
 #   EXAMPLE      a checkout of https://github.com/facebookresearch/dlrm (its torchrec_dlrm/dlrm_main.py)
 #   BUDGET_S     start no run after this many seconds (default: no limit), for a time-limited lease
-#   BATCH_PER_GPU (8192), MAX_TABLE_ROWS (2000000), STEPS (the dlrm.bench step options), TOPOLOGY
+#   BATCH_PER_GPU (8192), MAX_TABLE_ROWS (2000000), STEPS (the dlrm.bench.training step options), TOPOLOGY
 #   (dgx_h100): smaller values give a quick check, e.g. on CPU: TOPOLOGY=cpu NGPU=1 BATCH_PER_GPU=64
 #   MAX_TABLE_ROWS=1000 STEPS="--warmup 1 --window 1 --windows 1 --profile 1" SOURCE_STEPS="--warmup 1
 #   --window 1 --windows 1" EXAMPLE_STEPS="--warmup 1 --window 1 --windows 1" DEVICE=cpu launch/bench_gpu.sh
@@ -46,7 +46,7 @@ source_speed() {
   local name=$1; shift
   in_budget "$name" || return
   echo "== $name: $*"
-  timeout "${RUN_TIMEOUT:-240}" "$PY" -m dlrm.bench --source-only --device "${DEVICE:-cuda}" "${source_steps[@]}" \
+  timeout "${RUN_TIMEOUT:-240}" "$PY" -m dlrm.bench.training --source-only --device "${DEVICE:-cuda}" "${source_steps[@]}" \
     "topology=${TOPOLOGY:-dgx_h100}" "topology.ranks_per_node=$NGPU" "data.global_batch_size=$((BATCH_PER_GPU * NGPU))" \
     --out "$OUT_DIR/$name.json" "$@" || { echo "== $name failed ($?)"; status=1; }
 }
@@ -55,7 +55,7 @@ run() {
   in_budget "$name" || return
   echo "== $name: $*"
   timeout "${RUN_TIMEOUT:-240}" "$PY" -m torch.distributed.run --standalone "--nproc_per_node=$NGPU" \
-    -m dlrm.bench "${common[@]}" --out "$OUT_DIR/$name.json" "$@" || { echo "== $name failed ($?)"; status=1; }
+    -m dlrm.bench.training "${common[@]}" --out "$OUT_DIR/$name.json" "$@" || { echo "== $name failed ($?)"; status=1; }
 }
 run cpu_shape_fp32 experiment=bench_cpu
 run cpu_shape_bf16 experiment=bench_cpu trainer.dense_precision=bf16

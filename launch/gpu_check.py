@@ -15,7 +15,7 @@ The steps:
 - big_tables: the MLPerf DCNv2 model (model=mlperf_dcnv2, optim=rowwise_adagrad) at full size on cuda
   (104.5 GB of fp32 tables in one H200's HBM: topology.hbm_GB=141), a few steps: step time, peak GPU
   memory; or the memory check's refusal line. With --quick every table is capped at QUICK_TABLE_ROWS rows
-  by Hydra overrides (model.tables.I.rows=N), as `dlrm.bench --max-table-rows` caps them;
+  by Hydra overrides (model.tables.I.rows=N), as `dlrm.bench.training --max-table-rows` caps them;
 - uvm_caching: only where this version has the option (sharding.compute_kernel=fused_uvm_caching) and on
   cuda; else listed under not_available with the reason;
 - per_step_sync: on cuda, train's run again with trainer.sync_every_step=true (the host waits for the GPU

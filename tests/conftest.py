@@ -2,7 +2,7 @@
 
 import pytest
 
-from dlrm.compose import compose
+from dlrm.config.compose import compose
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from typing import cast
 
 from omegaconf import OmegaConf
 
-from dlrm.compose import CONF_DIR
 from dlrm.config import TopologyConfig
+from dlrm.config.compose import CONF_DIR
 
 TOPOLOGY_DIR = CONF_DIR / "topology"
 

@@ -327,8 +327,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict] | None:
     import torch
     import torch.distributed as dist
 
-    from dlrm.core.topology import backend_for, device_for, init_distributed
-    from dlrm.core.world import World
+    from dlrm.distributed.topology import backend_for, device_for, init_distributed
+    from dlrm.distributed.world import World
 
     args = parse_args(argv)
     if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:

@@ -61,7 +61,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from dlrm.choices import Fabric
+from dlrm.config.choices import Fabric
 from dlrm.errors import UserError
 
 COLLECTIVES = ("allreduce", "alltoall", "reduce_scatter", "allgather")
@@ -106,7 +106,7 @@ def check_backend(backend: str) -> None:
 
 def backend_of(topology) -> str:
     """The backend of a `TopologyConfig`: its `backend`, 'auto' being NCCL on cuda and Gloo on cpu
-    (as `dlrm.core.topology.backend_for`, which imports torch)."""
+    (as `dlrm.distributed.topology.backend_for`, which imports torch)."""
     backend = str(topology.backend)
     if backend == "auto":
         return "nccl" if str(topology.device) == "cuda" else "gloo"

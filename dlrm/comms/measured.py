@@ -16,7 +16,7 @@ from dlrm.comms.costmodel import CommsError, fit_alpha_beta
 from dlrm.comms.report import load_bench
 from dlrm.comms.traffic import comm_summary
 from dlrm.config import Config
-from dlrm.core.sharding import table_plans
+from dlrm.distributed.sharding import table_plans
 
 
 def fitted_topology(topology, bench: dict, collective: str, ranks_per_node: int):
@@ -57,7 +57,7 @@ def comm_vs_model(
 ) -> dict:
     """Measured seconds per step of the embedding exchange (alltoall, and reduce-scatter/allgather
     of row-wise shards) and of the dense allreduce, beside the cost model's for the same plan (`tables`,
-    `dlrm.core.sharding.table_plans`), batch and topology; ratio = measured / modelled (None where the
+    `dlrm.distributed.sharding.table_plans`), batch and topology; ratio = measured / modelled (None where the
     model predicts 0). With a comms bench (trainer.comms_bench), the model's intra-node link takes the
     alpha and B fitted to the bench's alltoall (for the exchange) and allreduce (for the allreduce)."""
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlrm.choices import Precision
 from dlrm.comms.costmodel import backend_of, step_comm_time
 from dlrm.config import Config
-from dlrm.core.plan_records import Shard, TablePlan
+from dlrm.config.choices import Precision
+from dlrm.distributed.plan_records import Shard, TablePlan
 
 FLOAT_BYTES = 4  # pooled embeddings, their gradients and dense gradients in fp32
 LENGTH_BYTES = 4  # int32 lengths in the input KeyedJaggedTensor (both data sources)
@@ -27,7 +27,7 @@ LENGTH_BYTES = 4  # int32 lengths in the input KeyedJaggedTensor (both data sour
 
 def id_bytes(tables: list[TablePlan]) -> int:
     """Bytes per id in the input KeyedJaggedTensor: int32 when every table's ids fit (as both data
-    sources do: `dlrm.data.synthetic`, `dlrm.data.criteo`), else int64."""
+    sources do: `dlrm.data.synthetic`, `dlrm.data.criteo.format`), else int64."""
     return 4 if max((t.rows for t in tables), default=0) <= 2**31 else 8
 
 

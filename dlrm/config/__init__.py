@@ -3,7 +3,7 @@
 The schemas are the one source of defaults (the default options in conf/ restate none of them),
 one module per section (`model`, `data`, `topology`, `sharding`, `optim`, `trainer`, `run`), each
 field documented beside it. Choices are enums, so Hydra refuses a misspelt key, a wrongly typed
-value or a value outside its choices while composing (`dlrm.compose`). Each section's `check` then
+value or a value outside its choices while composing (`dlrm.config.compose`). Each section's `check` then
 tests what types cannot express (sizes, names, consistency) next to its fields, and `Config.check`
 what spans sections; a ConfigError names the key, the bad value and the fix, before any process
 group exists. The package imports neither torch nor torchrec: the command line's errors come first.
@@ -17,7 +17,7 @@ from typing import cast
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from dlrm.choices import DenseSync, Device, EmbeddingOptimizer, Precision, ShardingType
+from dlrm.config.choices import DenseSync, Device, EmbeddingOptimizer, Precision, ShardingType
 from dlrm.config.data import CriteoConfig, DataConfig, SyntheticConfig
 from dlrm.config.errors import ConfigError, _fail
 from dlrm.config.model import ModelConfig, TableConfig

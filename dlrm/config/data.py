@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dlrm.choices import DataSource
+from dlrm.config.choices import DataSource
 from dlrm.config.errors import _require_count, _require_positive
 
 
@@ -28,10 +28,10 @@ class SyntheticConfig:
 
 @dataclass
 class CriteoConfig:
-    """Preprocessed Criteo (see `dlrm.data.preprocess`): the directory that holds the .npy days."""
+    """Preprocessed Criteo (see `dlrm.data.criteo.preprocess`): the directory that holds the .npy days."""
 
     dir: str | None = None
-    """The --out directory of `dlrm.data.preprocess` (its manifest.json and .npy days); required with
+    """The --out directory of `dlrm.data.criteo.preprocess` (its manifest.json and .npy days); required with
     data.source=criteo."""
     train_days: list[int] = field(default_factory=list)
     """Days to train on ([] = every day in the manifest that is not in eval_days)."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from dlrm.choices import Interaction, Precision, ShardingType
+from dlrm.config.choices import Interaction, Precision, ShardingType
 from dlrm.config.errors import _fail, _require_positive
 
 

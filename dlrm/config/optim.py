@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dlrm.choices import DenseOptimizer, EmbeddingOptimizer
+from dlrm.config.choices import DenseOptimizer, EmbeddingOptimizer
 from dlrm.config.errors import _fail, _require_positive
 
 

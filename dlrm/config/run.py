@@ -10,7 +10,7 @@ from dlrm.config.errors import _fail, _require_count, _require_positive
 
 @dataclass
 class CheckpointConfig:
-    """Distributed checkpoints (dlrm.core.checkpoint)."""
+    """Distributed checkpoints (dlrm.checkpoint)."""
 
     dir: str | None = None
     """Where checkpoints go (None: <run dir>/checkpoints)."""
@@ -25,7 +25,7 @@ class CheckpointConfig:
     """Check every file's sha256 against the manifest before loading (false: sizes only)."""
     on_signal: bool = False
     """On SIGINT/SIGTERM (Ctrl-C, preemption) save a checkpoint at the step where the run stops (the
-    next log step, dlrm.core.stop) before exiting; false: stop without saving."""
+    next log step, dlrm.trainer.stop) before exiting; false: stop without saving."""
 
     def check(self, key: str = "checkpoint") -> None:
         _require_count(f"{key}.every_steps", self.every_steps, "no periodic saves")
@@ -34,7 +34,7 @@ class CheckpointConfig:
 
 @dataclass
 class RunConfig:
-    """The run a job belongs to (dlrm.core.runs)."""
+    """The run a job belongs to (dlrm.trainer.run_dir)."""
 
     name: str | None = None
     """A named run lives in outputs/NAME (unless hydra.run.dir is given), so a later invocation with

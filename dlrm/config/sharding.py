@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dlrm.choices import ComputeKernel, Precision, ShardingStrategy, ShardingType
+from dlrm.config.choices import ComputeKernel, Precision, ShardingStrategy, ShardingType
 from dlrm.config.errors import _fail
 from dlrm.config.model import TableConfig
 
@@ -28,7 +28,7 @@ class ShardingConfig:
     """The wire precision (fp32, fp16, bf16) of the same collectives' gradients in the backward pass;
     as qcomms_forward otherwise."""
     compute_kernel: ComputeKernel = ComputeKernel.auto
-    """The sharded tables' kernel (dlrm.choices.ComputeKernel); on a GPU, fused_uvm_caching keeps the
+    """The sharded tables' kernel (dlrm.config.choices.ComputeKernel); on a GPU, fused_uvm_caching keeps the
     tables (and their optimizer state) in host memory with a cache of `cache_load_factor` of each
     table's rows in HBM, the Zion design of large host memory beside the accelerators; auto lets the
     planner offload only what HBM cannot hold."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from dlrm.choices import Backend, Device, Fabric
+from dlrm.config.choices import Backend, Device, Fabric
 from dlrm.config.errors import _fail, _require_positive
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dlrm.choices import DenseAllreduce, DensePrecision, DenseSync, OnNonfinite, Precision, ProgressMode
+from dlrm.config.choices import DenseAllreduce, DensePrecision, DenseSync, OnNonfinite, Precision, ProgressMode
 from dlrm.config.errors import _fail, _require_count, _require_positive
 
 
@@ -27,11 +27,11 @@ class TrainerConfig:
     """A bar, log lines or nothing (auto: a bar on a terminal, lines otherwise)."""
     dense_allreduce: DenseAllreduce = DenseAllreduce.flat
     """flat (DDP's allreduce over all ranks) or hierarchical (reduce-scatter inside each node,
-    allreduce across nodes, allgather inside the node: see dlrm.core.dense_sync)."""
+    allreduce across nodes, allgather inside the node: see dlrm.distributed.dense_sync)."""
     dense_sync: DenseSync = DenseSync.allreduce
     """allreduce (the dense gradients every step) or local_sgd (torch's post-local SGD: after
     local_sgd_warmup_steps synchronous steps, each rank steps its dense weights alone and they are
-    averaged every sync_period steps; see dlrm.core.local_sgd)."""
+    averaged every sync_period steps; see dlrm.distributed.local_sgd)."""
     sync_period: int = 1
     """With dense_sync=local_sgd: steps between averagings of the dense weights (H); evaluations and
     periodic checkpoints fall on multiples of it. Keep 1 otherwise."""

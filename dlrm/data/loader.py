@@ -55,7 +55,7 @@ def make_source(cfg: Config, device: torch.device | None = None) -> BatchSource:
     Criteo's multi-hot ids are expanded on `device` when it is a GPU (`dlrm.data.multihot.BaseIdBatch`)."""
     names, rows, pooling = feature_layout(cfg)
     if cfg.data.source == "criteo":
-        from dlrm.data.criteo_loader import CriteoSource
+        from dlrm.data.criteo.loader import CriteoSource
 
         on_gpu = device is not None and device.type == "cuda"  # multi-hot ids expand there
         return CriteoSource(

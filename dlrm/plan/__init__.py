@@ -25,8 +25,8 @@ Example::
         data.global_batch_size=65536 --json
 """
 
-from dlrm.compose import compose
-from dlrm.core.memory import PlanError
+from dlrm.config.compose import compose
+from dlrm.distributed.capacity import PlanError
 from dlrm.plan.cli import main
 from dlrm.plan.planner import make_plan
 from dlrm.plan.report import format_report

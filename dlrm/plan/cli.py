@@ -9,7 +9,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-from dlrm.compose import compose
+from dlrm.config.compose import compose
 from dlrm.errors import ArgumentParser, UserError
 from dlrm.plan.planner import PROPOSERS, make_plan
 from dlrm.plan.report import format_report

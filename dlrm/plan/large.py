@@ -35,7 +35,7 @@ def large_world_planner(cfg: Config, topology, uniform: bool = True):
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.proposers import UniformProposer
 
-    from dlrm.core.sharding import AnyDeviceEmbeddingBagCollectionSharder, constraints
+    from dlrm.distributed.sharding import AnyDeviceEmbeddingBagCollectionSharder, constraints
 
     kinds = [k for k in AnyDeviceEmbeddingBagCollectionSharder().sharding_types("cuda") if k not in SKIPPED_TYPES]
     pinned = constraints(cfg, topology.world_size)

@@ -2,7 +2,7 @@
 
 `memory_summary` counts every shard of the plan where its compute kernel puts it, and `check_fits`
 names the first rank that does not fit. The lower bounds checked before planning, and the sizes of
-weights and optimizer state, are `dlrm.core.memory`'s (the trainer checks them too).
+weights and optimizer state, are `dlrm.distributed.capacity`'s (the trainer checks them too).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from dlrm.config import Config
-from dlrm.core.memory import (
+from dlrm.distributed.capacity import (
     FLOAT_BYTES,
     GB,
     PlanError,
@@ -20,7 +20,7 @@ from dlrm.core.memory import (
     optimizer_state_bytes,
     table_weight_bytes,
 )
-from dlrm.core.plan_records import TablePlan
+from dlrm.distributed.plan_records import TablePlan
 
 UVM_KERNELS = ("fused_uvm", "quant_uvm")  # table in host memory (unified virtual memory)
 UVM_CACHING_KERNELS = ("fused_uvm_caching", "quant_uvm_caching")  # in host memory, a cache of rows in HBM

@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 from dlrm.comms.traffic import comm_summary
 from dlrm.config import Config, ConfigError, validate, validate_world
-from dlrm.core.memory import capacity_GB, dense_param_count, planner_refusal, precheck_memory
+from dlrm.distributed.capacity import capacity_GB, dense_param_count, planner_refusal, precheck_memory
 from dlrm.plan.large import is_large, large_world_planner
 from dlrm.plan.memory import check_fits, memory_summary
 
@@ -43,15 +43,15 @@ def world_of(cfg: Config, ranks_per_node: int | None) -> tuple[int, int]:
 def run_planner(cfg: Config, model, world: int, ranks_per_node: int, proposer: str = "default"):
     """TorchRec's ShardingPlan for `model` (on meta) on `world` ranks, no process group.
 
-    proposer 'exact' is exactly the trainer's planner (`dlrm.core.sharding.plan_sharding`), and so is 'default'
+    proposer 'exact' is exactly the trainer's planner (`dlrm.distributed.sharding.plan_sharding`), and so is 'default'
     up to `dlrm.plan.large.LARGE_WORLD` ranks, above which it narrows the search (see `dlrm.plan.large`);
     'greedy' and 'uniform' replace TorchRec's proposers by one cheaper one (faster on many ranks; the plan may differ).
     """
     from torchrec.distributed.planner.proposers import GreedyProposer, UniformProposer
     from torchrec.distributed.planner.types import PlannerError
 
-    from dlrm.core.sharding import plan_sharding, sharders
-    from dlrm.core.topology import planner_topology
+    from dlrm.distributed.sharding import plan_sharding, sharders
+    from dlrm.distributed.topology import planner_topology
 
     topology = planner_topology(cfg.topology, world, ranks_per_node)
     one = {"default": None, "exact": None, "greedy": GreedyProposer, "uniform": UniformProposer}[proposer]
@@ -71,9 +71,9 @@ def make_plan(cfg: Config, ranks_per_node: int | None = None, proposer: str = "d
         raise ConfigError(f"--proposer {proposer!r} is invalid: choose one of {', '.join(PROPOSERS)}")
     timings = {}
     t0 = time.perf_counter()
-    from dlrm.core.model import build_model
-    from dlrm.core.optim import fuse_embedding_optimizer
-    from dlrm.core.sharding import table_plans
+    from dlrm.distributed.sharding import table_plans
+    from dlrm.models.dlrm import build_model
+    from dlrm.optim.optimizers import fuse_embedding_optimizer
 
     model = build_model(cfg.model)  # meta device: no table memory
     fuse_embedding_optimizer(model, cfg.optim.embedding)  # as the trainer: the planner sees its state size

@@ -53,7 +53,7 @@ import numpy as np
 from dlrm.comms.costmodel import Link, backend_of, ring_time, two_level_time
 from dlrm.comms.traffic import FLOAT_BYTES, comm_summary
 from dlrm.config import Config, ConfigError
-from dlrm.core.plan_records import Shard, TablePlan
+from dlrm.distributed.plan_records import Shard, TablePlan
 from dlrm.io import JSON_LIMIT, UnreadableFileError, parse_json, read_bounded
 
 SYNC_MODES = ("allreduce", "hierarchical", "local_sgd")

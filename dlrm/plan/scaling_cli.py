@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from dlrm.compose import compose
+from dlrm.config.compose import compose
 from dlrm.plan.projection import CALIBRATION, OVERLAP_RULE, PLANNING, load_measured, parse_scale, scaling
 from dlrm.plan.scaling_report import markdown, write
 

@@ -9,7 +9,7 @@ job's arguments as Hydra overrides: the same torchrun command (c10d rendezvous o
 the same fabric env file (launch/env/$FABRIC_ENV.sh) as on bare metal or under SLURM. One pod per node:
 Master (hosts the rendezvous) + nodes-1 Workers, each requesting `ranks_per_node` GPUs and RDMA devices.
 
-Nodes and ranks per node come from the config dlrm.train composes from the overrides (dlrm.compose:
+Nodes and ranks per node come from the config dlrm.train composes from the overrides (dlrm.config.compose:
 the same checks, the same "did you mean"); --nodes / --nproc-per-node, when given, must agree with them.
 A disagreement is refused (one `error:` line naming the key and the fix, exit 2) before anything is written.
 Needs the repository's config dependencies (Hydra, OmegaConf, PyYAML), not torch.
@@ -110,8 +110,8 @@ def parse_args(argv):
 def load_topology(overrides) -> dict:
     """name, nodes, ranks_per_node (None = from the launcher) and device of the config dlrm.train will
     compose from these overrides (checked as it checks them)."""
-    from dlrm.compose import compose
     from dlrm.config import validate
+    from dlrm.config.compose import compose
     from dlrm.errors import UserError
 
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlrm.core.checkpoint import latest_checkpoint
+from dlrm.checkpoint import latest_checkpoint
 from dlrm.export import export, load_exported
 from tests.helpers.equivalence import assert_matches_reference, reference, tiny
 from tests.helpers.families import PAIR, SINGLE, TWO_NODES, error_of

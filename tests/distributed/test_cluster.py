@@ -191,7 +191,9 @@ def test_refuses_without_root():
         if SETPRIV is None:
             pytest.skip("setpriv (util-linux) is not installed, so root cannot run the command as another user")
         prefix = [SETPRIV, "--reuid=65534", "--regid=65534", "--clear-groups"]
-        probe = subprocess.run([*prefix, sys.executable, "-c", "import dlrm.cluster"], cwd=ROOT, capture_output=True)
+        probe = subprocess.run(
+            [*prefix, sys.executable, "-c", "import dlrm.cluster.run"], cwd=ROOT, capture_output=True
+        )
         if probe.returncode != 0:  # e.g. a checkout under `mktemp -d`, whose directory is private (0700)
             why = (probe.stderr.decode().strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
             pytest.skip(f"user nobody cannot import this checkout: {why}")
@@ -250,7 +252,7 @@ def test_a_kill_of_a_node_that_does_not_exist_is_one_line():
 def test_module_option_runs_another_worker_module_and_refuses_in_one_line():
     """`--module M` runs `torchrun -m M ARGS` in every node (its arguments are not trainer overrides, so the
     sizes and the rate must be given); a bad name or a missing size is a UsageError (one line, exit 2)."""
-    from dlrm.cluster import Fabric, Job, agent_command, agent_env, parse_args
+    from dlrm.cluster.run import Fabric, Job, agent_command, agent_env, parse_args
     from dlrm.errors import UsageError
 
     sized = ["--nodes", "2", "--ranks-per-node", "2", "--gbit", "1"]
@@ -279,7 +281,7 @@ def test_kills_start_the_node_again_until_the_restarts_are_spent(tmp_path):
     """FaultSchedule (no namespaces): each kill within --max-restarts starts the node's agent again; a
     later one leaves the node down (the job then fails, and its line says how to continue); a node with
     nothing left to kill is not started again."""
-    from dlrm.cluster_faults import AgentKill, FaultSchedule
+    from dlrm.cluster.faults import AgentKill, FaultSchedule
 
     class Nodes:  # the Fabric's kill_node: how many processes each node has
         alive = {0: 3, 1: 3}

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dlrm.compose import compose
+from dlrm.config.compose import compose
 from tests.helpers.criteo import SAMPLE, needs_sample
 from tests.helpers.equivalence import assert_matches_reference
 from tests.helpers.families import PAIR, Overrides

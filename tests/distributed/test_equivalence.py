@@ -6,7 +6,7 @@ The runs are jobs of the 2-rank family (tests/helpers/families.py): one launch f
 import pytest
 import torch
 
-from dlrm.compose import compose
+from dlrm.config.compose import compose
 from tests.helpers.equivalence import matches, reference, tiny
 from tests.helpers.families import LONG_PAIR, PAIR
 from tests.helpers.workers import train_and_report

@@ -1,4 +1,4 @@
-"""trainer.dense_sync=local_sgd: torch's post-local SGD on the dense part (dlrm.core.local_sgd).
+"""trainer.dense_sync=local_sgd: torch's post-local SGD on the dense part (dlrm.distributed.local_sgd).
 
 The runs are jobs of the 2-rank family (tests/helpers/families.py).
 """

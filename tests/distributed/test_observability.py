@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrm.core.phases import STEP_RANGE
+from dlrm.trainer.phases import STEP_RANGE
 
 REPO = Path(__file__).resolve().parents[2]
 

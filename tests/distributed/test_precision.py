@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlrm.compose import compose
+from dlrm.config.compose import compose
 from dlrm.data.loader import make_source
 from dlrm.export import export, load_exported
 from tests.helpers.equivalence import STEPS, tiny

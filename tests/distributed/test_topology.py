@@ -5,7 +5,7 @@ The runs are jobs of the 2 x 2 family (tests/helpers/families.py): one launch fo
 
 import pytest
 
-from dlrm.compose import compose
+from dlrm.config.compose import compose
 from tests.helpers.equivalence import matches, tiny
 from tests.helpers.families import TWO_NODES
 from tests.helpers.workers import hierarchical_vs_flat, process_group_layout, train_and_report

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrm.core.checkpoint import file_digest, open_checkpoint, write_manifest
+from dlrm.checkpoint import file_digest, open_checkpoint, write_manifest
 from dlrm.export import main as export_main
 from tests.helpers.families import FIXTURE_READS, PAIR, Overrides
 from tests.helpers.workers import train_summary

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from dlrm.compose import compose
-from dlrm.core.model import build_model
+from dlrm.config.compose import compose
 from dlrm.data.loader import make_source
+from dlrm.models.dlrm import build_model
 from tests.helpers.families import Overrides
 
 

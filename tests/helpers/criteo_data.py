@@ -19,8 +19,8 @@ GBS = 10
 
 def make_dataset(out: Path) -> Path:
     """Preprocess the sample (100 rows) and its first 40 lines into days 0 and 1 of `out`."""
-    from dlrm.data.criteo import ParseOptions
-    from dlrm.data.preprocess import preprocess
+    from dlrm.data.criteo.format import ParseOptions
+    from dlrm.data.criteo.preprocess import preprocess
 
     out.mkdir(parents=True, exist_ok=True)
     half = out.parent / f"{out.name}_half.tsv"

@@ -6,7 +6,7 @@ import functools
 import pytest
 import torch
 
-from dlrm.compose import compose
+from dlrm.config.compose import compose
 from tests.helpers.families import Overrides
 from tests.helpers.reference import train_unsharded
 

@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from dlrm.compose import compose
+from dlrm.config.compose import compose
 from tests.helpers.harness import Job, JobError, launch_jobs
 
 

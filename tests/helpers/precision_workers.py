@@ -6,9 +6,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from dlrm.core.dense_sync import use_compressed_allreduce, use_hierarchical_allreduce
-from dlrm.core.metrics import score_on_rank0
-from dlrm.core.topology import build_process_groups
+from dlrm.distributed.dense_sync import use_compressed_allreduce, use_hierarchical_allreduce
+from dlrm.distributed.topology import build_process_groups
+from dlrm.trainer.metrics import score_on_rank0
 from tests.helpers.harness import default_group
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}

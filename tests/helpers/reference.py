@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from dlrm.config import Config
-from dlrm.core.model import build_model, initialize
 from dlrm.data.loader import make_source
+from dlrm.models.dlrm import build_model, initialize
 
 
 def train_unsharded(cfg: Config, skip_batches: tuple = ()) -> tuple[list[float], dict[str, torch.Tensor]]:

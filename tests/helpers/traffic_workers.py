@@ -13,8 +13,8 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.config import Config, validate, validate_world
-from dlrm.core.sharding import table_plans
-from dlrm.core.world import World
+from dlrm.distributed.sharding import table_plans
+from dlrm.distributed.world import World
 
 
 class SentBytes:
@@ -88,9 +88,9 @@ def uniform_ids(batch: Batch, table_rows: dict[str, int], rank: int) -> Batch:
 
 def measured_traffic(steps: int, *cfgs: Config) -> list[dict]:
     """For each config in turn: train `steps` steps without the pipeline on uniform ids; the bytes
-    this rank sent per step to each rank (by kind), the plan (dlrm.core.sharding.table_plans) and
+    this rank sent per step to each rank (by kind), the plan (dlrm.distributed.sharding.table_plans) and
     the batch's id/length dtypes."""
-    from dlrm.core.trainer import Trainer
+    from dlrm.trainer.trainer import Trainer
 
     world = World.from_env()
     results = []

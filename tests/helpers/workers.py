@@ -12,15 +12,15 @@ from pathlib import Path
 import torch
 
 from dlrm.config import Config, validate, validate_world
-from dlrm.core.model import local_pieces
-from dlrm.core.sharding import describe_plan
-from dlrm.core.world import World
+from dlrm.distributed.sharding import describe_plan
+from dlrm.distributed.world import World
+from dlrm.models.dlrm import local_pieces
 from tests.helpers.harness import default_group
 
 
 def build_trainer(cfg: Config):
     """A validated Trainer for this rank (the world from the launcher's environment)."""
-    from dlrm.core.trainer import Trainer
+    from dlrm.trainer.trainer import Trainer
 
     validate(cfg)
     world = World.from_env()
@@ -38,7 +38,7 @@ def pieces_of(model: torch.nn.Module) -> dict:
 
 def train_and_report(cfg: Config) -> dict:
     """Train on this rank; the logged losses, this rank's pieces of the final weights (`pieces_of`),
-    the plan (dlrm.core.sharding.describe_plan) and the summary."""
+    the plan (dlrm.distributed.sharding.describe_plan) and the summary."""
     trainer = build_trainer(cfg)
     summary = trainer.train()
     return {
@@ -51,10 +51,10 @@ def train_and_report(cfg: Config) -> dict:
 
 def preprocess_then_train(cfg: Config, tsv: str, table_rows: int) -> dict:
     """Rank 0 preprocesses `tsv` into cfg.data.criteo.dir (ids modulo `table_rows`), as
-    `python -m dlrm.data.preprocess --table-sizes N` does; then every rank: train_and_report."""
+    `python -m dlrm.data.criteo.preprocess --table-sizes N` does; then every rank: train_and_report."""
     if World.from_env().rank == 0:
-        from dlrm.data.criteo import NUM_SPARSE, ParseOptions
-        from dlrm.data.preprocess import preprocess
+        from dlrm.data.criteo.format import NUM_SPARSE, ParseOptions
+        from dlrm.data.criteo.preprocess import preprocess
 
         assert cfg.data.criteo.dir is not None
         preprocess([tsv], cfg.data.criteo.dir, ParseOptions("fail", "modulo", (table_rows,) * NUM_SPARSE))
@@ -70,7 +70,7 @@ def train_summary(cfg: Config) -> dict:
 def summary_and_records(cfg: Config, run_dir) -> dict:
     """Train (or evaluate) on this rank in `run_dir` (rank 0 writes there): {"summary", "records"}
     with rank 0's metrics.jsonl records ([] on other ranks)."""
-    from dlrm.core.trainer import Trainer
+    from dlrm.trainer.trainer import Trainer
 
     validate(cfg)
     world = World.from_env()
@@ -90,8 +90,8 @@ def train_losses(cfg: Config) -> list[float]:
 
 def hierarchical_vs_flat(nodes: int, ranks_per_node: int) -> float:
     """Max |hierarchical - flat| over a few rank-dependent tensors (sizes not divisible by g too)."""
-    from dlrm.core.dense_sync import hierarchical_allreduce_
-    from dlrm.core.topology import build_process_groups
+    from dlrm.distributed.dense_sync import hierarchical_allreduce_
+    from dlrm.distributed.topology import build_process_groups
 
     default_group()
     groups = build_process_groups(torch.device("cpu"), nodes, ranks_per_node)
@@ -108,7 +108,7 @@ def hierarchical_vs_flat(nodes: int, ranks_per_node: int) -> float:
 
 def process_group_layout(nodes: int, ranks_per_node: int) -> dict:
     """The global ranks in this rank's intra-node and inter-node groups."""
-    from dlrm.core.topology import build_process_groups
+    from dlrm.distributed.topology import build_process_groups
 
     default_group()
     groups = build_process_groups(torch.device("cpu"), nodes, ranks_per_node)
@@ -145,8 +145,8 @@ def train_with_a_nan_batch(cfg: Config, index: int, rank: int) -> dict:
 
 def resume_error(cfg: Config) -> str:
     """Build a trainer that resumes (cfg.trainer.resume) and return the CheckpointError it raises."""
-    from dlrm.core.checkpoint import CheckpointError
-    from dlrm.core.trainer import Trainer
+    from dlrm.checkpoint import CheckpointError
+    from dlrm.trainer.trainer import Trainer
 
     validate(cfg)
     try:
@@ -168,12 +168,12 @@ def train_under_host_tensor_guard(cfg: Config) -> dict:
 
 def collective_failures_of_a_stalled_rank(timeout_s: float) -> str | None:
     """Rank 1 stalls past `timeout_s` before an all-reduce of a group with that timeout: each rank's
-    exception, as dlrm.train reports it (dlrm.core.topology.collective_failure), or None if unrecognised.
+    exception, as dlrm.train reports it (dlrm.distributed.topology.collective_failure), or None if unrecognised.
     Both ranks meet again on the default group afterwards (the family's next job)."""
     import time
     from datetime import timedelta
 
-    from dlrm.core.topology import collective_failure
+    from dlrm.distributed.topology import collective_failure
 
     default_group()
     group = torch.distributed.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))

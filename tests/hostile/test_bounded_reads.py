@@ -8,13 +8,13 @@ import os
 
 import pytest
 
+from dlrm.checkpoint import CheckpointError, read_manifest
 from dlrm.comms.costmodel import CommsError
 from dlrm.comms.report import load_bench
 from dlrm.config import ConfigError
-from dlrm.core.checkpoint import CheckpointError, read_manifest
-from dlrm.core.runs import CONFIG, read_config, record
 from dlrm.io import UnreadableFileError, parse_json, read_bounded
 from dlrm.plan.projection import load_measured
+from dlrm.trainer.run_dir import CONFIG, read_config, record
 from tests.helpers.checkpoints import NEW, ckpts, saved_checkpoints
 
 __all__ = ["ckpts", "saved_checkpoints"]  # fixtures

@@ -17,7 +17,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
 
-from dlrm.core.checkpoint import METADATA, CheckpointError, load_checkpoint, write_manifest
+from dlrm.checkpoint import METADATA, CheckpointError, load_checkpoint, write_manifest
 from tests.helpers.checkpoints import (
     NEW,
     OLD,

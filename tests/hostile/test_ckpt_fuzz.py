@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlrm.core.checkpoint import METADATA, CheckpointError, load_checkpoint, step_tensor
-from dlrm.core.model import build_model
+from dlrm.checkpoint import METADATA, CheckpointError, load_checkpoint, step_tensor
 from dlrm.export import model_config_of
+from dlrm.models.dlrm import build_model
 from tests.helpers.checkpoints import NEW, resign, saved_checkpoints
 
 __all__ = ["saved_checkpoints"]  # fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrm.compose import compose
+from dlrm.config.compose import compose
 from tests.helpers.checkpoints import NEW, OLD, ckpts, digests, flip, saved_checkpoints
 from tests.helpers.harness import launch
 from tests.helpers.workers import resume_error

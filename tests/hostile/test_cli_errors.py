@@ -180,8 +180,8 @@ def test_planner_refusal_is_a_plan_error_naming_tables_and_fix():
     becomes a PlanError: capacity, the largest tables, the fix and TorchRec's reason, one line."""
     from torchrec.distributed.planner.types import PlannerError
 
-    from dlrm.compose import compose
-    from dlrm.core.memory import PlanError, planner_refusal
+    from dlrm.config.compose import compose
+    from dlrm.distributed.capacity import PlanError, planner_refusal
 
     cfg = compose(["model=mlperf_dcnv2", "topology=dgx_h100", "topology.hbm_GB=1"])
     e = planner_refusal(

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from dlrm.config import CriteoConfig
-from dlrm.data.criteo_loader import CriteoDataError, CriteoSource
+from dlrm.data.criteo.loader import CriteoDataError, CriteoSource
 from tests.helpers.criteo import SAMPLE
 from tests.helpers.criteo_data import GBS, NAMES, ROWS, TABLE_ROWS, make_dataset
 

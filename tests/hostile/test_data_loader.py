@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from dlrm.config import CriteoConfig
-from dlrm.data.criteo_loader import CriteoDataError, CriteoSource
+from dlrm.data.criteo.loader import CriteoDataError, CriteoSource
 from dlrm.errors import UserError
 from tests.helpers.criteo import ROOT, SAMPLE
 from tests.helpers.criteo_data import (
@@ -264,7 +264,7 @@ def test_too_few_rows_for_one_global_batch_is_refused_when_built(data):
 
 
 def train_config(directory, *extra):
-    from dlrm.compose import compose
+    from dlrm.config.compose import compose
 
     return compose(
         [
@@ -282,14 +282,14 @@ def train_config(directory, *extra):
 
 def test_train_refuses_before_building_tables(data, monkeypatch):
     """Too few rows (and any data error) stops dlrm.train before a process group or a table exists."""
-    import dlrm.core.trainer
+    import dlrm.trainer.trainer
     from dlrm.train import run
 
     def never(*a, **k):
         raise AssertionError("built before the data were checked")
 
-    monkeypatch.setattr(dlrm.core.trainer, "build_model", never)
-    monkeypatch.setattr(dlrm.core.trainer, "init_distributed", never)
+    monkeypatch.setattr(dlrm.trainer.trainer, "build_model", never)
+    monkeypatch.setattr(dlrm.trainer.trainer, "init_distributed", never)
     for k, v in {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(CriteoDataError, match="less than one global batch of 512"):

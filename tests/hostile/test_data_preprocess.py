@@ -1,4 +1,4 @@
-"""Hostile input to `python -m dlrm.data.preprocess`: every case is one `error: ...` line naming the
+"""Hostile input to `python -m dlrm.data.criteo.preprocess`: every case is one `error: ...` line naming the
 flag/file and the fix, exit 2, no traceback, and the previous output of the same --out left intact.
 
 A representative subset runs the real CLI in a subprocess; the rest call `main([...])` in-process.
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dlrm.data import preprocess as pp
-from dlrm.data.npy import NpyWriter
+from dlrm.data.criteo import preprocess as pp
+from dlrm.data.criteo.npy import NpyWriter
 from tests.helpers.criteo import ROOT, SAMPLE
 from tests.helpers.criteo_data import make_dataset, snapshot
 
@@ -31,7 +31,11 @@ def out(tmp_path):
 
 def run_cli(args, cwd=ROOT):
     return subprocess.run(
-        [sys.executable, "-m", "dlrm.data.preprocess", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "dlrm.data.criteo.preprocess", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -207,7 +211,7 @@ def test_failed_rerun_keeps_the_complete_output(capsys, out, tmp_path):
     bad.write_text(SAMPLE.read_text().split("\n")[0] + "\n\tnot\ta\tline\n")
     # different options: day 0 would be redone, but it fails on its input before any day completes
     refused_in_process(capsys, out, [str(bad), S, "--table-sizes", "3000"], str(bad), "line 2", "--policy skip")
-    from dlrm.data.verify import load_manifest
+    from dlrm.data.criteo.verify import load_manifest
 
     assert [d["rows"] for d in load_manifest(str(out))["days"]] == [100, 40]
 
@@ -274,7 +278,7 @@ def test_damaged_day_json_is_redone_not_a_traceback(out):
 
 # ------------------------------------------------------------------ the benchmark's files
 def test_bench_needs_a_sample(capsys, monkeypatch):
-    from dlrm.data import bench_preprocess
+    from dlrm.bench import preprocess as bench_preprocess
 
     monkeypatch.delenv("CRITEO_SAMPLE", raising=False)
     with pytest.raises(SystemExit) as e:
@@ -284,7 +288,7 @@ def test_bench_needs_a_sample(capsys, monkeypatch):
 
 
 def test_bench_uses_a_private_directory_and_removes_it(tmp_path, capsys):
-    from dlrm.data import bench_preprocess
+    from dlrm.bench import preprocess as bench_preprocess
 
     keep = tmp_path / "ours"  # a name the old benchmark would have rmtree'd under --dir
     keep.mkdir()

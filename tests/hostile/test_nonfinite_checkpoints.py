@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from dlrm.core.checkpoint import (
+from dlrm.checkpoint import (
     CheckpointError,
     complete_checkpoints,
     file_digest,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from dlrm.data.criteo import CriteoDataError
-from dlrm.data.preprocess import _locked
+from dlrm.data.criteo.format import CriteoDataError
+from dlrm.data.criteo.preprocess import _locked
 from dlrm.export import main as export_main
 from tests.helpers.checkpoints import NEW, ckpts, saved_checkpoints
 from tests.helpers.cli import assert_one_error, main_in_process

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrm.core.runs import LOCK, RunInUseError, lock_run_dir
+from dlrm.trainer.run_dir import LOCK, RunInUseError, lock_run_dir
 from tests.helpers.cli import assert_one_error, main_in_process
 
 RUN = ("model=tiny", "data.global_batch_size=64", "trainer.max_steps=2", "trainer.progress=none")

@@ -112,11 +112,11 @@ def test_commands_launch_each_setup_as_documented(tmp_path, example):
     with pytest.raises(ValueError, match="--example"):
         ae.command("example", [], out, cache_batches=0)
     cmd, env = ae.command("bf16", [], out, cache_batches=10)
-    tail = ["-m", "dlrm.bench", "--out", str(out), "trainer.dense_precision=bf16", "--cache-batches", "10"]
+    tail = ["-m", "dlrm.bench.training", "--out", str(out), "trainer.dense_precision=bf16", "--cache-batches", "10"]
     assert cmd[1:3] == ["-m", "dlrm.torchrun"] and cmd[-7:] == tail
     assert env["OMP_NUM_THREADS"] == "1"
     cmd, env = ae.command("bf16_1p2t", [], out, cache_batches=0)
-    assert cmd[0] == sys.executable and cmd[1:3] == ["-m", "dlrm.bench"] and "dlrm.torchrun" not in cmd
+    assert cmd[0] == sys.executable and cmd[1:3] == ["-m", "dlrm.bench.training"] and "dlrm.torchrun" not in cmd
     assert env["OMP_NUM_THREADS"] == "2" and "trainer.dense_precision=bf16" in cmd and "--cache-batches" not in cmd
     cmd, env = ae.command("fp32", [], out, cache_batches=0)
     assert not any(arg.startswith("trainer.") for arg in cmd)
@@ -156,7 +156,7 @@ def test_a_failed_run_stops_with_its_command_and_keeps_the_completed_rounds(tmp_
     def run_once(name, timing, cache_batches, timeout_s, example):
         calls["n"] += 1
         if calls["n"] > 2:  # round 2's first run fails
-            raise ae.RunFailed(f"{name}: exited 1: python -m dlrm.bench\nTraceback: boom")
+            raise ae.RunFailed(f"{name}: exited 1: python -m dlrm.bench.training\nTraceback: boom")
         return {"samples_per_s_median": 10.0, "samples_per_cpu_s": 5.0, "peak_rss_mb_per_rank": [1.0]}
 
     monkeypatch.setattr(ae, "run_once", run_once)
@@ -164,7 +164,7 @@ def test_a_failed_run_stops_with_its_command_and_keeps_the_completed_rounds(tmp_
         ae.main(["--example", str(example), "--rounds", "3", "--configs", "fp32", "--out", str(out)])
     assert e.value.code == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: fp32: exited 1: python -m dlrm.bench") and "boom" in err
+    assert err.startswith("error: fp32: exited 1: python -m dlrm.bench.training") and "boom" in err
     record = json.loads(out.read_text())
     assert record["rounds_requested"] == 3 and record["rounds_completed"] == 1 and len(record["runs"]) == 2
     assert record["example"] == str(et.find_script(example)) and record["example_args"] == list(ae.EXAMPLE_ARGS)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dlrm import bench
+from dlrm.bench import training as bench
 from dlrm.data.loader import make_source
 from tests.helpers.cli import TORCHRUN_VARS, assert_one_error
 
@@ -54,7 +54,7 @@ def test_bad_override_is_a_user_error(capsys):
 def test_user_error_is_one_line_under_torchrun(args):
     """Two ranks meet the same bad config: rank 0 prints it, rank 1 and torchrun nothing."""
     env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
-    launch = [sys.executable, "-m", "dlrm.torchrun", "--standalone", "--nproc_per_node=2", "-m", "dlrm.bench"]
+    launch = [sys.executable, "-m", "dlrm.torchrun", "--standalone", "--nproc_per_node=2", "-m", "dlrm.bench.training"]
     r = subprocess.run([*launch, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert_one_error(r.returncode, r.stdout, r.stderr, args[0].split("=")[0])
 

@@ -1,6 +1,6 @@
 """The data path on the host: the multi-hot expansion, done in cache-sized blocks (the host's) or
 over all values at once (a GPU's), equals its definition bit for bit; the data-path benchmark
-(dlrm.data.bench_batches): its random Criteo day, both sources, its refusals."""
+(dlrm.bench.batches): its random Criteo day, both sources, its refusals."""
 
 import json
 
@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from dlrm.bench import compose_config
+from dlrm.bench import batches as bench_batches
+from dlrm.bench.training import compose_config
 from dlrm.config import CriteoConfig
-from dlrm.data import bench_batches, multihot
-from dlrm.data.criteo_loader import CriteoSource
+from dlrm.data import multihot
+from dlrm.data.criteo.loader import CriteoSource
 from dlrm.data.loader import feature_layout, make_source
 from dlrm.data.multihot import BaseIdBatch, MultiHotLayout
 

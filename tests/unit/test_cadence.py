@@ -2,7 +2,7 @@
 
 import pytest
 
-from dlrm.core.cadence import Every, ThroughputWindow
+from dlrm.trainer.cadence import Every, ThroughputWindow
 
 
 def test_every_n_steps_and_at_the_end():

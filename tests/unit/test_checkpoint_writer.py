@@ -1,4 +1,4 @@
-"""The checkpointer's DCP writer frees each tensor once written (dlrm.core.checkpoint.checkpointer.storage_writer).
+"""The checkpointer's DCP writer frees each tensor once written (dlrm.checkpoint.checkpointer.storage_writer).
 
 DCP clones a view whose storage is larger than itself (TorchRec's fused tables are views of one
 buffer) and serialises the clone with torch.save. Counted here: how many of those clones are alive
@@ -15,7 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 
-from dlrm.core.checkpoint.checkpointer import storage_writer
+from dlrm.checkpoint.checkpointer import storage_writer
 
 VIEWS = 8
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # no_dist=True says so

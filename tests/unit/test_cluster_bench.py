@@ -1,4 +1,4 @@
-"""dlrm.cluster_bench's pure parts: its options, the order of a round's jobs, reading a run, and the tables,
+"""dlrm.cluster.bench's pure parts: its options, the order of a round's jobs, reading a run, and the tables,
 findings and plot series built from a small fabricated results dict. Plus one smoke run on the emulated
 cluster (root only; marked cluster and slow)."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from dlrm import cluster_bench as cb
-from dlrm import cluster_bench_findings as cbf
-from dlrm import cluster_bench_plot as cbp
-from dlrm import cluster_bench_report as cbr
+from dlrm.cluster.bench import findings as cbf
+from dlrm.cluster.bench import plot as cbp
+from dlrm.cluster.bench import report as cbr
+from dlrm.cluster.bench import run as cb
 from dlrm.errors import UsageError
 from tests.helpers.cluster import cannot_build_namespaces
 
@@ -216,7 +216,7 @@ def test_render_rewrites_the_findings(tmp_path, capsys):
 
 
 def test_render_remodels_the_collectives_and_keeps_the_runs_own_figures():
-    from dlrm import cluster_bench_model as cbm
+    from dlrm.cluster.bench import model as cbm
 
     results = fabricated()
     n = 4 * 2**20
@@ -236,7 +236,7 @@ def test_render_remodels_the_collectives_and_keeps_the_runs_own_figures():
 def test_a_runs_tables_from_its_summarys_plan():
     from types import SimpleNamespace
 
-    from dlrm.cluster_bench_model import tables_from_summary
+    from dlrm.cluster.bench.model import tables_from_summary
 
     kinds = {"t0": ("table_wise", [2]), "t1": ("row_wise", [0, 1, 2]), "t2": ("column_wise", [0, 1]),
              "t3": ("table_row_wise", [2, 3]), "t4": ("data_parallel", [])}  # fmt: skip
@@ -260,7 +260,7 @@ def test_a_runs_tables_from_its_summarys_plan():
 @pytest.mark.skipif(bool(reason := cannot_build_namespaces()), reason=reason or "")
 def test_smoke_one_training_run_on_the_emulated_cluster(tmp_path):
     """One 2 x 2 run at 1 Gbit/s through the whole command: results, findings and plot written."""
-    cmd = [sys.executable, "-m", "dlrm.cluster_bench", "--quick", "--experiments", "train", "--variants", "auto",
+    cmd = [sys.executable, "-m", "dlrm.cluster.bench", "--quick", "--experiments", "train", "--variants", "auto",
            "--steps", "12", "--out", str(tmp_path)]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}"

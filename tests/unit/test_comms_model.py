@@ -148,7 +148,7 @@ def test_step_comm_time_limits_and_errors():
 
 
 # --- backends -------------------------------------------------------------------------------------------
-# The emulated 2 x 2 cluster at 0.5 Gbit/s per node uplink (conf/topology/emu_2x2.yaml as dlrm.cluster_bench
+# The emulated 2 x 2 cluster at 0.5 Gbit/s per node uplink (conf/topology/emu_2x2.yaml as dlrm.cluster.bench
 # sets it): loopback 1 GB/s, 250 us; inter-node 0.0625 GB/s per node = 31.25 MB/s per rank, 250 us.
 EMU_INTRA, EMU_INTER = Link("switch", 250e-6, 1e9), Link("switch", 250e-6, 31.25e6)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, OmegaConf
 
-from dlrm.compose import CONF_DIR, group_options
 from dlrm.config import Config, ConfigError, validate, validate_world
+from dlrm.config.compose import CONF_DIR, group_options
 from tests.helpers.cli import assert_one_error, main_in_process
 
 REPO = Path(__file__).resolve().parents[2]

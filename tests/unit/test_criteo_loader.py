@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from dlrm.config import CriteoConfig
-from dlrm.data.criteo import KAGGLE_TABLE_SIZES, MULTI_HOT_SIZES, TB_TABLE_SIZES, ParseOptions
-from dlrm.data.criteo_loader import CriteoDataError, CriteoSource
+from dlrm.data.criteo.format import KAGGLE_TABLE_SIZES, MULTI_HOT_SIZES, TB_TABLE_SIZES, ParseOptions
+from dlrm.data.criteo.loader import CriteoDataError, CriteoSource
+from dlrm.data.criteo.preprocess import preprocess
 from dlrm.data.multihot import BaseIdBatch
-from dlrm.data.preprocess import preprocess
 from tests.helpers.criteo import SAMPLE, needs_sample
 
 pytestmark = needs_sample
@@ -172,8 +172,8 @@ def test_clear_errors(data_dir, tmp_path):
 
 
 def test_configs_compose_and_validate():
-    from dlrm.compose import compose
     from dlrm.config import validate
+    from dlrm.config.compose import compose
 
     cfg = compose(["experiment=criteo_kaggle"])
     validate(cfg)

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlrm.data.criteo import KAGGLE_TABLE_SIZES, CriteoFormatError, ParseOptions, parse_block
-from dlrm.data.preprocess import main, preprocess
+from dlrm.data.criteo.format import KAGGLE_TABLE_SIZES, CriteoFormatError, ParseOptions, parse_block
+from dlrm.data.criteo.preprocess import main, preprocess
 from tests.helpers.criteo import SAMPLE, needs_sample
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +98,7 @@ def test_parallel_files_and_cli(tmp_path):
         [
             sys.executable,
             "-m",
-            "dlrm.data.preprocess",
+            "dlrm.data.criteo.preprocess",
             "--out",
             str(out),
             "--table-sizes",
@@ -340,7 +340,7 @@ def test_streamed_npy_files_are_numpys_own(tmp_path):
 
     import numpy as np
 
-    from dlrm.data.npy import NpyWriter, concat_parts, npy_header
+    from dlrm.data.criteo.npy import NpyWriter, concat_parts, npy_header
 
     assert {len(npy_header(np.dtype("<i4"), (n, 26))) for n in (0, 7, 10**15)} == {128}
     blocks = [np.arange(i * 6, i * 6 + 6, dtype=np.int32).reshape(2, 3) for i in range(3)]

@@ -1,4 +1,4 @@
-"""`python -m dlrm.data.check DIR`: the loader's verification of a preprocessed directory, one line per day."""
+"""`python -m dlrm.data.criteo.check DIR`: the loader's verification of a preprocessed directory, one line per day."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlrm.data.check import main
-from dlrm.data.criteo import ParseOptions
-from dlrm.data.preprocess import preprocess
+from dlrm.data.criteo.check import main
+from dlrm.data.criteo.format import ParseOptions
+from dlrm.data.criteo.preprocess import preprocess
 from tests.helpers.criteo import SAMPLE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,6 +84,10 @@ def test_ids_beyond_a_models_tables_and_bad_arguments(data, capsys, tmp_path):
 
 def test_the_command_line(data):
     r = subprocess.run(
-        [sys.executable, "-m", "dlrm.data.check", str(data)], cwd=REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "dlrm.data.criteo.check", str(data)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == 0 and r.stdout.count("\n") == 3 and r.stderr == "", r.stderr

@@ -9,8 +9,8 @@ import functools
 import pytest
 import torch
 
-from dlrm.core.topology import DeviceError, NoGPUForRankError, device_for, synchronizer
-from dlrm.core.world import World
+from dlrm.distributed.topology import DeviceError, NoGPUForRankError, device_for, synchronizer
+from dlrm.distributed.world import World
 from dlrm.errors import user_error_message
 
 
@@ -50,7 +50,7 @@ def test_the_process_group_gets_the_collective_timeout_and_the_gpu(make_config, 
 
     import torch.distributed as dist
 
-    from dlrm.core import topology
+    from dlrm.distributed import topology
 
     seen = {}
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
@@ -73,7 +73,7 @@ def test_the_process_group_gets_the_collective_timeout_and_the_gpu(make_config, 
     ],
 )
 def test_collective_failures_are_one_line(message, words, monkeypatch):
-    from dlrm.core.topology import collective_failure
+    from dlrm.distributed.topology import collective_failure
 
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")  # torchrun restarts it: said so

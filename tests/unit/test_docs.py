@@ -30,8 +30,8 @@ def _exists(base: Path, rel: str) -> bool:
 
 def _repo_path(token: str) -> Path | None:
     """The base a backticked token is a path under, or None when it names no file of the repository:
-    paths from the repository root (`dlrm/core/model.py`), and the module table's paths inside `dlrm/`
-    (`core/model.py`)."""
+    paths from the repository root (`dlrm/models/dlrm.py`), and the module table's paths inside `dlrm/`
+    (`models/dlrm.py`)."""
     if "/" not in token or not PATHLIKE.fullmatch(token) or token in ELSEWHERE:
         return None
     first = token.split("/", 1)[0]
@@ -70,7 +70,7 @@ def test_backticked_repo_paths_exist():
 
 def test_the_checks_catch_what_they_should():
     assert _repo_path("dlrm/core/nothing.py") == ROOT and not _exists(ROOT, "dlrm/core/nothing.py")
-    assert _repo_path("core/model.py") == ROOT / "dlrm" and _exists(ROOT / "dlrm", "core/model.py")
+    assert _repo_path("models/dlrm.py") == ROOT / "dlrm" and _exists(ROOT / "dlrm", "models/dlrm.py")
     assert _repo_path("data/loader.py") == ROOT / "dlrm" and not _exists(ROOT / "dlrm", "data/nothing.py")
     assert _exists(ROOT, "launch/env/*.sh") and not _exists(ROOT, "launch/env/*.nothing")
     for not_a_repo_path in ("outputs/run1/checkpoints", "data/criteo_kaggle", "summary.json", "<run dir>/.lock"):

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from dlrm.core import host_memory
+from dlrm.trainer import malloc as host_memory
 
 GLIBC = platform.libc_ver()[0] == "glibc"
 
@@ -37,10 +37,11 @@ CYCLES = textwrap.dedent(
     print(kept, sum(faults[4:]))
     """
 )
-KEEP = "from dlrm.core.host_memory import keep_freed_memory; kept = keep_freed_memory()"
+KEEP = "from dlrm.trainer.malloc import keep_freed_memory; kept = keep_freed_memory()"
 # A 1-rank trainer (in-process group): it applies the settings itself.
 TRAINER = (
-    "from dlrm.compose import compose; from dlrm.core.world import World; from dlrm.core.trainer import Trainer; "
+    "from dlrm.config.compose import compose; from dlrm.distributed.world import World; "
+    "from dlrm.trainer.trainer import Trainer; "
     "Trainer(compose(['model=tiny', 'data.global_batch_size=8']), World()); kept = True"
 )
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlrm.compose import compose
+from dlrm.config.compose import compose
 
 ROOT = Path(__file__).resolve().parents[2]
 RENDER = ROOT / "launch" / "k8s" / "render.py"

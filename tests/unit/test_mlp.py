@@ -5,8 +5,8 @@ import torch
 from torchrec.models.dlrm import DLRM, DLRM_DCN
 from torchrec.modules.mlp import MLP
 
-from dlrm.core.mlp import ReLUMLP
-from dlrm.core.model import build_model
+from dlrm.models.dlrm import build_model
+from dlrm.models.mlp import ReLUMLP
 
 
 def _pair(in_size: int, sizes: list[int]) -> tuple[MLP, ReLUMLP]:

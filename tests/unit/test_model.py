@@ -9,7 +9,8 @@ from torchrec.models.dlrm import DLRM, InteractionArch
 from torchrec.sparse.jagged_tensor import KeyedTensor
 
 from dlrm.config import ScheduleConfig
-from dlrm.core.model import (
+from dlrm.data.loader import make_source
+from dlrm.models.dlrm import (
     DotInteraction,
     LookupFirstDLRM,
     LookupFirstDLRM_DCN,
@@ -21,8 +22,7 @@ from dlrm.core.model import (
     pooled_in_order,
     table_rows_init,
 )
-from dlrm.core.optim import lr_factor, lr_schedule
-from dlrm.data.loader import make_source
+from dlrm.optim.optimizers import lr_factor, lr_schedule
 
 
 @pytest.mark.parametrize("model", ["tiny", "dcn_small"])
@@ -160,12 +160,12 @@ def test_lr_schedule_is_torchs_lambdalr_positioned_by_the_step():
 
 
 def test_shards_are_filled_in_chunks_with_the_same_values(make_config, monkeypatch):
-    import dlrm.core.model
+    import dlrm.models.dlrm
 
     cfg = make_config("model=tiny")
     whole = build_model(cfg.model, torch.device("cpu"))
     initialize(whole, cfg.model, seed=0)
-    monkeypatch.setattr(dlrm.core.model, "INIT_CHUNK_ROWS", 7)  # tables of 30..100 rows: several chunks
+    monkeypatch.setattr(dlrm.models.dlrm, "INIT_CHUNK_ROWS", 7)  # tables of 30..100 rows: several chunks
     chunked = build_model(cfg.model, torch.device("cpu"))
     initialize(chunked, cfg.model, seed=0)
     for name, value in whole.state_dict().items():

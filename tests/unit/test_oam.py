@@ -11,9 +11,9 @@ import pytest
 from dlrm import plan as dplan
 from dlrm.comms import load_topology
 from dlrm.comms.costmodel import Link, collective_time, step_comm_time
-from dlrm.compose import compose
 from dlrm.config import validate
-from dlrm.core.topology import backend_for, planner_topology
+from dlrm.config.compose import compose
+from dlrm.distributed.topology import backend_for, planner_topology
 
 MLPERF = ["model=mlperf_dcnv2", "data.global_batch_size=65536", "topology=oam_mi300x"]
 GB = 1e9

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dlrm.core.phases import PHASES, phase_of
+from dlrm.trainer.phases import PHASES, phase_of
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, EVERY = 12, 4
@@ -143,7 +143,7 @@ def test_breakdown_of_a_profiled_toy_step():
     import torch
     from torch.profiler import profile, record_function
 
-    from dlrm.core.phases import STEP_RANGE, kineto_quiet, spans_of, step_breakdown
+    from dlrm.trainer.phases import STEP_RANGE, kineto_quiet, spans_of, step_breakdown
 
     x = torch.randn(256, 256, requires_grad=True)
     prof = profile()
@@ -171,7 +171,7 @@ def test_device_breakdown_follows_the_launching_op():
     (linked by correlation id), even when it runs after the step's CPU side. Events of another thread
     (the autograd engine's, on CUDA) take the phase the step's thread is in when they start, unless
     their own name has one. Kernels launched outside the step, or by nothing, count for no step."""
-    from dlrm.core.phases import PHASES, STEP_RANGE, Span, device_breakdown
+    from dlrm.trainer.phases import PHASES, STEP_RANGE, Span, device_breakdown
 
     def cpu(name, a, b, correlation=0, thread=1):
         return Span(name, thread, a, b, correlation=correlation)
@@ -247,7 +247,7 @@ def test_fitted_topology_needs_the_collective_at_this_size(make_config):
 def test_breakdown_nesting_and_exposed_allreduce():
     """Hand-made spans (seconds): innermost phase wins, ops inherit their range's phase, and the
     backward range's idle time under a running allreduce counts as dense_allreduce."""
-    from dlrm.core.phases import STEP_RANGE, Span, step_breakdown
+    from dlrm.trainer.phases import STEP_RANGE, Span, step_breakdown
 
     def span(name, a, b, thread=1):
         return Span(name, thread, a, b)
@@ -288,8 +288,8 @@ def test_setup_logging_per_rank(tmp_path, capsys):
     file-only records only in the file; another rank: warnings only, prefixed with its rank."""
     import logging
 
-    from dlrm.core.logs import setup_logging
-    from dlrm.core.metrics import FILE_ONLY
+    from dlrm.trainer.logs import setup_logging
+    from dlrm.trainer.metrics import FILE_ONLY
 
     ours = logging.getLogger("dlrm.test")
     try:
@@ -323,7 +323,7 @@ def test_known_library_notices_are_dropped_and_others_kept(tmp_path, capsys, ran
     ignored) are not shown, on any rank; its other warnings are."""
     import logging
 
-    from dlrm.core.logs import setup_logging
+    from dlrm.trainer.logs import setup_logging
 
     try:
         setup_logging(rank, tmp_path if rank == 0 else None)
@@ -346,7 +346,7 @@ def test_known_library_notices_are_dropped_and_others_kept(tmp_path, capsys, ran
 
 def test_dense_lookup_without_autograd_kernel_still_gets_exact_gradients():
     """torch warns that fbgemm's CPU lookup of data-parallel tables has no autograd kernel and that this
-    "may lead to silently incorrect behavior"; dlrm.core.logs ignores that warning because the kernel
+    "may lead to silently incorrect behavior"; dlrm.trainer.logs ignores that warning because the kernel
     records its own backward. This checks it: forward and weight gradients equal nn.EmbeddingBag's.
     If fbgemm or torch changes so that the warning means what it says, this fails."""
     import warnings
@@ -354,7 +354,7 @@ def test_dense_lookup_without_autograd_kernel_still_gets_exact_gradients():
     import torch
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBatchedEmbeddingBagsCodegen
 
-    from dlrm.core.logs import DENSE_LOOKUP_WARNING
+    from dlrm.trainer.logs import DENSE_LOOKUP_WARNING
 
     torch.manual_seed(0)
     lookup = DenseTableBatchedEmbeddingBagsCodegen([(10, 4), (7, 8)], use_cpu=True)
@@ -384,8 +384,8 @@ def test_console_names_the_eval_batches_that_run(available, expected):
     """The config line says how many eval batches an evaluation scores: data.eval_batches, or the eval
     split's all when it holds fewer (a small Criteo file), never the 1600 asked for when 6 run."""
     from dlrm.config import Config
-    from dlrm.core import console
-    from dlrm.core.evaluator import Evaluator
+    from dlrm.trainer import console
+    from dlrm.trainer.evaluator import Evaluator
 
     cfg = Config()
     cfg.data.eval_batches = 1600

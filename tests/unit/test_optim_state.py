@@ -1,9 +1,9 @@
-"""dlrm.core.optim_state: the embedding optimizer state keyed and shaped as a checkpoint saved it
+"""dlrm.optim.state_moves: the embedding optimizer state keyed and shaped as a checkpoint saved it
 (the 2-rank resumes across plans are in tests/distributed/test_resume_matrix.py)."""
 
 import torch
 
-from dlrm.core.optim_state import fit_to_checkpoint
+from dlrm.optim.state_moves import fit_to_checkpoint
 
 W = "model.sparse_arch.embedding_bag_collection.embedding_bags.t_C1.weight"
 

@@ -33,7 +33,10 @@ def test_a_plain_install_finds_the_configs(tmp_path):
     (wheel,) = tmp_path.glob("dlrm-*.whl")
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
     assert (tmp_path / "site" / "dlrm" / "conf" / "topology" / "zion.yaml").is_file()
-    code = "import dlrm.compose as c; cfg = c.compose(['topology=zion']); print(c.CONF_DIR); print(cfg.topology.name)"
+    code = (
+        "import dlrm.config.compose as c; cfg = c.compose(['topology=zion']); "
+        "print(c.CONF_DIR); print(cfg.topology.name)"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code],
         cwd=tmp_path,

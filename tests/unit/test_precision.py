@@ -8,14 +8,14 @@ import torch
 from torchmetrics.functional.classification import binary_auroc
 from torchrec.distributed.types import CommOp
 
-from dlrm.choices import Precision
 from dlrm.config import ConfigError, ShardingConfig, validate
-from dlrm.core.memory import PlanError
-from dlrm.core.metrics import auc_and_logloss, exact_auc
-from dlrm.core.model import build_model, embedding_configs, initialize, table_rows_init
-from dlrm.core.sharding import plan_sharding, qcomms_registry, sharders
-from dlrm.core.topology import planner_topology
+from dlrm.config.choices import Precision
 from dlrm.data.loader import make_source
+from dlrm.distributed.capacity import PlanError
+from dlrm.distributed.sharding import plan_sharding, qcomms_registry, sharders
+from dlrm.distributed.topology import planner_topology
+from dlrm.models.dlrm import build_model, embedding_configs, initialize, table_rows_init
+from dlrm.trainer.metrics import auc_and_logloss, exact_auc
 from tests.helpers.cli import assert_one_error, main_in_process
 from tests.helpers.scoring import numpy_auc
 
@@ -134,7 +134,7 @@ def test_memory_report_counts_two_bytes_per_half_precision_weight(make_config):
 
 def test_precheck_counts_half_precision_tables(make_config):
     """The lower bound refused before planning halves too (weights; the optimizer state stays fp32)."""
-    from dlrm.core.memory import check_memory
+    from dlrm.distributed.capacity import check_memory
 
     with pytest.raises(PlanError, match="needs at least"):
         check_memory(make_config("model=bench_cpu", "topology.ddr_GB=0.12"), 1)

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from dlrm.data.criteo import ParseOptions
-from dlrm.data.preprocess import preprocess
+from dlrm.data.criteo.format import ParseOptions
+from dlrm.data.criteo.preprocess import preprocess
 from dlrm.export import content_sha256, export, load_exported
 from dlrm.predict import main as predict_main
 from tests.helpers.criteo import SAMPLE
@@ -148,8 +148,8 @@ def plain(x):
 assert plain(d), "not plain data"
 assert d["format"] == "dlrm-export" and d["model"]["interaction"] == "dot"
 assert [t["rows"] for t in d["tables"]] == [2000] * 26 and d["tables"][2]["features"] == ["C3"]
-from dlrm.data.criteo import ParseOptions
-from dlrm.data.preprocess import preprocess
+from dlrm.data.criteo.format import ParseOptions
+from dlrm.data.criteo.preprocess import preprocess
 from dlrm.export import content_sha256, export, load_exported
 m = load_exported({str(alone)!r})
 sd = m.state_dict()

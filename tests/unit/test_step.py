@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dlrm.core.trainer import Trainer
+from dlrm.trainer.trainer import Trainer
 
 
 @pytest.mark.parametrize("sync_every_step", [False, True])

@@ -1,4 +1,4 @@
-"""Data verification runs once per node and job, not once per rank (dlrm.data.verify._once_per_node):
+"""Data verification runs once per node and job, not once per rank (dlrm.data.criteo.verify._once_per_node):
 under torchrun the first rank of the node scans the files, the others wait for it and skip; another
 job, or a changed file, scans again; a failed scan leaves nothing behind; the console says which."""
 
@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from dlrm.data import verify
-from dlrm.data.criteo import CriteoDataError
+from dlrm.data.criteo import verify
+from dlrm.data.criteo.format import CriteoDataError
 from tests.helpers.criteo import needs_sample
 from tests.helpers.criteo_data import NAMES, TABLE_ROWS, make_dataset, rewrite
 

@@ -1,0 +1,160 @@
+"""The `Checkpointer`: saves (atomic, finite, kept K) and loads one rank's share of a checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
+
+from dlrm.checkpoint.finite import everyones, listed, nonfinite_tensors
+from dlrm.checkpoint.layout import (
+    MANIFEST,
+    CheckpointError,
+    checkpoint_dirname,
+    complete_checkpoints,
+    latest_checkpoint,
+)
+from dlrm.checkpoint.manifest import file_digest, read_manifest, signature_differences, write_manifest
+from dlrm.checkpoint.safe_load import load_checkpoint
+from dlrm.trainer.cadence import Every
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteCheckpointError(CheckpointError):
+    """The model to save holds NaN or inf values: it is not saved (every rank raises it alike)."""
+
+
+def _tensor_leaves_only(state: Any, prefix: str = "") -> None:
+    """Refuse to save a non-tensor (DCP would pickle it, and loading refuses pickled objects)."""
+    if isinstance(state, dict):
+        for key, value in state.items():
+            _tensor_leaves_only(value, f"{prefix}{key}.")
+    elif not isinstance(state, torch.Tensor):  # ShardedTensor and DTensor are Tensors too
+        raise TypeError(f"checkpoint state {prefix[:-1]} is a {type(state).__name__}, not a tensor")
+
+
+def storage_writer(path: Path) -> FileSystemWriter:
+    """DCP's file writer with one file per tensor item, not one per rank.
+
+    With one file per rank, torch's FileSystemWriter keeps every tensor it wrote alive until the
+    rank's file is complete (pytorch/pytorch#195982: `_write_files_from_queue` fills a dict that only
+    its safetensors path reads). TorchRec's fused tables are views of one buffer, which DCP clones
+    before writing, so a save held a copy of the rank's tables at once: +150 MB of peak RSS for
+    bench_cpu's 166 MB on one rank. A file per item frees each clone once written.
+    tests/unit/test_checkpoint_writer.py shows the retention, so a torch that fixes it is noticed.
+    """
+    return FileSystemWriter(str(path), single_file_per_rank=False)
+
+
+class Checkpointer:
+    """Saves and loads one rank's share of a checkpoint; every rank calls every method.
+
+    Args:
+        root: the checkpoint directory (shared by all ranks: one filesystem for all nodes).
+        keep: complete checkpoints to keep; older ones that this Checkpointer wrote are deleted after
+            a successful save (an earlier invocation's, e.g. the run a continuation resumes, never).
+        pg: the process group of all ranks.
+        is_main: whether this is rank 0 (it renames, writes the manifest and prunes).
+        every: when `maybe_save` saves (default: never; `save` always does).
+    """
+
+    def __init__(self, root: Path, keep: int, pg: dist.ProcessGroup, is_main: bool, every: Every | None = None) -> None:
+        self.root = root
+        self.keep = keep
+        self.pg = pg
+        self.is_main = is_main
+        self.every = every or Every(0, at_end=False)
+        self.written: set[Path] = set()  # by this Checkpointer: the only ones retention deletes
+
+    def maybe_save(self, step: int, last: bool, state: Callable[[], dict], manifest: Callable[[], dict]) -> Path | None:
+        """Save checkpoint `step` of `state()` if `every` is due (all ranks call it); its directory, or None."""
+        if not self.every.due(step, last):
+            return None
+        return self.save(step, state(), manifest())
+
+    def save(self, step: int, state: dict, manifest: dict) -> Path:
+        """Write `state` (nested dicts of tensors) as checkpoint `step`, visible only when complete.
+
+        After DCP has written every rank's files, the ranks hash them (each a share), and rank 0
+        writes the manifest with every file's size and sha256, then renames the directory.
+        """
+        _tensor_leaves_only(state)
+        bad = everyones(nonfinite_tensors(state), self.pg)
+        if bad:  # a diverged model is never saved, so every complete checkpoint is a good one
+            latest = latest_checkpoint(self.root)
+            raise NonFiniteCheckpointError(
+                f"step {step} not checkpointed: {len(bad)} tensors hold NaN or inf ({listed(bad)}), the "
+                f"training diverged; last good checkpoint: {latest or 'none'}. Lower optim.embedding.lr / "
+                "optim.dense.lr and resume from it (trainer.resume=auto), or check the data for NaN/inf"
+            )
+        final = self.root / checkpoint_dirname(step)
+        partial = self.root / f".{checkpoint_dirname(step)}.partial"
+        if (final / MANIFEST).is_file() and final not in self.written:  # every rank sees it: all refuse
+            raise CheckpointError(
+                f"{final} is another invocation's checkpoint: not replaced. Resume from the newest checkpoint "
+                "(trainer.resume=auto), or write this run's checkpoints elsewhere (checkpoint.dir)"
+            )
+        if self.is_main:
+            self.root.mkdir(parents=True, exist_ok=True)
+            for stale in self.root.glob(".*.partial"):
+                shutil.rmtree(stale, ignore_errors=True)
+        dist.barrier(group=self.pg)
+        dcp.save(state, storage_writer=storage_writer(partial), process_group=self.pg)
+        dist.barrier(group=self.pg)
+        names = sorted(p.name for p in partial.iterdir() if p.is_file())
+        rank, world = dist.get_rank(self.pg), dist.get_world_size(self.pg)
+        shares: list[dict[str, dict]] = [{} for _ in range(world)]
+        dist.all_gather_object(shares, {n: file_digest(partial / n) for n in names[rank::world]}, group=self.pg)
+        if self.is_main:
+            files = {name: digest for share in shares for name, digest in share.items()}
+            if sorted(files) != names:
+                raise RuntimeError(f"ranks saw different files in {partial}: is checkpoint.dir on a shared filesystem?")
+            write_manifest(partial, {**manifest, "step": step, "files": files})
+            self._publish(partial, final)
+        dist.barrier(group=self.pg)
+        return final
+
+    def _publish(self, partial: Path, final: Path) -> None:
+        """Rank 0: rename the complete `partial` to `final`, then delete this Checkpointer's checkpoints
+        beyond `keep`."""
+        if final.exists():  # an incomplete one (no manifest), or this invocation's own
+            shutil.rmtree(final)
+        os.replace(partial, final)
+        self.written.add(final)
+        for old in complete_checkpoints(self.root)[: -self.keep]:
+            if old in self.written:  # never one that an earlier invocation of the run wrote
+                log.info(f"checkpoint.keep={self.keep}: deleting {old}")
+                shutil.rmtree(old, ignore_errors=True)
+
+    def load(self, path: Path, state: dict, expected: dict, verify: bool = True) -> dict:
+        """Load checkpoint `path` into `state`'s tensors in place (resharding as needed).
+
+        `expected`: {"model": model_signature(...), "optim": {...}}; a checkpoint whose manifest
+        differs is refused, naming each difference ("optim" is compared only when given).
+        Returns its manifest.
+        """
+        manifest = read_manifest(path)
+        diffs = signature_differences(manifest.get("model", {}), expected["model"])
+        if diffs:
+            raise CheckpointError(f"checkpoint {path} is for another model: " + "; ".join(diffs))
+        if "optim" in expected and manifest.get("optim") != expected["optim"]:
+            saved, current = manifest.get("optim") or {}, expected["optim"]
+            diffs = [
+                f"optim.{k}.name: {saved.get(k)} in the checkpoint, {current[k]} in this run"
+                for k in sorted(current)
+                if saved.get(k) != current[k]
+            ]
+            raise CheckpointError(
+                f"checkpoint {path} was written with other optimizers ({'; '.join(diffs)}); their "
+                "state cannot carry over: resume with the same optim, or start a new run"
+            )
+        return load_checkpoint(path, state, verify, self.pg)

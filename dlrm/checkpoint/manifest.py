@@ -1,0 +1,148 @@
+"""A checkpoint's manifest.json: canonical JSON carrying its own sha256, the size and sha256 of every
+file of the checkpoint, and the model signature a checkpoint must match to load."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from dlrm.checkpoint.layout import MANIFEST, METADATA, CheckpointError, another_checkpoint
+from dlrm.config import ModelConfig
+from dlrm.io import UnreadableFileError, parse_json, read_bounded, size_and_sha256, write_atomic
+
+MANIFEST_LIMIT = 64 << 20  # a file list with digests: kilobytes per rank
+
+
+def model_signature(cfg: ModelConfig) -> dict:
+    """What must match for a checkpoint to load into a model: architecture and table shapes."""
+    return asdict(cfg)
+
+
+def signature_differences(saved: dict, current: dict) -> list[str]:
+    """Human-readable differences between two model signatures (empty when compatible)."""
+    diffs = []
+    saved_tables = {t["name"]: t for t in saved.get("tables", [])}
+    current_tables = {t["name"]: t for t in current.get("tables", [])}
+    for name in sorted(saved_tables.keys() | current_tables.keys()):
+        a, b = saved_tables.get(name), current_tables.get(name)
+        if a is None or b is None:
+            diffs.append(f"table {name}: {'missing in the checkpoint' if a is None else 'not in this model'}")
+            continue
+        for key in ("rows", "dim", "features"):
+            if a[key] != b[key]:
+                diffs.append(f"table {name}: {key} {a[key]} in the checkpoint, {b[key]} in this model")
+    for key in ("interaction", "dense_in_features", "bottom_mlp", "top_mlp", "dcn_num_layers", "dcn_low_rank_dim"):
+        if saved.get(key) != current.get(key) and not (key.startswith("dcn") and current.get("interaction") == "dot"):
+            diffs.append(f"model.{key}: {saved.get(key)} in the checkpoint, {current.get(key)} in this model")
+    return diffs
+
+
+# --- manifest: canonical JSON carrying its own checksum ---------------------------------------
+
+
+def _canonical(obj: dict) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+
+
+def write_manifest(directory: Path, manifest: dict) -> None:
+    """Write `manifest` (with its sha256 added) to directory/manifest.json, atomically."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    write_atomic(
+        directory / MANIFEST, _canonical({**body, "manifest_sha256": hashlib.sha256(_canonical(body)).hexdigest()})
+    )
+
+
+def read_manifest(path: Path) -> dict:
+    """The verified manifest of checkpoint `path`; CheckpointError if it is missing or altered."""
+    file = path / MANIFEST
+    if not path.is_dir():
+        raise CheckpointError(
+            f"checkpoint {path} does not exist or is not a directory; "
+            "give a step_* directory under checkpoint.dir (or trainer.resume=auto)"
+        )
+    try:
+        data = read_bounded(file, MANIFEST_LIMIT)
+    except UnreadableFileError as e:
+        raise CheckpointError(f"{e}; the checkpoint cannot be trusted: {another_checkpoint(path)}") from None
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{path} is not a complete checkpoint: {file} is missing (an interrupted save "
+            f"leaves none); pick a step_* directory that has one: {another_checkpoint(path)}"
+        ) from None
+    except OSError as e:
+        raise CheckpointError(
+            f"cannot read {file}: {e.strerror}; fix its permissions or {another_checkpoint(path)}"
+        ) from None
+    damaged = f"{file} is damaged ({{}}); the checkpoint cannot be trusted: {another_checkpoint(path)}"
+    try:
+        manifest = parse_json(data)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError too
+        raise CheckpointError(damaged.format(f"not JSON: {e}")) from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("manifest_sha256"), str):
+        raise CheckpointError(damaged.format("no manifest_sha256: corrupt, or written by an older version"))
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    if _canonical(manifest) != data or hashlib.sha256(_canonical(body)).hexdigest() != manifest["manifest_sha256"]:
+        raise CheckpointError(damaged.format("its content does not match its manifest_sha256"))
+    if not _lists_files(manifest):
+        raise CheckpointError(damaged.format("no valid step and files: {name: {size, sha256}} with .metadata"))
+    return manifest
+
+
+def _lists_files(manifest: dict) -> bool:
+    """Whether `manifest` has an int step and files {name: {size, sha256}} that include .metadata."""
+    files = manifest.get("files")
+    return (
+        isinstance(files, dict)
+        and METADATA in files
+        and isinstance(manifest.get("step"), int)
+        and all(
+            _is_file_name(n)
+            and isinstance(d, dict)
+            and isinstance(d.get("size"), int)
+            and isinstance(d.get("sha256"), str)
+            for n, d in files.items()
+        )
+    )
+
+
+def _is_file_name(name: Any) -> bool:
+    """A plain file name inside the checkpoint directory (no path, not the manifest)."""
+    return isinstance(name, str) and name not in ("", ".", "..", MANIFEST) and "/" not in name and "\\" not in name
+
+
+# --- file checksums -------------------------------------------------------------------------
+
+
+def file_digest(file: Path) -> dict:
+    """{"size": bytes, "sha256": hex} of a file, read in 1 MiB blocks."""
+    size, sha256 = size_and_sha256(file, 1 << 20)
+    return {"size": size, "sha256": sha256}
+
+
+def check_file(path: Path, name: str, expected: dict, hash_it: bool) -> None:
+    """CheckpointError unless file `name` of checkpoint `path` has the manifest's size (and, if
+    `hash_it`, sha256): `expected` is its entry {size, sha256}."""
+    file = path / name
+    try:
+        size = file.stat().st_size if file.is_file() else None
+        if size is None:
+            raise CheckpointError(
+                f"checkpoint file {file} is missing; the checkpoint is incomplete: {another_checkpoint(path)}"
+            )
+        if size != expected["size"]:
+            raise CheckpointError(
+                f"checkpoint file {file} has {size} bytes, its manifest says {expected['size']} "
+                f"(truncated or overwritten): {another_checkpoint(path)}"
+            )
+        if hash_it and file_digest(file)["sha256"] != expected["sha256"]:
+            raise CheckpointError(
+                f"checkpoint file {file} is corrupt (its sha256 differs from the manifest's): "
+                f"{another_checkpoint(path)}"
+            )
+    except OSError as e:
+        raise CheckpointError(
+            f"cannot read checkpoint file {file}: {e.strerror}; fix its permissions or {another_checkpoint(path)}"
+        ) from None

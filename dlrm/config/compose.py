@@ -1,0 +1,188 @@
+"""Hydra composition in one place: where the config groups live, and overrides -> a typed `Config`.
+
+`check_overrides` refuses an unknown key or group option before Hydra runs, with a "did you mean";
+`compose` turns Hydra's and OmegaConf's refusals into a ConfigError naming the key and the reason.
+
+`CONF_DIR` is `conf/` of a source checkout (editable install) or `dlrm/conf/` of an installed wheel
+(pyproject.toml packages conf/ there), so `dlrm-train`, `python -m dlrm.plan` and the tests find the
+same files however dlrm was installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from dlrm.config import Config, ConfigError, register_configs, to_config
+
+
+def _conf_dir() -> Path:
+    package = Path(__file__).resolve().parents[1]  # dlrm/
+    installed = package / "conf"  # a wheel: conf/ packaged inside dlrm/
+    return installed if (installed / "config.yaml").is_file() else package.parent / "conf"
+
+
+CONF_DIR = _conf_dir()
+
+
+def _schema_keys(cls: type = Config, prefix: str = "") -> dict[str, object]:
+    """Every dotted key of the schema -> its dataclass type, 'dict' or 'list' (open containers), or None."""
+    keys: dict[str, object] = {}
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            keys[key] = type(default)
+            keys.update(_schema_keys(type(default), key + "."))
+        else:
+            keys[key] = "dict" if isinstance(default, dict) else "list" if isinstance(default, list) else None
+    return keys
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: the names of conf/<group>/*.yaml."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.7)
+    return f"did you mean '{close[0]}'?" if close else ""
+
+
+def check_overrides(overrides: Sequence[str]) -> None:
+    """Refuse an unknown key or group option among Hydra overrides, with a "did you mean".
+
+    Hydra would refuse them too, but advises `+key=value`, which the closed schema refuses in turn.
+    Keys under hydra, `~key` deletions and dict entries (sharding.per_table.NAME) are left to Hydra.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser, parsed = OverridesParser.create(), []
+    for text in overrides:
+        try:
+            parsed += parser.parse_overrides([text])
+        except OverrideParseException as e:
+            lines = str(e).strip().splitlines() or [type(e).__name__]
+            reason = lines[1] if len(lines) > 1 and text in lines[0] else lines[0]  # skip "Error parsing 'x'"
+            raise ConfigError(
+                f"cannot parse the override '{text}' ({reason}); overrides look like key=value "
+                "(e.g. trainer.max_steps=50; quote values with spaces or brackets)"
+            ) from None
+    keys = _schema_keys()
+    groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+    for o in parsed:
+        key = o.key_or_group
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")) or o.is_delete() or o.package is not None:
+            continue
+        if key in groups:
+            value = o.value()
+            if value is None or not isinstance(value, str):  # experiment=null; a list is Hydra's business
+                continue
+            choices = group_options(key)
+            if value not in choices:
+                hint = _did_you_mean(value, choices)
+                raise ConfigError(
+                    f"unknown option '{value}' for config group '{key}'; "
+                    + (hint + " " if hint else "")
+                    + f"choose one of: {', '.join(choices)} (files in conf/{key}/)"
+                )
+            continue
+        parent = key.rpartition(".")[0]
+        prefixes = [key[:i] for i, c in enumerate(key) if c == "."]
+        if key in keys or any(keys.get(p) in ("dict", "list") for p in prefixes):
+            continue  # entries of open dicts and lists are Hydra's to check
+        siblings = sorted(k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent)
+        if parent in keys:  # a known section: suggest among its keys only
+            close = difflib.get_close_matches(key.rpartition(".")[2], siblings, n=1, cutoff=0.7)
+            fix = (
+                f"did you mean '{parent}.{close[0]}'?"
+                if close
+                else f"the keys under '{parent}' are: {', '.join(siblings)}"
+            )
+        else:
+            close = difflib.get_close_matches(key, list(keys) + groups, n=1, cutoff=0.8)
+            fix = f"did you mean '{close[0]}'?" if close else "see `python -m dlrm.train --cfg job` for every key"
+        raise ConfigError(f"unknown config key '{key}'; {fix}")
+
+
+def override_value(overrides: Sequence[str], key: str) -> str | None:
+    """The value Hydra gives `key` from these overrides (the last one wins; `+`/`++` and quotes as Hydra
+    reads them; a `~key` deletion is no value), else None. ConfigError for an override Hydra cannot parse."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    value = None
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            (o,) = parser.parse_overrides([text])
+        except OverrideParseException:
+            raise ConfigError(f"cannot parse the override '{text}'; overrides look like key=value") from None
+        if o.key_or_group == key and not o.is_delete():
+            value = o.value()
+    return None if value is None else str(value)
+
+
+def _composition_error(e: Exception) -> ConfigError:
+    """A ConfigError naming the key and the reason of Hydra's or OmegaConf's refusal."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    cause = e
+    while cause.__cause__ is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__
+    key = getattr(cause, "full_key", None)
+    reason = (getattr(cause, "msg", None) or str(cause)).strip().splitlines()[0]
+    if key and "not in struct" in reason:  # a new entry of an open dict (sharding.per_table.NAME)
+        return ConfigError(f"config key '{key}' does not exist yet; add it with '+{key}=VALUE'")
+    choice = re.fullmatch(r"Invalid value '(.*)', expected one of \[(.*)\]", reason)
+    if key and choice:  # a value outside an enum of dlrm.config.choices
+        return ConfigError(f"config key '{key}' = '{choice[1]}' is invalid: choose one of {choice[2]}")
+    if key:
+        return ConfigError(f"config key '{key}' is invalid: {reason}; fix its override or YAML value")
+    return ConfigError(f"cannot compose the config: {str(e).strip().splitlines()[0]}")
+
+
+def compose(overrides: Sequence[str]) -> Config:
+    """The typed Config for these Hydra overrides, composed from conf/ as `dlrm.train` does.
+
+    Raises ConfigError for an unknown key or option (with a "did you mean"), a value of the wrong
+    type, or anything else Hydra refuses. Does not `validate`.
+    """
+    with hydra_session():
+        return to_config(compose_job(overrides, with_hydra=False))
+
+
+@contextmanager
+def hydra_session() -> Iterator[None]:
+    """Hydra initialized on conf/ for the block, as `@hydra.main` of dlrm/train.py initializes it."""
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):
+        yield
+
+
+def compose_job(overrides: Sequence[str], with_hydra: bool = True) -> DictConfig:
+    """The composed config for these overrides, with Hydra's node (run dir, job, overrides) unless
+    with_hydra=False; inside `hydra_session`. ConfigError as `compose`."""
+    from hydra import compose as hydra_compose
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    check_overrides(overrides)
+    register_configs()
+    try:
+        return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=with_hydra)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise _composition_error(e) from None
+
+
+def task_part(composed: DictConfig) -> DictConfig:
+    """A composed config without Hydra's node: what the job sees (`to_config` makes it typed)."""
+    return OmegaConf.masked_copy(composed, [str(k) for k in composed if k != "hydra"])

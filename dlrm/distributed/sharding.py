@@ -1,0 +1,205 @@
+"""Sharding: per-table constraints from config, TorchRec's planner, DistributedModelParallel.
+
+DMP shards the embedding tables (lookups travel by alltoall; row-wise shards by
+reduce-scatter/allgather) and wraps the dense layers in DDP (gradients are allreduced).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Proposer, Topology
+from torchrec.distributed.types import (
+    CacheParams,
+    EmbeddingModuleShardingPlan,
+    ModuleSharder,
+    ParameterSharding,
+    QuantizedCommCodecs,
+    ShardingEnv,
+    ShardingPlan,
+)
+
+from dlrm.config import Config, ModelConfig, ShardingConfig
+from dlrm.distributed.capacity import planner_refusal
+from dlrm.distributed.plan_records import Shard, TablePlan
+
+
+class AnyDeviceEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
+    """TorchRec's EBC sharder offering every sharding type on every device.
+
+    TorchRec offers row_wise, table_row_wise and grid_shard only on CUDA, although they run and
+    are numerically right on CPU with Gloo (our distributed tests check it against an unsharded
+    model). This sharder offers the CUDA list everywhere, so CPU runs can use and test them.
+    """
+
+    def __init__(self, *args, replicate: bool = True, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.replicate = replicate
+
+    def sharding_types(self, compute_device_type: str) -> list[str]:
+        types = super().sharding_types("cuda")
+        return types if self.replicate else [t for t in types if t != "data_parallel"]
+
+
+COMM_TYPES = {"fp32": CommType.FP32, "fp16": CommType.FP16, "bf16": CommType.BF16}
+
+
+def qcomms_registry(cfg: ShardingConfig, device_type: str) -> dict[str, QuantizedCommCodecs] | None:
+    """TorchRec's quantized-comms codecs for sharding.qcomms_forward/backward on `device_type`
+    (the alltoalls and reduce-scatters of pooled embeddings and of their gradients); None when both are fp32."""
+    qcomms = QCommsConfig(
+        forward_precision=COMM_TYPES[cfg.qcomms_forward], backward_precision=COMM_TYPES[cfg.qcomms_backward]
+    )
+    return get_qcomm_codecs_registry(qcomms, device=torch.device(device_type))
+
+
+def sharders(cfg: Config | None = None) -> list[ModuleSharder[torch.nn.Module]]:
+    """The sharders of the planner and of DMP (TorchRec types them for any module), with the
+    quantized-comms codecs of `cfg.sharding` (None: fp32 comms).
+
+    Tables in fp16/bf16 (model.embedding_precision) are never replicated: fbgemm's fused kernels
+    keep their optimizer state in fp32, but a data-parallel table is trained by a torch optimizer on
+    the half-precision weights themselves (Adagrad's eps and state underflow: NaN).
+    """
+    registry = qcomms_registry(cfg.sharding, cfg.topology.device) if cfg is not None else None
+    full_precision = cfg is None or cfg.model.embedding_precision == "fp32"
+    sharder = AnyDeviceEmbeddingBagCollectionSharder(qcomm_codecs_registry=registry, replicate=full_precision)
+    return [cast(ModuleSharder[torch.nn.Module], sharder)]
+
+
+def table_sharding(cfg: ShardingConfig, model: ModelConfig) -> dict[str, str | None]:
+    """Each table's pinned sharding type (None: the planner chooses). See ShardingConfig."""
+    return {t.name: cfg.pinned(t) for t in model.tables}
+
+
+def constraints(cfg: Config, world_size: int) -> dict[str, ParameterConstraints]:
+    """Planner constraints per table: its sharding type, pooling factor, and sharding.compute_kernel,
+    cache_load_factor and prefetch_pipeline (the UVM cache's TorchRec CacheParams).
+
+    The type is the pinned one; else, on one rank, table_wise: every type keeps the whole table on
+    that rank, and table-wise does the least work per step (TorchRec's planner picks row_wise there,
+    which bucketizes every id for nothing); else the planner chooses.
+    """
+    pinned = table_sharding(cfg.sharding, cfg.model)
+    single = ["table_wise"] if world_size == 1 else None
+    sh = cfg.sharding
+    kernel = None if sh.compute_kernel == "auto" else [str(sh.compute_kernel)]
+    cache = (
+        CacheParams(load_factor=sh.cache_load_factor, prefetch_pipeline=sh.prefetch_pipeline or None)
+        if sh.cache_load_factor is not None or sh.prefetch_pipeline
+        else None
+    )
+    return {
+        t.name: ParameterConstraints(
+            sharding_types=[str(kind)] if (kind := pinned[t.name]) else single,
+            compute_kernels=None if kind == "data_parallel" else kernel,  # replicated tables: the dense kernel
+            pooling_factors=[float(t.pooling)] * len(t.features),
+            cache_params=cache,
+        )
+        for t in cfg.model.tables
+    }
+
+
+def make_planner(cfg: Config, topology: Topology, proposer: Proposer | None = None) -> EmbeddingShardingPlanner:
+    """TorchRec's planner for this topology, with per-rank batch size and table constraints.
+
+    proposer: one TorchRec proposer instead of its default four (faster with 100+ ranks; the plan may differ).
+    """
+    return EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=cfg.data.global_batch_size // topology.world_size,
+        constraints=constraints(cfg, topology.world_size),
+        proposer=proposer,
+    )
+
+
+def plan_sharding(
+    cfg: Config,
+    model: torch.nn.Module,
+    topology: Topology,
+    pg: dist.ProcessGroup | None,
+    proposer: Proposer | None = None,
+) -> ShardingPlan:
+    """Plan on rank 0 and broadcast (pg given), or plan locally (pg None: no process group needed).
+
+    Raises PlanError (a UserError) when TorchRec's planner finds no plan.
+    """
+    planner = make_planner(cfg, topology, proposer)
+    module_sharders = sharders(cfg)
+    try:
+        if pg is None:
+            return planner.plan(model, module_sharders)
+        return planner.collective_plan(model, module_sharders, pg)
+    except PlannerError as e:  # a user error: the config asks for more than the topology holds
+        raise planner_refusal(cfg, topology.world_size, e) from e
+
+
+def shard_model(
+    cfg: Config, model: torch.nn.Module, plan: ShardingPlan, pg: dist.ProcessGroup, device: torch.device
+) -> DistributedModelParallel:
+    """Distribute `model` (built on meta) by `plan`: sharded tables plus DDP-wrapped dense layers.
+
+    The tables are materialised on `device` directly (fbgemm allocates them there, in
+    model.embedding_precision), and their collectives use the qcomms codecs of `cfg.sharding`.
+    """
+    return DistributedModelParallel(
+        module=model,
+        env=ShardingEnv.from_process_group(pg),
+        device=device,
+        plan=plan,
+        sharders=sharders(cfg),
+    )
+
+
+def _parameter_plans(plan: ShardingPlan) -> Iterator[tuple[str, ParameterSharding]]:
+    """(table name, its ParameterSharding) of every sharded module of `plan`."""
+    for module_plan in plan.plan.values():
+        yield from cast(EmbeddingModuleShardingPlan, module_plan).items()
+
+
+def describe_plan(plan: ShardingPlan) -> list[dict]:
+    """One dict per table: name, sharding type, compute kernel, ranks holding it."""
+    return [
+        {
+            "table": table,
+            "sharding_type": ps.sharding_type,
+            "compute_kernel": ps.compute_kernel,
+            "ranks": list(ps.ranks or []),
+        }
+        for table, ps in _parameter_plans(plan)
+    ]
+
+
+def table_plans(plan: ShardingPlan, model: ModelConfig, world_size: int) -> list[TablePlan]:
+    """The plan of every table of `model`, in config order."""
+    by_name = dict(_parameter_plans(plan))
+    out = []
+    for t in model.tables:
+        ps = by_name[t.name]
+        if ps.sharding_spec is None:  # data_parallel: a full replica on every rank
+            shards = [Shard(r, 0, 0, t.rows, t.dim) for r in (ps.ranks or range(world_size))]
+        else:
+            spec: Any = ps.sharding_spec  # TorchRec's plans hold an EnumerableShardingSpec: its ShardMetadata list
+            shards = [Shard(md.placement.rank(), *md.shard_offsets, *md.shard_sizes) for md in spec.shards]
+        out.append(
+            TablePlan(
+                table=t.name,
+                rows=t.rows,
+                dim=t.dim,
+                features=len(t.features),
+                pooling=t.pooling,
+                sharding_type=ps.sharding_type,
+                compute_kernel=ps.compute_kernel,
+                cache_load_factor=getattr(ps.cache_params, "load_factor", None),
+                ranks=sorted({s.rank for s in shards}),
+                shards=shards,
+            )
+        )
+    return out

@@ -1,0 +1,217 @@
+"""The process group and TorchRec's planner Topology, from the topology config and the launcher's world.
+
+Data flows one way: `World.from_env()` (dlrm.distributed.world) reads what torchrun set (or a single process),
+`validate_world` checks it against the config before anything starts, then `init_distributed`
+creates the process group and `planner_topology` describes the hardware to the planner.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import cast
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torchrec.distributed.planner.types import (
+    HardwareConfig,
+    KernelConfig,
+    Topology,
+    TopologyFactory,
+    TrainerConfig,
+)
+
+from dlrm.config import TopologyConfig
+from dlrm.distributed.world import World
+from dlrm.errors import UserError
+
+GB = 10**9
+
+
+def backend_for(cfg: TopologyConfig) -> str:
+    """'auto' means NCCL on CUDA and Gloo on CPU."""
+    if cfg.backend != "auto":
+        return cfg.backend
+    return "nccl" if cfg.device == "cuda" else "gloo"
+
+
+class DeviceError(UserError, RuntimeError):
+    """The topology's device is not there; the message says what to change."""
+
+    same_on_all_ranks = True  # no GPU at all: every rank meets it alike
+
+
+class NoGPUForRankError(DeviceError):
+    """This rank's local index has no GPU (more ranks per node than GPUs)."""
+
+    same_on_all_ranks = False  # only the ranks past the GPU count meet it
+
+
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    """A function that waits for `device`'s queued work (CUDA), or does nothing (CPU). The training
+    loop calls it only where a clock must include the device's work (a log window's end, a pause,
+    a profiled step), never after every step: the host runs ahead of the GPU."""
+    if device.type == "cuda":
+        return functools.partial(torch.cuda.synchronize, device)
+    return lambda: None
+
+
+def device_for(cfg: TopologyConfig, world: World, tf32: bool = False) -> torch.device:
+    """The compute device of this rank: cuda:<local rank> or cpu. The one place with CUDA calls
+    (a ROCm build of torch answers to the same 'cuda' device and 'nccl' backend names).
+
+    tf32: allow TF32 in CUDA matmuls and cuDNN.
+    """
+    if cfg.device == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(
+                f"topology={cfg.name} wants device=cuda but torch sees no GPU here; use topology=cpu on this machine"
+            )
+        if world.local_rank >= torch.cuda.device_count():
+            raise NoGPUForRankError(
+                f"local rank {world.local_rank} has no GPU: torch sees {torch.cuda.device_count()} on this node; "
+                "start at most that many ranks per node (torchrun --nproc_per_node) or check CUDA_VISIBLE_DEVICES"
+            )
+        torch.cuda.set_device(world.local_rank)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        return torch.device("cuda", world.local_rank)
+    return torch.device("cpu")
+
+
+class CollectiveFailure(UserError):
+    """A collective of the training group timed out or lost a rank: the job cannot go on. Not a user
+    error, but said in one line (`failed: ...`, exit 3) instead of a traceback per rank."""
+
+    exit_code = 3
+    prefix = "failed"
+
+
+def _what_next() -> str:
+    """How a failed job goes on: torchrun restarts it while --max-restarts allows (it then resumes
+    with trainer.resume=auto), else the user runs it again."""
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    done = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if done < restarts:
+        return (
+            f"torchrun restarts the job (restart {done + 1} of --max-restarts={restarts}), from the last "
+            "checkpoint if the command has trainer.resume=auto"
+        )
+    return "continue from the last checkpoint with trainer.resume=auto"
+
+
+def collective_failure(e: BaseException, timeout_s: float) -> CollectiveFailure | None:
+    """The one-line failure for Gloo's collective timeout or lost connection, else None (NCCL's
+    watchdog ends the process itself after `timeout_s`; its log says so)."""
+    text = str(e)
+    again = _what_next()
+    timed_out = r"Timed out waiting \d+ms for \w+ operation|Application timeout caused pair closure"
+    if isinstance(e, RuntimeError) and re.search(timed_out, text):
+        return CollectiveFailure(
+            f"a collective waited {timeout_s:g} s (trainer.collective_timeout_s) for another rank: a rank "
+            f"stalled or the network between nodes failed; {again} (raise trainer.collective_timeout_s if "
+            "a rank pauses longer on purpose)"
+        )
+    if isinstance(e, RuntimeError) and re.search(r"Connection (closed|reset) by peer", text):
+        return CollectiveFailure(
+            f"lost the connection to another rank (it failed or was stopped, or the network dropped it; "
+            f"see its own output); {again}"
+        )
+    return None
+
+
+def _launcher_store(world: World) -> dist.Store:
+    """The rendezvous store at MASTER_ADDR:MASTER_PORT, under a prefix that no earlier attempt used.
+
+    Where torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True, torch's default) it
+    outlives the workers across restarts (--max-restarts), so the prefix carries the attempt
+    (TORCHELASTIC_RESTART_COUNT): restarted ranks would otherwise read the dead attempt's addresses.
+    Otherwise (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, which dlrm.torchrun sets for multi-node launches)
+    rank 0 hosts a new store every round and the prefix is constant: restart counts are per agent, so
+    after a node's agent is started again its ranks count 0 while the others count 1, and a prefix by
+    the count would keep them apart (torch's own `_create_c10d_store` reasons the same way).
+    """
+    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world.world_size,
+        is_master=world.rank == 0 and not agent_hosts_it,
+    )
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"dlrm/attempt_{count}" if agent_hosts_it else "dlrm/job", store)
+
+
+def init_distributed(
+    cfg: TopologyConfig, world: World, device: torch.device | None = None, timeout_s: float | None = None
+) -> dist.ProcessGroup:
+    """The default process group: from the launcher's environment, or a 1-rank group in-process.
+
+    device: this rank's GPU, bound to the group at once (NCCL's eager init: a wrong device or a
+    broken link fails here, not at the first collective); timeout_s: how long its collectives wait
+    for the other ranks before failing (None: torch's default).
+    """
+    if not dist.is_initialized():
+        backend = backend_for(cfg)
+        store = _launcher_store(world) if "MASTER_ADDR" in os.environ else dist.HashStore()
+        dist.init_process_group(
+            backend=backend,
+            store=store,
+            rank=world.rank,
+            world_size=world.world_size,
+            timeout=None if timeout_s is None else timedelta(seconds=timeout_s),
+            device_id=device if device is not None and device.type == "cuda" else None,
+        )
+    return cast(dist.ProcessGroup, dist.group.WORLD)  # set by init_process_group
+
+
+@dataclass(frozen=True)
+class ProcessGroups:
+    """The job's process groups, in one place.
+
+    world: all ranks. intra_node: the ranks of this rank's node. inter_node: the ranks with this
+    rank's local index on every node.
+    """
+
+    world: dist.ProcessGroup
+    intra_node: dist.ProcessGroup
+    inter_node: dist.ProcessGroup
+
+
+def build_process_groups(device: torch.device, nodes: int, ranks_per_node: int) -> ProcessGroups:
+    """Node x local-rank groups over the default group: rank = node * ranks_per_node + local rank.
+
+    A collective call: every rank must make it. Built from a 2-D (node, local) device mesh.
+    """
+    mesh = init_device_mesh(device.type, (nodes, ranks_per_node), mesh_dim_names=("node", "local"))
+    return ProcessGroups(
+        world=cast(dist.ProcessGroup, dist.group.WORLD),
+        intra_node=mesh.get_group("local"),
+        inter_node=mesh.get_group("node"),
+    )
+
+
+def planner_topology(cfg: TopologyConfig, world_size: int, local_world_size: int) -> Topology:
+    """TorchRec's Topology: sizes from the launcher, memory and bandwidths from the config.
+
+    TorchRec measures bandwidth in bytes per millisecond and capacity in bytes.
+    """
+    to_bytes_per_ms = GB / 1000.0
+    return TopologyFactory.create_topology(  # the supported constructor (a direct Topology warns)
+        trainer_config=TrainerConfig(
+            world_size=world_size,
+            local_world_size=local_world_size,
+            hbm_cap_bytes=int(cfg.hbm_GB * GB) if cfg.device == "cuda" else None,
+            ddr_cap_bytes=int(cfg.ddr_GB * GB),
+        ),
+        hardware_config=HardwareConfig(
+            intra_host_bw=cfg.intra_node.bandwidth_GBps * to_bytes_per_ms,
+            inter_host_bw=cfg.inter_node.bandwidth_GBps * to_bytes_per_ms,
+        ),
+        kernel_config=KernelConfig(compute_device=cfg.device, use_hardware_based_bandwidth=True),
+    )

@@ -1,0 +1,139 @@
+"""The training loop's profiling, a component with its own cadence (see `dlrm.trainer.phases`).
+
+With trainer.breakdown, the last step of each log window runs under torch.profiler and its time is
+split into phases and collectives; with trainer.profile=[first, last], those steps are traced on
+rank 0 to <run dir>/profile (TensorBoard, Perfetto).The measured communication is
+put beside the cost model's prediction outside the core (dlrm.comms.measured).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
+
+from dlrm.config import TrainerConfig
+from dlrm.trainer.cadence import Every
+from dlrm.trainer.phases import PHASES, kineto_quiet, spans_of, step_breakdown
+
+log = logging.getLogger(__name__)
+COMM_KINDS = ("alltoall", "reduce_scatter", "allgather", "allreduce")
+T = TypeVar("T")
+
+
+class StepProfiler:
+    """Profiles and traces the steps that are due; sums the profiled steps' figures per log window.
+
+    The sums are [count, wall s, profiling overhead s, s per phase..., s per collective kind...],
+    over this rank's profiled steps; `window_record` adds them over ranks at each log.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        log_every: Every,
+        device: torch.device,
+        pg,
+        world_size: int,
+        trace_dir: Path | None,
+        sync: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.cfg, self.log_every, self.device, self.pg, self.world_size = cfg, log_every, device, pg, world_size
+        self.sync = sync  # waits for the device: a profiled step's time holds its device work
+        self.activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        width = 3 + len(PHASES) + len(COMM_KINDS)
+        self.window = torch.zeros(width, dtype=torch.float64)  # this log window's profiled steps
+        self.run = torch.zeros(width, dtype=torch.float64)  # the windows after the first (warm-up)
+        self.trace = None
+        if cfg.profile is not None and trace_dir is not None:  # rank 0 only: trace_dir is its run dir's
+            handler = tensorboard_trace_handler(str(trace_dir), worker_name="rank0")
+            self.trace = profile(activities=self.activities, record_shapes=True, on_trace_ready=handler)
+        self.trace_dir, self.tracing = trace_dir, False
+
+    def _traced(self, step: int) -> bool:
+        return self.cfg.profile is not None and self.cfg.profile[0] <= step <= self.cfg.profile[1]
+
+    def step(self, step: int, last: bool, one_step: Callable[[], T]) -> T:
+        """Run training step `step` (1-based) by `one_step()`: traced, profiled or plainly, as due."""
+        if self.trace is not None and not self.tracing and self._traced(step):
+            with kineto_quiet():
+                self.trace.start()
+            self.tracing = True
+        if self.cfg.breakdown and self.log_every.due(step, last) and not self._traced(step):
+            result = self._profiled(one_step)
+        else:
+            result = one_step()
+        if self.tracing and self.trace is not None and (last or not self._traced(step + 1)):
+            with kineto_quiet():
+                self.trace.stop()
+            self.trace, self.tracing = None, False
+            log.info(f"profiler trace of steps {self.cfg.profile}: {self.trace_dir}")
+        return result
+
+    def stop_trace(self) -> None:
+        """End a trace still open (a run stopped early, at trainer.target_auc), writing what it holds."""
+        if self.tracing and self.trace is not None:
+            with kineto_quiet():
+                self.trace.stop()
+            self.trace, self.tracing = None, False
+            log.info(f"profiler trace of steps {self.cfg.profile}, stopped with the run: {self.trace_dir}")
+
+    def _profiled(self, one_step: Callable[[], T]) -> T:
+        begin = time.perf_counter()
+        prof = profile(activities=self.activities)
+        with kineto_quiet():
+            prof.start()
+        try:
+            start = time.perf_counter()
+            result = one_step()
+            self.sync()
+            wall = time.perf_counter() - start
+        finally:
+            with kineto_quiet():
+                prof.stop()
+        ((phases, comm),) = step_breakdown(spans_of(prof))
+        overhead = time.perf_counter() - begin - wall
+        figures = [1.0, wall, overhead] + [phases[k] for k in PHASES] + [comm.get(k, 0.0) for k in COMM_KINDS]
+        self.window += torch.tensor(figures, dtype=self.window.dtype)
+        return result
+
+    def window_record(self, warm_up: bool, last: bool) -> dict:
+        """The breakdown of this log window, summed over ranks (a collective: every rank calls it at
+        each log); {} without profiled steps. The first window (warm_up) counts for the run's
+        breakdown only when it is the run's only one."""
+        if not self.cfg.breakdown:
+            return {}
+        summed = self.window.to(self.device)  # a collective of the training group: on its device (NCCL)
+        dist.all_reduce(summed, group=self.pg)
+        self.window.copy_(summed)
+        record = {}
+        if self.window[0] > 0:
+            record = self.record(self.window)
+            if not warm_up or (last and not self.run[0]):
+                self.run += self.window
+        self.window.zero_()
+        return record
+
+    def run_record(self) -> dict | None:
+        """The run's breakdown (mean per profiled step), or None."""
+        return self.record(self.run) if self.run[0] > 0 else None
+
+    def record(self, summed: torch.Tensor) -> dict:
+        """Mean seconds per profiled step: its wall time (the loop's clock), per phase (the profiler's
+        events; they add up to the profiler's step time) and per collective kind, from the sums
+        [count, wall, overhead, phases..., kinds...] over ranks and steps. profile_overhead_s: what
+        profiling added to the step (start, stop, reading the events)."""
+        mean = (summed[1:] / summed[0]).tolist()
+        return {
+            "phase_s": dict(zip(PHASES, mean[2 : 2 + len(PHASES)], strict=True)),
+            "profiled_step_s": mean[0],
+            "profile_overhead_s": mean[1],
+            "comm_s": dict(zip(COMM_KINDS, mean[2 + len(PHASES) :], strict=True)),
+            "profiled_steps": int(summed[0].item()) // self.world_size,
+        }

@@ -1,0 +1,159 @@
+"""The run's outputs: the console, metrics.jsonl and TensorBoard at each log window and evaluation,
+and summary.json at the end (rank 0 writes; the figures come from every rank)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dlrm.config import Config
+from dlrm.distributed.topology import backend_for
+from dlrm.distributed.world import World
+from dlrm.io import write_json_atomic
+from dlrm.trainer import console
+from dlrm.trainer.cadence import ThroughputWindow
+from dlrm.trainer.logs import JOB_START
+from dlrm.trainer.metrics import MetricsLog, Progress, peak_rss_mb
+
+log = logging.getLogger(__name__)
+
+
+def global_mean_and_signal(
+    losses: list[torch.Tensor], signum: int | None, pg: dist.ProcessGroup, world_size: int
+) -> tuple[float, int | None]:
+    """Mean over steps and ranks of per-rank losses (each rank's loss is over its slice), and the
+    stop signal any rank got (dlrm.trainer.stop; SIGTERM before SIGINT), in one all-reduce."""
+    total = torch.stack(losses).sum().float()
+    flags = [float(signum == signal.SIGTERM), float(signum == signal.SIGINT)]
+    figures = torch.cat([total.reshape(1), total.new_tensor(flags)])
+    dist.all_reduce(figures, group=pg)
+    loss, term, interrupt = figures.tolist()
+    return loss / (len(losses) * world_size), signal.SIGTERM if term else signal.SIGINT if interrupt else None
+
+
+def gathered(value: float, device: torch.device, pg: dist.ProcessGroup, world_size: int) -> list[float]:
+    """`value` of every rank, in rank order (one all-gather on the training device)."""
+    mine = torch.tensor([value], dtype=torch.float64, device=device)
+    parts = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.all_gather(parts, mine, group=pg)
+    return torch.cat(parts).cpu().tolist()
+
+
+class Reporter:
+    """What one `Trainer.train` call reports: `open` starts the records (a `start` event first: a
+    continuation repeats the steps after its checkpoint), `window` and `evaluation` add to them,
+    `close` ends them, `summary` writes summary.json and the closing lines.
+
+    Args:
+        cfg, world, device, pg: the run's config, this rank, the training device and process group.
+        run_dir: where rank 0 writes (None off rank 0, or for no files).
+    """
+
+    def __init__(
+        self, cfg: Config, world: World, device: torch.device, pg: dist.ProcessGroup, run_dir: Path | None
+    ) -> None:
+        self.cfg, self.world, self.device, self.pg, self.run_dir = cfg, world, device, pg, run_dir
+        self.losses: list[float] = []  # the global mean loss of every logged window; summary's final_loss
+        self.log = MetricsLog(None)
+        self.progress = Progress(0, "none", False)
+        self.window: ThroughputWindow = ThroughputWindow()
+        self.first_step = 0
+        self.started = time.perf_counter()
+
+    def announce(self, plan: list[dict], dense_params: int, total_steps: int, eval_batches: int) -> None:
+        """Log the run's configuration and sharding plan (`describe_plan` rows) on rank 0."""
+        if not self.world.is_main:
+            return
+        world, backend = self.world, backend_for(self.cfg.topology)
+        nodes = world.world_size // world.local_world_size
+        lines = console.config_lines(
+            self.cfg, nodes, world.local_world_size, backend, self.device.type, dense_params, total_steps, eval_batches
+        )
+        for line in lines + console.plan_lines(plan, world.world_size, backend):
+            log.info(line)
+
+    def open(self, step: int, total_steps: int, sync: Callable[[], None]) -> None:
+        """Start the records of an invocation at `step`; `sync` waits for the device (the clock's)."""
+        tr = self.cfg.trainer
+        run_dir = self.run_dir
+        self.log = MetricsLog(
+            run_dir / "metrics.jsonl" if run_dir else None,
+            run_dir / "tensorboard" if run_dir and tr.tensorboard else None,
+        )
+        self.log.write("run", step=step, event="start", resumed=step > 0)
+        self.progress = Progress(total_steps, tr.progress, self.world.is_main, first_step=step)
+        self.window = ThroughputWindow(sync=sync)
+        self.first_step, self.started = step, time.perf_counter()
+
+    def window_record(self, step: int, mean_loss: float, steps: int, seconds: float, lr: float, phases: dict) -> None:
+        """A closed log window of `steps` steps in `seconds` ending at `step`: to metrics.jsonl,
+        TensorBoard and the progress display; `phases` the profiler's window record."""
+        self.losses.append(mean_loss)
+        samples_per_s = steps * self.cfg.data.global_batch_size / seconds
+        record: dict[str, Any] = dict(
+            step=step,
+            loss=mean_loss,
+            lr=lr,
+            samples_per_s=samples_per_s,
+            step_s=seconds / steps,
+            peak_rss_mb=peak_rss_mb(),
+        )
+        if self.device.type == "cuda":
+            record["peak_gpu_mem_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        record.update(phases)
+        self.log.write(**record)
+        self.progress.update(step, steps, loss=mean_loss, lr=lr, samples_per_s=samples_per_s)
+
+    def evaluation(self, step: int, evaluation: dict) -> None:
+        self.log.write("eval", step=step, **{f"eval_{k}": v for k, v in evaluation.items()})
+        self.progress.message(f"eval at step {step}: {console.eval_text(evaluation)}")
+
+    def message(self, text: str) -> None:
+        self.progress.message(text)
+
+    def close(self, step: int, breakdown: dict | None) -> None:
+        """End the records (the run's step breakdown last, if profiled)."""
+        self.progress.close()
+        if breakdown is not None:
+            self.log.write("run", step=step, **{f"run_{k}": v for k, v in breakdown.items()})
+        self.log.close()
+
+    def summary(self, step: int, evaluation: dict, skipped_steps: list[int], extras: Callable[[dict], dict]) -> dict:
+        """The run's summary.json (written on rank 0) and its closing console lines; a collective
+        (the ranks' peak memory). `extras`: more entries computed from the summary outside the core."""
+        steps, seconds = step - self.first_step, self.window.train_seconds
+        batch = self.cfg.data.global_batch_size
+        summary = {
+            "world_size": self.world.world_size,
+            "backend": backend_for(self.cfg.topology),
+            "device": str(self.device.type),
+            "topology": self.cfg.topology.name,
+            "steps": step,
+            "global_batch_size": batch,
+            "train_samples_per_s": steps * batch / seconds if steps and seconds else None,
+            "final_loss": self.losses[-1] if self.losses else None,
+            "skipped_steps": skipped_steps,
+            "eval_auc": evaluation.get("auc"),
+            "eval_logloss": evaluation.get("logloss"),
+            "wall_time_s": time.perf_counter() - self.started,
+            "job_wall_time_s": time.monotonic() - JOB_START,
+            "peak_rss_mb_per_rank": gathered(peak_rss_mb(), self.device, self.pg, self.world.world_size),
+        }
+        if self.device.type == "cuda":
+            peak_gpu = torch.cuda.max_memory_allocated(self.device) / 2**20
+            summary["peak_gpu_mem_mb_per_rank"] = gathered(peak_gpu, self.device, self.pg, self.world.world_size)
+        summary.update(extras(summary))
+        if self.run_dir is not None:
+            write_json_atomic(self.run_dir / "summary.json", summary)
+        if self.world.is_main:
+            tensorboard = self.cfg.trainer.tensorboard
+            for line in console.end_lines(summary, batch, self.world.world_size, self.run_dir, tensorboard):
+                log.info(line)
+        return summary
