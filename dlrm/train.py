@@ -15,6 +15,7 @@ exits with status 2, without a traceback: see `exit_on_user_error`. Launch throu
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import os
 import sys
@@ -226,6 +227,9 @@ def _split_flags(args: list[str]) -> tuple[set[str], list[str]]:
 def main() -> None:
     """Compose the command line's config once, check it, then run the job in its run directory; with
     Hydra's own flags (--help, --cfg, -cp...), hand the command line to Hydra's `@main`."""
+    # A rank that crashes in native code (SIGSEGV, SIGABRT: a library's uncaught C++ exception, a heap
+    # check) prints every thread's Python stack to its stderr instead of dying without a word.
+    faulthandler.enable()
     world = World.from_env()
     flags, overrides = _split_flags(sys.argv[1:])
     with hydra_session():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The GPU acceptance check (issue 29, item 5): the real `python -m dlrm.train` on one GPU, one JSON report.
+"""The GPU acceptance check: the real `python -m dlrm.train` on one GPU, one JSON report.
 
     python launch/gpu_check.py [--out DIR] [--work DIR] [--budget-s N] [--device cuda|cpu] [--quick]
 
@@ -280,7 +280,7 @@ def gpu_info() -> list[str] | None:
 
 
 def source_commit() -> str | None:
-    """The commit checked: git's HEAD, or BUNDLE_COMMIT written by launch/gpu_bundle.sh into a bundle's source."""
+    """The commit checked: git's HEAD, or BUNDLE_COMMIT written by dev/gpu_bundle.py into a bundle's source."""
     marker = ROOT / "BUNDLE_COMMIT"
     if marker.is_file():
         return marker.read_text().strip()

@@ -15,7 +15,6 @@ from dlrm.checkpoint import latest_checkpoint
 from dlrm.export import export, load_exported
 from tests.helpers.equivalence import assert_matches_reference, reference, tiny
 from tests.helpers.families import PAIR, SINGLE, TWO_NODES, error_of
-from tests.helpers.harness import free_port
 from tests.helpers.workers import summary_and_records, train_and_report, train_summary, train_with_a_nan_batch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -187,8 +186,9 @@ def test_nonfinite_loss_stops_and_names_the_checkpoint():
     assert re.search(pattern, error.message), error
 
 
-def _torchrun(run_dir: Path, port: int, *overrides: str) -> subprocess.Popen:
-    """torchrun with one restart allowed; output goes to run_dir.log (a pipe could fill and block it)."""
+def _torchrun(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    """torchrun with one restart allowed (its agent hosts the store on a port the kernel picks); output
+    goes to run_dir.log (a pipe could fill and block it)."""
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     log = open(f"{run_dir}.log", "w")
     return subprocess.Popen(
@@ -197,7 +197,7 @@ def _torchrun(run_dir: Path, port: int, *overrides: str) -> subprocess.Popen:
             "--nproc_per_node=2",
             "--max-restarts=1",
             "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--rdzv-endpoint=127.0.0.1:0",
             "-m",
             "dlrm.train",
             f"hydra.run.dir={run_dir}",
@@ -228,13 +228,13 @@ def _stop(job: subprocess.Popen) -> None:
 
 @pytest.mark.slow
 def test_killed_rank_restarts_and_resumes(tmp_path):
-    clean = _torchrun(tmp_path / "clean", free_port())
+    clean = _torchrun(tmp_path / "clean")
     try:
         assert clean.wait(timeout=300) == 0, (tmp_path / "clean.log").read_text()[-3000:]
     finally:
         _stop(clean)
 
-    job = _torchrun(tmp_path / "killed", free_port())
+    job = _torchrun(tmp_path / "killed")
     try:
         first = tmp_path / "killed" / "checkpoints" / "step_00000010"
         deadline = time.time() + 240

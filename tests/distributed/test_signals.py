@@ -46,7 +46,7 @@ def _logged(run_dir: Path, job: subprocess.Popen) -> None:
     deadline = time.monotonic() + 240
     metrics = run_dir / "metrics.jsonl"
     while not (metrics.exists() and metrics.read_text().count("\n") >= 2):
-        assert job.poll() is None and time.monotonic() < deadline, Path(f"{run_dir}.log").read_text()[-3000:]
+        assert job.poll() is None and time.monotonic() < deadline, Path(f"{run_dir}.log").read_text()[-20000:]
         time.sleep(0.05)
 
 
@@ -77,6 +77,11 @@ def test_sigterm_and_ctrl_c_stop_two_ranks_cleanly_and_the_run_continues(tmp_pat
         logged = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert max(logged) == step
         assert f"hydra.run.dir={run_dir} trainer.resume=auto" in lines[0]
+    # Two jobs of one config side by side on one machine do not disturb each other: the same losses.
+    records = [[json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in jobs]
+    losses = [{r["step"]: r["loss"] for r in job if "loss" in r} for job in records]
+    common = sorted(set(losses[0]) & set(losses[1]))
+    assert common and all(abs(losses[0][s] - losses[1][s]) <= 1e-5 * abs(losses[0][s]) for s in common), losses
     saved = term / "checkpoints" / f"step_{int(outputs[term].split(' at step ')[1].split()[0]):08d}"
     assert f"last checkpoint: {saved};" in outputs[term]
     assert "last checkpoint: none (checkpoint.on_signal=true saves one at a stop)" in outputs[intr]

@@ -12,14 +12,17 @@ meeting at one loopback c10d rendezvous, as N torchruns would.
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import multiprocessing
 import pickle
+import random
 import socket
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch.distributed as dist
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -43,10 +46,42 @@ class JobError:
     message: str
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (what a bind to port 0 or a connect picks from)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback TCP port that is free now and that nothing on this machine will be handed meanwhile.
+
+    The port is chosen below the kernel's ephemeral range: a port taken from that range (bind to port
+    0) and released at once can be handed by the kernel to any other process's bind-to-0 or outgoing
+    connection (a concurrent job's Gloo listener or pair socket) before the launcher binds it; its
+    store then fails to bind and falls back to connecting, as a client, to that stranger. Ports
+    below the range are never handed out implicitly, and this session never hands out one twice.
+    Use it only where several processes must know the port in advance (several agents); one agent
+    binds port 0 itself (`launch_jobs`).
+    """
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port below {low}")
 
 
 def default_group() -> dist.ProcessGroup:
@@ -60,6 +95,7 @@ def run_in_turn(jobs: list[Job]) -> list[tuple]:
     """On one rank: every job in turn, freeing each one's objects before the next; then the teardown
     dlrm.train.run does (free cycles holding in-flight Gloo work, then the groups). Returns each
     job's (result, wall seconds)."""
+    faulthandler.enable()  # a rank that aborts prints its threads' stacks (as dlrm.train's ranks do)
     results = []
     for job in jobs:
         start = time.perf_counter()
@@ -103,7 +139,10 @@ def _agent(config: LaunchConfig, jobs, queue) -> None:
 def launch_jobs(jobs: list[Job], nproc: int, nnodes: int = 1, timeout: float = 600) -> list[list[tuple]]:
     """Every job on nnodes x nproc ranks in one launch; [job][rank] (result, seconds) (the result a
     JobError for a job that raised with expect_error)."""
-    config = _config(nnodes, nproc, str(uuid.uuid4()), f"127.0.0.1:{free_port()}")
+    # One agent hosts the rendezvous store on a port the kernel picks (bound, never released, as
+    # torchrun --standalone does); several agents must know it in advance.
+    port = 0 if nnodes == 1 else free_port()
+    config = _config(nnodes, nproc, str(uuid.uuid4()), f"127.0.0.1:{port}")
     if nnodes == 1:
         results = elastic_launch(config, run_in_turn)(jobs)
     else:

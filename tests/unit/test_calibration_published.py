@@ -90,7 +90,7 @@ def test_every_entry_is_sourced_and_consistent_with_its_topology():
         assert e["busbw_GBps"] > 0 and e["message_bytes"] > 0
         topo = load_topology(e["topology"])
         assert e["ranks"] == e["nodes"] * topo.ranks_per_node, e["id"]
-    # what issue 15 asks to calibrate against: 8-GPU NVSwitch boxes and InfiniBand clusters
+    # what the cost model is calibrated against: 8-GPU NVSwitch boxes and InfiniBand clusters
     assert any(e["ranks"] == 8 and e["nodes"] == 1 for e in entries)
     assert any(e["nodes"] > 1 for e in entries)
     for ref in data["references"]:

@@ -1,6 +1,6 @@
 """The GPU acceptance check's dry run on CPU (launch/gpu_check.py --device cpu --quick: the real
 `python -m dlrm.train` in every step, tiny sizes) and the bundle that carries it to a bare GPU machine
-(launch/gpu_bundle.py pack/carry, launch/gpu_install.sh) on small dummy files."""
+(dev/gpu_bundle.py pack/carry, dev/gpu_install.sh) on small dummy files."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "launch"
+DEV = ROOT / "dev"
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +136,7 @@ def staged(tmp_path: Path) -> tuple[Path, Path]:
 
 def bundle(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(LAUNCH / "gpu_bundle.py"), *args], capture_output=True, text=True, timeout=60
+        [sys.executable, str(DEV / "gpu_bundle.py"), *args], capture_output=True, text=True, timeout=60
     )
 
 
@@ -143,7 +144,7 @@ def install(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHON"] = sys.executable
     return subprocess.run(
-        ["bash", str(LAUNCH / "gpu_install.sh"), *args], capture_output=True, text=True, timeout=120, env=env
+        ["bash", str(DEV / "gpu_install.sh"), *args], capture_output=True, text=True, timeout=120, env=env
     )
 
 
@@ -159,7 +160,7 @@ def test_bundle_splits_verifies_reassembles_and_runs(tmp_path):
     assert all(hashlib.sha256(p.read_bytes()).hexdigest() == s for (s, _), p in zip(manifest, parts, strict=True))
     whole = hashlib.sha256(b"".join(p.read_bytes() for p in parts)).hexdigest()
     assert (out / "bundle.tar.xz.sha256").read_text().split()[0] == whole
-    assert (out / "install.sh").read_text() == (LAUNCH / "gpu_install.sh").read_text()
+    assert (out / "install.sh").read_text() == (DEV / "gpu_install.sh").read_text()
 
     r = install("--bundle", str(out), "--dest", str(dest), "--", "--budget-s", "9")
     assert r.returncode == 0, r.stdout + r.stderr

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install a bundle made by launch/gpu_bundle.py on a bare GPU machine, then run the acceptance check
+# Install a bundle made by dev/gpu_bundle.py on a bare GPU machine, then run the acceptance check
 # (launch/gpu_check.py). The bundle carries it as install.sh; the repository's copy is the same file.
 #   bash install.sh [--bundle DIR] [--dest DIR] [--src DIR] [--no-install] [--no-run] [-- gpu_check args]
 #   --bundle  the parts, MANIFEST.sha256 and bundle.tar.xz.sha256 (default: this script's directory if it
@@ -48,7 +48,7 @@ while read -r _ name; do
 done <"$manifest"
 ((${#parts[@]})) || { echo "error: $manifest lists no parts" >&2; exit 2; }
 if ((${#missing[@]})); then
-  echo "error: ${#missing[@]} of ${#parts[@]} parts missing in $bundle: ${missing[*]}; copy them there first (launch/README.md)" >&2
+  echo "error: ${#missing[@]} of ${#parts[@]} parts missing in $bundle: ${missing[*]}; copy them there first (dev/README.md)" >&2
   exit 1
 fi
 if ! bad=$(cd "$bundle" && sha256sum -c --quiet MANIFEST.sha256 2>&1); then
@@ -73,7 +73,7 @@ else
   "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2], filter="data")' "$archive" "$dest"
 fi
 rm -f "$archive"
-# the source, apart from the parts (launch/gpu_bundle.py build writes it on its own, small)
+# the source, apart from the parts (dev/gpu_bundle.py build writes it on its own, small)
 if [[ -f $bundle/src.tar.xz ]]; then
   (cd "$bundle" && sha256sum -c --quiet src.tar.xz.sha256) ||
     { echo "error: $bundle/src.tar.xz does not match src.tar.xz.sha256 (copy both again)" >&2; exit 1; }

@@ -2,9 +2,9 @@
 """A bundle for a bare GPU machine (no package registry, at most 64 MiB carried in per call): the wheels
 its image lacks, this repository's source, in parts of at most --part-mib MiB with sha256 sums.
 
-    python launch/gpu_bundle.py build [--out /tmp/gpu_bundle] [--part-mib 60] [--source head|worktree]
-    python launch/gpu_bundle.py pack STAGING_DIR --out DIR [--part-mib N | --part-bytes N] [--src DIR]
-    python launch/gpu_bundle.py carry K [K ...] | all [--out /tmp/gpu_bundle] [--to .gpu_bundle]
+    python dev/gpu_bundle.py build [--out /tmp/gpu_bundle] [--part-mib 60] [--source head|worktree]
+    python dev/gpu_bundle.py pack STAGING_DIR --out DIR [--part-mib N | --part-bytes N] [--src DIR]
+    python dev/gpu_bundle.py carry K [K ...] | all [--out /tmp/gpu_bundle] [--to .gpu_bundle]
 
 build:  downloads (pip download, Python 3.12 / manylinux x86_64) the wheels below into <out>/wheels (kept:
         a second build downloads nothing), builds the two that PyPI has as source only, rewrites every
@@ -15,11 +15,11 @@ build:  downloads (pip download, Python 3.12 / manylinux x86_64) the wheels belo
         --source worktree the working tree's tracked and untracked files: dlrm/ conf/ launch/
         pyproject.toml README.md, with BUNDLE_COMMIT), so a new commit needs no new parts.
 pack:   STAGING_DIR -> <out>/bundle.tar.xz.partNN (xz -9), MANIFEST.sha256 (each part, sha256sum's
-        format), bundle.tar.xz.sha256 (the whole archive) and install.sh (launch/gpu_install.sh). The parts
+        format), bundle.tar.xz.sha256 (the whole archive) and install.sh (dev/gpu_install.sh). The parts
         are the archive's bytes cut in order: `cat bundle.tar.xz.part* > bundle.tar.xz`. With --src DIR,
         also src.tar.xz (DIR as src/) and src.tar.xz.sha256.
 carry:  copies parts K... (or all of them) and the manifests into <to> inside the repository (git-ignored),
-        the path a device call names in `carry` (launch/README.md, "GPU acceptance check on a bare machine").
+        the path a device call names in `carry` (dev/README.md).
 
 The wheels: the GPU image has torch 2.11 (CUDA 13), Python 3.12, and already tqdm, pyre-extensions,
 typing-inspect, numpy, PyYAML, packaging, cloudpickle, portalocker, lightning-utilities, matplotlib,
@@ -61,7 +61,7 @@ WHEELS = [
     ("antlr4-python3-runtime==4.9.3", "build"),  # hydra-core / omegaconf pin 4.9.*
 ]
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
-SOURCE_PATHS = ["dlrm", "conf", "launch", "pyproject.toml", "README.md"]
+SOURCE_PATHS = ["dlrm", "conf", "launch", "dev", "pyproject.toml", "README.md"]
 
 
 def log(msg: str) -> None:
@@ -147,7 +147,7 @@ def source_tree(dest: Path, source: str) -> str:
             with tarfile.open(fileobj=f) as tar:
                 tar.extractall(dest, filter="data")
         # The check itself must travel even before it is committed.
-        for rel in ("launch/gpu_check.py", "launch/gpu_install.sh"):
+        for rel in ("launch/gpu_check.py", "dev/gpu_install.sh"):
             if not (dest / rel).exists():
                 log(f"warning: {rel} is not in HEAD; taken from the working tree")
                 shutil.copy2(ROOT / rel, dest / rel)
@@ -212,7 +212,7 @@ def pack(staging: Path, out: Path, part_bytes: int, threads: int = 0) -> list[Pa
         raise SystemExit(f"error: {len(parts)} parts: raise the part size")
     archive.unlink()
     (out / MANIFEST).write_text("".join(f"{sha256_file(p)}  {p.name}\n" for p in parts))
-    shutil.copy2(ROOT / "launch" / "gpu_install.sh", out / "install.sh")
+    shutil.copy2(ROOT / "dev" / "gpu_install.sh", out / "install.sh")
     for p in parts:
         log(f"{p.name}: {p.stat().st_size / MIB:.2f} MiB")
     log(f"{len(parts)} parts, {sum(p.stat().st_size for p in parts) / MIB:.2f} MiB in all; sha256 {whole}")
@@ -270,7 +270,7 @@ def build(args: argparse.Namespace) -> None:
         commit = source_tree(Path(tmp) / "src", args.source)
         log(f"source: {commit} ({args.source})")
         pack_source(Path(tmp) / "src", out)
-    shutil.copy2(ROOT / "launch" / "gpu_install.sh", out / "install.sh")
+    shutil.copy2(ROOT / "dev" / "gpu_install.sh", out / "install.sh")
     parts = sorted(out.glob(ARCHIVE + ".part*"))
     sizes = ", ".join(f"{p.name} {p.stat().st_size / MIB:.1f}" for p in parts)
     log(f"ready in {out}: {sizes}, {SRC} {(out / SRC).stat().st_size / MIB:.2f} MiB")
