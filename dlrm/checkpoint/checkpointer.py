@@ -13,10 +13,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata
 
 from dlrm.checkpoint.finite import everyones, listed, nonfinite_tensors
 from dlrm.checkpoint.layout import (
     MANIFEST,
+    METADATA,
     CheckpointError,
     checkpoint_dirname,
     complete_checkpoints,
@@ -53,6 +55,13 @@ def storage_writer(path: Path) -> FileSystemWriter:
     tests/unit/test_checkpoint_writer.py shows the retention, so a torch that fixes it is noticed.
     """
     return FileSystemWriter(str(path), single_file_per_rank=False)
+
+
+def saved_files(metadata: Metadata) -> list[str]:
+    """The files of a checkpoint as DCP's own metadata (every rank's copy of what `dcp.save` wrote)
+    lists them: each item's file (`storage_data`: FileSystemWriter's `_StorageInfo.relative_path`,
+    the attribute safe_load reads too) and the metadata file; nothing else that the directory holds."""
+    return sorted({info.relative_path for info in metadata.storage_data.values()} | {METADATA})
 
 
 class Checkpointer:
@@ -108,16 +117,21 @@ class Checkpointer:
             for stale in self.root.glob(".*.partial"):
                 shutil.rmtree(stale, ignore_errors=True)
         dist.barrier(group=self.pg)
-        dcp.save(state, storage_writer=storage_writer(partial), process_group=self.pg)
+        written = dcp.save(state, storage_writer=storage_writer(partial), process_group=self.pg)
         dist.barrier(group=self.pg)
-        names = sorted(p.name for p in partial.iterdir() if p.is_file())
+        names = saved_files(written)
         rank, world = dist.get_rank(self.pg), dist.get_world_size(self.pg)
-        shares: list[dict[str, dict]] = [{} for _ in range(world)]
-        dist.all_gather_object(shares, {n: file_digest(partial / n) for n in names[rank::world]}, group=self.pg)
+        shares: list[dict[str, dict | None]] = [{} for _ in range(world)]
+        mine = {n: file_digest(partial / n) if (partial / n).is_file() else None for n in names[rank::world]}
+        dist.all_gather_object(shares, mine, group=self.pg)
+        files = {name: digest for share in shares for name, digest in share.items() if digest is not None}
+        unseen = sorted(set(names) - set(files))
+        if unseen:  # every rank holds every share: all raise alike
+            raise RuntimeError(
+                f"files DCP wrote are missing from {partial} on some rank ({listed(unseen)}): is checkpoint.dir "
+                "on a shared filesystem?"
+            )
         if self.is_main:
-            files = {name: digest for share in shares for name, digest in share.items()}
-            if sorted(files) != names:
-                raise RuntimeError(f"ranks saw different files in {partial}: is checkpoint.dir on a shared filesystem?")
             write_manifest(partial, {**manifest, "step": step, "files": files})
             self._publish(partial, final)
         dist.barrier(group=self.pg)

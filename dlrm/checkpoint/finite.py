@@ -7,18 +7,49 @@ import torch.distributed as dist
 
 from dlrm.models.dlrm import local_pieces
 
+CHUNK = 1 << 24  # elements checked at once: the check's temporary stays at 16 MB however large the shard
+
+
+def all_finite(t: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
+    """Whether every element of `t` is finite, as a 0-d bool tensor on t's device (no host wait),
+    checked `chunk` elements at a time: blocks of the flat tensor, or of whole rows (dim 0) when
+    `t` is not contiguous (a row wider than `chunk` is one block)."""
+    ok = torch.ones((), dtype=torch.bool, device=t.device)
+    if t.numel() == 0:
+        return ok
+    if t.is_contiguous():
+        blocks = t.view(-1).split(chunk)
+    else:
+        blocks = t.split(max(1, chunk // (t.numel() // t.shape[0])))
+    for block in blocks:
+        ok &= torch.isfinite(block).all()
+    return ok
+
 
 def nonfinite_tensors(state: dict, prefix: str = "") -> list[str]:
     """Dotted names of the floating-point tensors in `state` (nested dicts) with a NaN or inf in the
-    pieces this rank holds (every local shard of a ShardedTensor)."""
-    bad = []
+    pieces this rank holds (every local shard of a ShardedTensor), checked in chunks (`all_finite`)
+    and read back in one wait per device."""
+    flags = _finite_flags(state, prefix)
+    ok: dict[str, bool] = {}
+    for device in {flag.device for _, flag in flags}:
+        group = [(name, flag) for name, flag in flags if flag.device == device]
+        ok.update(zip((name for name, _ in group), torch.stack([flag for _, flag in group]).tolist(), strict=True))
+    return [name for name, _ in flags if not ok[name]]
+
+
+def _finite_flags(state: dict, prefix: str) -> list[tuple[str, torch.Tensor]]:
+    """(dotted name, 0-d bool: all finite) of each floating-point tensor in `state`, in order."""
+    flags = []
     for key, value in state.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
-            bad += nonfinite_tensors(value, name + ".")
-        elif not all(bool(torch.isfinite(t).all()) for t, _, _ in local_pieces(value) if t.dtype.is_floating_point):
-            bad.append(name)
-    return bad
+            flags += _finite_flags(value, name + ".")
+            continue
+        pieces = [all_finite(t) for t, _, _ in local_pieces(value) if t.dtype.is_floating_point]
+        if pieces:
+            flags.append((name, torch.stack(pieces).all()))
+    return flags
 
 
 def everyones(names: list[str], pg: dist.ProcessGroup | None) -> list[str]:

@@ -57,7 +57,7 @@ class Evaluator:
         model.eval()
         logits, labels = [], []
         for batch in self._batches("eval", 0, n):
-            _, (_, batch_logits, batch_labels) = self._forward(batch.to(self.device))
+            _, (_, batch_logits, batch_labels) = self._forward(batch.to(self.device, non_blocking=True))
             logits.append(batch_logits)
             labels.append(batch_labels)
         model.train()

@@ -220,13 +220,20 @@ class Trainer:
     def train_step(self, batch) -> torch.Tensor | None:
         """One step without the pipeline: forward, backward (fused embedding update), dense step.
 
+        The batch's copy to the device does not block the host (a pinned batch's copy runs
+        asynchronously; an unpinned one is staged as a blocking copy would be).
+
         With trainer.on_nonfinite=skip, a batch whose loss is not finite on any rank is dropped by
-        every rank before its backward pass (nothing is updated); returns None then.
+        every rank before its backward pass (nothing is updated); returns None then. That decision
+        is this option's one wait for the device per step, and no device-side mask can replace it:
+        the fused embedding update runs inside the backward pass and cannot be undone, a NaN
+        activation makes every gradient behind it NaN (0 x NaN = NaN), and a stateful optimizer
+        (Adam's moments) moves on a zero gradient too.
         """
         with record_function("## zero_grad ##"):
             self.optimizer.zero_grad()
         with record_function("## copy_batch_to_gpu ##"):
-            batch = batch.to(self.device)
+            batch = batch.to(self.device, non_blocking=True)
         with record_function("## forward ##"):
             loss, _ = self._forward(batch)
         if self.cfg.trainer.on_nonfinite == "skip":
@@ -281,38 +288,51 @@ class Trainer:
             self.stop.uninstall()
 
     def _loop(self, batches: Iterator) -> dict:
-        """The steps of `train`, from self.step to total_steps (or a stop: target AUC, a signal)."""
+        """The steps of `train`, from self.step to total_steps (or a stop: target AUC, a signal).
+
+        A step with no log, evaluation or checkpoint due never waits for the device: the clock is
+        paused (a wait) only around an evaluation or a save that is due. The pipeline is fed up to
+        the next evaluation's step only, so it has trained every batch it took (none queued, no
+        embedding prefetched) when the evaluation detaches the model; it is re-attached after."""
         window, evaluation = self.reporter.window, {}
         first_step = self.step
+        feed = self._until_next_eval(batches)
         while self.step < self.total_steps:
             last = self.step + 1 == self.total_steps
-            window.add(self.profiler.step(self.step + 1, last, lambda: self.step_once(batches)))
+            window.add(self.profiler.step(self.step + 1, last, lambda feed=feed: self.step_once(feed)))
             self.step += 1
             if last and self.local_sgd is not None and not self.local_sgd.averaged(self.step):
                 self.local_sgd.average()  # the run's model: the ranks' average
             if self.log_every.due(self.step, last) and window.losses:
                 self._log_window(last, first_step)
             reached = False
-            with window.paused():
-                if self.evaluator.every.due(self.step, last):
+            if self.evaluator.every.due(self.step, last):
+                with window.paused():
                     evaluation = self.evaluate()
                     self.reporter.evaluation(self.step, evaluation)
                     reached = self._reached_target(evaluation)
+                feed = self._until_next_eval(batches)
             if reached and not last:  # the run ends here: close the log window as at the last step
                 last = True
                 if window.losses:
                     self._log_window(last, first_step)
-            with window.paused():
-                if self.checkpointer is not None:
+            if self.checkpointer is not None and self.checkpointer.every.due(self.step, last):
+                with window.paused():
                     saved = self.checkpointer.maybe_save(self.step, last, self.state.state_dict, self.state.manifest)
-                    if saved is not None:
-                        self.reporter.message(f"checkpoint: {saved}")
+                    self.reporter.message(f"checkpoint: {saved}")
             if reached:
                 self.profiler.stop_trace()
                 break
         if first_step >= self.total_steps:  # resumed at the end: nothing to train, still report the model
             evaluation = self.evaluate()
         return self._end(evaluation, self.profiler.run_record())
+
+    def _until_next_eval(self, batches: Iterator) -> Iterator:
+        """`batches` up to the step of the next evaluation (or the last step): the training
+        pipeline runs out of batches there, trains those it holds, and is empty."""
+        n, steps = self.evaluator.every.n, self.total_steps
+        end = min(steps, (self.step // n + 1) * n) if n > 0 else steps
+        return itertools.islice(batches, end - self.step)
 
     def _reached_target(self, evaluation: dict) -> bool:
         if not self.evaluator.reached_target(evaluation, self.step):
@@ -389,5 +409,11 @@ class Trainer:
         return self.evaluator.batch_count()
 
     def evaluate(self) -> dict:
-        """AUC and log loss over the eval split ({} if there is none), the same on every rank."""
-        return self.evaluator.evaluate()
+        """AUC and log loss over the eval split ({} if there is none), the same on every rank. The
+        pipeline's model, detached for the evaluation's direct calls, is attached again after it
+        (TorchRec's public `attach`; PrefetchTrainPipelineSparseDist.progress does not re-attach)."""
+        try:
+            return self.evaluator.evaluate()
+        finally:
+            if self.pipeline is not None:
+                self.pipeline.attach()
