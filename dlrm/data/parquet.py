@@ -110,7 +110,7 @@ class RowGroup:
     first_row: int
 
 
-def _list_files(uri: str, key: str) -> tuple[pafs.FileSystem, list[str]]:
+def list_files(uri: str, key: str) -> tuple[pafs.FileSystem, list[str]]:
     """(filesystem, sorted file paths) of a directory (its *.parquet, recursively), a glob or one file;
     local paths or URIs that pyarrow.fs opens (file://, s3://, gs://, hdfs://)."""
     glob_at = min((i for i, c in enumerate(uri) if c in _GLOB), default=None)
@@ -197,7 +197,7 @@ class _Dataset:
 
     def __init__(self, uri: str, key: str, columns: dict[str, tuple[str, str]]):
         """columns: {column: (kind as `_type_problem` takes it, the config key that declares it)}."""
-        self.fs, self.paths = _list_files(uri, key)
+        self.fs, self.paths = list_files(uri, key)
         self.metadata: list[pq.FileMetaData] = []
         self.row_groups: list[RowGroup] = []
         self.types: dict[str, pa.DataType] = {}
