@@ -35,20 +35,21 @@ import os
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-import torch
-from torchrec.datasets.utils import Batch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.config import ParquetConfig, SparseColumnConfig
 from dlrm.config.choices import IdPolicy, SparseKind
 from dlrm.data.prefetch import Prefetcher
 from dlrm.errors import UserError
+
+if TYPE_CHECKING:  # torch and torchrec where batches are made: the hash and the checks start without them
+    from torchrec.datasets.utils import Batch
 
 log = logging.getLogger(__name__)
 
@@ -411,6 +412,10 @@ class ParquetSource:
 
     def make_batch(self, table: pa.Table, origin: list[tuple]) -> Batch:
         """Rows of the declared columns -> Batch; checks the values (nulls, id range, 0/1 labels)."""
+        import torch
+        from torchrec.datasets.utils import Batch
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
         b = table.num_rows
         dense = np.empty((b, len(self.cfg.dense)), np.float32)
         for k, c in enumerate(self.cfg.dense):

@@ -298,6 +298,7 @@ def test_bad_input_is_one_line_naming_file_and_column(tmp_path, case):
         assert word in message, message
 
 
+@pytest.mark.slow
 def test_a_bad_value_stops_training_with_one_line(tmp_path):
     """Through `python -m dlrm.train`: the reader thread's error is one `error:` line, exit 2."""
     d, _ = bad_dataset(tmp_path, "negative id")
