@@ -401,3 +401,36 @@ def test_inspect_profiles_columns_and_writes_a_config_that_composes(tmp_path, ca
         cfg = to_config(hydra_compose(config_name="config", overrides=searched))
     validate(cfg)
     assert cfg.data.parquet.sparse[1].kind == "ids" and cfg.model.tables[1].pooling == 2
+
+
+@pytest.mark.slow
+def test_the_your_data_page_trains_as_written(tmp_path):
+    """docs/your-data.md: its CSV's columns (its rows, then more of the kind), then its commands as they are."""
+    page = (ROOT / "docs" / "your-data.md").read_text()
+    csv_lines = page.split("```text\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    commands = page.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    rng = np.random.default_rng(0)
+    rows = [
+        f"{rng.integers(0, 2)},{rng.integers(0, 2)},{rng.random() * 5:.2f},{rng.integers(0, 40)},"
+        f"{'|'.join(str(v) for v in rng.integers(0, 30, rng.integers(0, 4)))},{rng.choice(['paris', 'lyon', 'nice'])}"
+        for _ in range(400)
+    ]
+    (tmp_path / "clicks.csv").write_text("\n".join(csv_lines + rows) + "\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    outputs = []
+    for command in commands:
+        argv = command.split()
+        assert argv[:2] == ["python", "-m"], command
+        r = subprocess.run(
+            [sys.executable, *argv[1:], "hydra.run.dir=run"]
+            if "dlrm.train" in command
+            else [sys.executable, *argv[1:]],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        outputs.append(r.stdout + r.stderr)
+    assert "items" in outputs[1] and "ids" in outputs[1]
+    assert "done: 20 steps" in outputs[2] and "eval auc" in outputs[2]
