@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from dlrm.data.parquet import compute
 from dlrm.errors import ArgumentParser, UserError
 from dlrm.io import refuse_alias
 
@@ -46,13 +47,13 @@ def _delimiter(text: str) -> str:
 def split_multi(column: pa.Array, separator: str, as_int: bool, where: str) -> pa.Array:
     """Strings like "3|17|5" -> list<int64> (or list<string>); an empty or null cell -> an empty list."""
     strings = pc.fill_null(column.cast(pa.string()), "")
-    parts = pc.split_pattern(strings, separator)
-    flat = pc.list_flatten(parts)
-    parent = pc.list_parent_indices(parts).to_numpy()
-    keep = pc.not_equal(pc.utf8_trim_whitespace(flat), "").to_numpy(zero_copy_only=False)
+    parts = compute("split_pattern", strings, options=pc.SplitPatternOptions(separator))
+    flat = compute("list_flatten", parts)
+    parent = compute("list_parent_indices", parts).to_numpy()
+    keep = compute("not_equal", compute("utf8_trim_whitespace", flat), pa.scalar("")).to_numpy(zero_copy_only=False)
     counts = np.bincount(parent[keep], minlength=len(column))
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    values = pc.utf8_trim_whitespace(flat.filter(pa.array(keep)))
+    values = compute("utf8_trim_whitespace", flat.filter(pa.array(keep)))
     if as_int:
         try:
             values = values.cast(pa.int64())

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from omegaconf import OmegaConf
 
-from dlrm.data.parquet import ParquetDataError, list_files
+from dlrm.data.parquet import ParquetDataError, compute, list_files
 from dlrm.errors import ArgumentParser, UserError
 from dlrm.io import write_atomic
 
@@ -114,16 +114,16 @@ def describe(
         c = Column(name, str(col.type), role, col.null_count / n, 0)
         values = col
         if role in ("ids", "strings"):
-            lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy(zero_copy_only=False)
+            lengths = pc.fill_null(compute("list_value_length", col), 0).to_numpy(zero_copy_only=False)
             c.missing = float((lengths == 0).mean())
             c.mean_per_sample, c.max_per_sample = float(lengths.mean()), int(lengths.max(initial=0))
-            values = pc.list_flatten(col)
+            values = compute("list_flatten", col)
         if role != "ignore" or not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
-            c.distinct = int(pc.count_distinct(values).as_py())
+            c.distinct = int(compute("count_distinct", values).as_py())
         if role in ("id", "ids", "string", "strings"):
             seen = min(max_rows, max(16, math.ceil(2 * c.distinct * scale)))
             if role in ("id", "ids"):
-                top = pc.max(values).as_py()
+                top = compute("max", values).as_py()
                 c.max_id = None if top is None else int(top)
                 seen = max(seen, (c.max_id or 0) + 1) if (c.max_id or 0) < max_rows else max_rows
             c.rows = int(seen)

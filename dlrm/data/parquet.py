@@ -66,6 +66,11 @@ _MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _LOW63 = np.uint64(2**63 - 1)
 
 
+def compute(name: str, *args, options=None):
+    """pyarrow.compute's function `name` (its module attributes are made at import: type checkers miss them)."""
+    return pc.call_function(name, list(args), options)
+
+
 class ParquetDataError(UserError):
     """Parquet files that do not fit data.parquet: the message names the file, the column and the fix."""
 
@@ -470,7 +475,7 @@ class ParquetSource:
                 + ("write an empty list for no ids" if is_list else "give every row an id (or use kind: ids)")
             )
         if is_list:
-            lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
+            lengths = compute("list_value_length", arr).to_numpy(zero_copy_only=False).astype(np.int64)
             flat = arr.flatten()
         else:
             lengths, flat = np.ones(len(arr), np.int64), arr
@@ -511,7 +516,7 @@ class ParquetSource:
                     "id a weight"
                 )
             if is_list:
-                wlengths = pc.list_value_length(warr).to_numpy(zero_copy_only=False)
+                wlengths = compute("list_value_length", warr).to_numpy(zero_copy_only=False)
                 bad_rows = np.flatnonzero(wlengths != lengths)
                 if bad_rows.size:
                     r = int(bad_rows[0])
