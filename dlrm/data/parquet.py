@@ -74,6 +74,14 @@ def compute(name: str, *args, options=None):
 class ParquetDataError(UserError):
     """Parquet files that do not fit data.parquet: the message names the file, the column and the fix."""
 
+    same_on_all_ranks = True  # every rank checks the same files' metadata at start-up
+
+
+class ParquetValueError(ParquetDataError):
+    """A bad value in the rows one rank reads (null, id out of range, label not 0/1)."""
+
+    same_on_all_ranks = False  # each rank reads its own rows
+
 
 def hash_strings(strings: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Stable 63-bit hashes (int64 [n], >= 0) of non-null strings: FNV-1a 64 of each string's UTF-8
@@ -271,7 +279,7 @@ class _Reader:
         try:
             table = self.files[rg.file].read_row_group(rg.index, columns=self.columns)
         except (pa.ArrowException, OSError) as e:
-            raise ParquetDataError(
+            raise ParquetValueError(
                 f"{self.dataset.paths[rg.file]}: row group {rg.index} cannot be read ({str(e).splitlines()[0]}); "
                 "rewrite or remove the file"
             ) from None
@@ -430,11 +438,11 @@ class ParquetSource:
             arr = _array(table, c)
             if arr.null_count:
                 row = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
-                raise ParquetDataError(f"label column {c!r} is null at {_where(origin, row)}; labels must be 0 or 1")
+                raise ParquetValueError(f"label column {c!r} is null at {_where(origin, row)}; labels must be 0 or 1")
             values = arr.cast(pa.float32()).to_numpy(zero_copy_only=False)
             bad = np.flatnonzero((values != 0) & (values != 1))
             if bad.size:
-                raise ParquetDataError(
+                raise ParquetValueError(
                     f"label column {c!r} holds {values[bad[0]]:g} at {_where(origin, int(bad[0]))}; labels must be "
                     "0 or 1"
                 )
@@ -470,7 +478,7 @@ class ParquetSource:
         is_list = spec.kind in (SparseKind.ids, SparseKind.strings)
         if arr.null_count:
             row = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
-            raise ParquetDataError(
+            raise ParquetValueError(
                 f"column {column!r} (data.parquet.sparse[{i}]) is null at {_where(origin, row)}; "
                 + ("write an empty list for no ids" if is_list else "give every row an id (or use kind: ids)")
             )
@@ -486,7 +494,7 @@ class ParquetSource:
 
         if flat.null_count:
             j = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
-            raise ParquetDataError(
+            raise ParquetValueError(
                 f"column {column!r} (data.parquet.sparse[{i}]) holds a null id at {_where(origin, row_of(j))}; "
                 "remove it"
             )
@@ -498,7 +506,7 @@ class ParquetSource:
             if bad.any():
                 if self.cfg.id_policy == IdPolicy.refuse:
                     j = int(np.flatnonzero(bad)[0])
-                    raise ParquetDataError(
+                    raise ParquetValueError(
                         f"column {column!r} (data.parquet.sparse[{i}]) holds id {ids[j]} at "
                         f"{_where(origin, row_of(j))}, "
                         f"outside its table's [0, {rows}); enlarge the table, remap the ids, or set "
@@ -511,7 +519,7 @@ class ParquetSource:
             warr = _array(table, spec.weights)
             wflat = warr.flatten() if is_list else warr
             if warr.null_count or wflat.null_count:
-                raise ParquetDataError(
+                raise ParquetValueError(
                     f"weights column {spec.weights!r} (data.parquet.sparse[{i}].weights) holds nulls; give every "
                     "id a weight"
                 )
@@ -520,7 +528,7 @@ class ParquetSource:
                 bad_rows = np.flatnonzero(wlengths != lengths)
                 if bad_rows.size:
                     r = int(bad_rows[0])
-                    raise ParquetDataError(
+                    raise ParquetValueError(
                         f"weights column {spec.weights!r} has {wlengths[r]} weights but {column!r} has {lengths[r]} "
                         "ids "
                         f"at {_where(origin, r)}; give one weight per id"

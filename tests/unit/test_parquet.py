@@ -18,7 +18,7 @@ from dlrm.config import ConfigError, ParquetConfig, SparseColumnConfig, validate
 from dlrm.config.choices import IdPolicy, SparseKind
 from dlrm.config.compose import compose
 from dlrm.data import convert, inspect
-from dlrm.data.parquet import ParquetDataError, ParquetSource, hash_strings
+from dlrm.data.parquet import ParquetDataError, ParquetSource, ParquetValueError, hash_strings
 from tests.helpers.cli import assert_one_error
 from tests.helpers.parquet_data import ROWS, TABLES, overrides, table, write_dataset
 
@@ -73,14 +73,14 @@ def assert_batches_equal(a, b) -> None:
 def concat(slices: list) -> object:
     """The global batch that rank slices make together."""
     from torchrec.datasets.utils import Batch
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+    from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
     jts = [s.sparse_features.to_dict() for s in slices]
     keys = slices[0].sparse_features.keys()
     weighted = slices[0].sparse_features.weights_or_none() is not None
     kjt = KeyedJaggedTensor.from_jt_dict(
         {
-            k: __import__("torchrec").JaggedTensor(
+            k: JaggedTensor(
                 values=torch.cat([j[k].values() for j in jts]),
                 lengths=torch.cat([j[k].lengths() for j in jts]),
                 weights=torch.cat([j[k].weights() for j in jts]) if weighted else None,
@@ -285,6 +285,9 @@ BAD = {  # case -> words the one line holds
 }
 
 
+VALUE_CASES = {"null id", "null in a list", "negative id", "id beyond the table", "label outside 0/1", "null label"}
+
+
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_input_is_one_line_naming_file_and_column(tmp_path, case):
     d, kw = bad_dataset(tmp_path, case)
@@ -294,6 +297,8 @@ def test_bad_input_is_one_line_naming_file_and_column(tmp_path, case):
         next(src.batches("train", 0, 1))  # values are checked as batches are read: one batch, every row
     message = str(e.value)
     assert "\n" not in message
+    # a bad value is in one rank's rows (each rank says it); a bad file is the same for every rank
+    assert isinstance(e.value, ParquetValueError) == (case in VALUE_CASES)
     for word in BAD[case]:
         assert word in message, message
 
