@@ -22,9 +22,11 @@ column, file and row) or, with id_policy=modulo, folded into the table and count
 
 Checks: the schemas of every file from Parquet metadata at start-up (missing column, wrong type, a
 list where a scalar is declared or the reverse, schemas differing between files, an empty or
-unreadable file); each batch's values as it is read (nulls in ids, weights or labels, ids out of
-range, labels outside {0, 1}). Each failure is a `ParquetDataError`: one line, exit 2. Files are
-untrusted: reading Parquet runs no code from them.
+unreadable file); then, from the row groups' statistics in the same metadata, nulls, ids out of
+range and labels below 0 or above 1 in one-id and label columns (a row group the statistics flag is
+read to name the row); each batch's values as it is read (all of these, in list columns too, and
+labels other than 0 and 1, also in files written without statistics). Each failure is a
+`ParquetDataError`: one line, exit 2. Files are untrusted: reading Parquet runs no code from them.
 """
 
 from __future__ import annotations
@@ -381,6 +383,30 @@ class ParquetSource:
                 f"the train split of {cfg.path} has {self.splits['train'].rows} rows, less than one global batch "
                 f"of {self.global_batch_size}; lower data.global_batch_size or add rows"
             )
+
+        for dataset in {id(d.dataset): d.dataset for d in self.splits.values()}.values():
+            self._check_statistics(dataset)
+
+    def _check_statistics(self, dataset: _Dataset) -> None:
+        """Read (and check as a batch, `make_batch`) each row group whose Parquet statistics show nulls,
+        ids outside [0, rows) (id_policy=refuse) or labels outside [0, 1] in a one-id or label column."""
+        bounds = {c: (0, 1) for c in self.cfg.labels}
+        if self.cfg.id_policy == IdPolicy.refuse:
+            bounds |= {s.column or s.name: (0, r - 1) for (_, s), r in zip(self.specs, self.table_rows, strict=True)}
+        checked = {s.column or s.name for _, s in self.specs if s.kind == SparseKind.id} | set(self.cfg.labels)
+        reader = _Reader(dataset, self.columns)
+        for g, rg in enumerate(dataset.row_groups):
+            meta = dataset.metadata[rg.file].row_group(rg.index)
+            for j in range(meta.num_columns):
+                chunk = meta.column(j)
+                stats = chunk.statistics
+                if chunk.path_in_schema not in checked or stats is None:
+                    continue
+                lo, hi = bounds.get(chunk.path_in_schema, (None, None))
+                nulls = stats.has_null_count and stats.null_count > 0
+                outside = stats.has_min_max and lo is not None and (stats.min < lo or stats.max > hi)
+                if nulls or outside:
+                    self.make_batch(reader.group(g), [(0, dataset.paths[rg.file], rg.first_row)])  # names the row
 
     def num_batches(self, split: str) -> int:
         """Global batches per epoch of `split` (train or eval); the last partial batch is dropped."""

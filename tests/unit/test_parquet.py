@@ -225,8 +225,9 @@ def with_column(t: pa.Table, name: str, values) -> pa.Table:
     return t.set_column(t.schema.get_field_index(name), name, values)
 
 
-def bad_dataset(tmp_path: Path, case: str) -> tuple[Path, dict]:
-    """A dataset with one defect, and the source's keyword arguments."""
+def bad_dataset(tmp_path: Path, case: str, statistics: bool = True) -> tuple[Path, dict]:
+    """A dataset with one defect, and the source's keyword arguments; `statistics`: Parquet's column
+    statistics written in the files (pyarrow's default) or not."""
     t, d, kw = table(200), tmp_path / case, {}
     if case == "missing column":
         write(d / "a.parquet", t.drop_columns(["city"]))
@@ -237,18 +238,38 @@ def bad_dataset(tmp_path: Path, case: str) -> tuple[Path, dict]:
         kw["sparse"] = [SparseColumnConfig(name="user", kind=SparseKind.ids)]
         write(d / "a.parquet", t)
     elif case == "null id":
-        write(d / "a.parquet", with_column(t, "user", pa.array([1] * 150 + [None] + [1] * 49, pa.int64())))
+        write(
+            d / "a.parquet",
+            with_column(t, "user", pa.array([1] * 150 + [None] + [1] * 49, pa.int64())),
+            write_statistics=statistics,
+        )
     elif case == "null in a list":
         items = pa.array([[1, 2]] * 120 + [[3, None]] + [[]] * 79, pa.list_(pa.int64()))
         write(d / "a.parquet", with_column(t, "items", items))
     elif case == "negative id":
-        write(d / "a.parquet", with_column(t, "user", pa.array([1] * 130 + [-4] + [1] * 69, pa.int64())))
+        write(
+            d / "a.parquet",
+            with_column(t, "user", pa.array([1] * 130 + [-4] + [1] * 69, pa.int64())),
+            write_statistics=statistics,
+        )
     elif case == "id beyond the table":
-        write(d / "a.parquet", with_column(t, "user", pa.array([1] * 130 + [100] + [1] * 69, pa.int64())))
+        write(
+            d / "a.parquet",
+            with_column(t, "user", pa.array([1] * 130 + [100] + [1] * 69, pa.int64())),
+            write_statistics=statistics,
+        )
     elif case == "label outside 0/1":
-        write(d / "a.parquet", with_column(t, "label", pa.array([0] * 110 + [2] + [1] * 89, pa.int64())))
+        write(
+            d / "a.parquet",
+            with_column(t, "label", pa.array([0] * 110 + [2] + [1] * 89, pa.int64())),
+            write_statistics=statistics,
+        )
     elif case == "null label":
-        write(d / "a.parquet", with_column(t, "label", pa.array([0] * 110 + [None] + [1] * 89, pa.int64())))
+        write(
+            d / "a.parquet",
+            with_column(t, "label", pa.array([0] * 110 + [None] + [1] * 89, pa.int64())),
+            write_statistics=statistics,
+        )
     elif case == "empty file":
         write(d / "a.parquet", t)
         write(d / "b.parquet", t.slice(0, 0))
@@ -294,13 +315,25 @@ def test_bad_input_is_one_line_naming_file_and_column(tmp_path, case):
     names, rows = (["user"], [100]) if "sparse" in kw else (NAMES, ROWS_OF)
     with pytest.raises(ParquetDataError) as e:
         src = source(d, batch=200, names=names, rows=rows, shuffle=False, **kw)
-        next(src.batches("train", 0, 1))  # values are checked as batches are read: one batch, every row
+        assert case == "null in a list", "the statistics flag the rest at start-up"
+        next(src.batches("train", 0, 1))
     message = str(e.value)
     assert "\n" not in message
     # a bad value is in one rank's rows (each rank says it); a bad file is the same for every rank
     assert isinstance(e.value, ParquetValueError) == (case in VALUE_CASES)
     for word in BAD[case]:
         assert word in message, message
+
+
+@pytest.mark.parametrize("case", sorted(VALUE_CASES))
+def test_bad_values_in_files_without_statistics_are_found_as_batches_are_read(tmp_path, case):
+    d, kw = bad_dataset(tmp_path, case, statistics=False)
+    src = source(d, batch=200, shuffle=False, **kw)  # nothing in the metadata flags the rows
+    with pytest.raises(ParquetValueError) as e:
+        next(src.batches("train", 0, 1))  # one batch: every row
+    assert "\n" not in str(e.value)
+    for word in BAD[case]:
+        assert word in str(e.value), str(e.value)
 
 
 @pytest.mark.slow
