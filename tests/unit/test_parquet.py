@@ -338,8 +338,9 @@ def test_bad_values_in_files_without_statistics_are_found_as_batches_are_read(tm
 
 @pytest.mark.slow
 def test_a_bad_value_stops_training_with_one_line(tmp_path):
-    """Through `python -m dlrm.train`: the reader thread's error is one `error:` line, exit 2."""
-    d, _ = bad_dataset(tmp_path, "negative id")
+    """Through `python -m dlrm.train`: the reader thread's error is one `error:` line, exit 2 (no
+    statistics in the file: the bad id is met as its batch is read, during training)."""
+    d, _ = bad_dataset(tmp_path, "negative id", statistics=False)
     args = ["model=tiny", *overrides(d), "data.parquet.eval_fraction=0", "data.global_batch_size=100"]
     args += ["data.eval_batches=0", "trainer.max_steps=2", "trainer.progress=none", f"hydra.run.dir={tmp_path / 'run'}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
