@@ -130,14 +130,15 @@ def list_files(uri: str, key: str) -> tuple[pafs.FileSystem, list[str]]:
     """(filesystem, sorted file paths) of a directory (its *.parquet, recursively), a glob or one file;
     local paths or URIs that pyarrow.fs opens (file://, s3://, gs://, hdfs://)."""
     glob_at = min((i for i, c in enumerate(uri) if c in _GLOB), default=None)
-    base_uri = uri if glob_at is None else uri[: uri.rfind("/", 0, glob_at) + 1] or "."
+    cut = len(uri) if glob_at is None else uri.rfind("/", 0, glob_at) + 1
+    base_uri, rest = uri[:cut] or ".", uri[cut:]  # the directory above the first glob character, the pattern
     try:
         if "://" in base_uri:
             fs, base = pafs.FileSystem.from_uri(base_uri)
         else:
             fs, base = pafs.LocalFileSystem(), os.path.abspath(base_uri)
         if glob_at is not None:
-            pattern = base.rstrip("/") + "/" + uri[len(base_uri) :].lstrip("/")
+            pattern = base.rstrip("/") + "/" + rest
             infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
             files = [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, pattern)]
         else:

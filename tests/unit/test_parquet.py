@@ -163,12 +163,14 @@ def test_start_step_lands_on_the_exact_batch(data):
         assert_batches_equal(take(src, "train", 1, 2, 1, start)[0], run[start])
 
 
-def test_eval_path_and_glob(data, tmp_path):
+def test_eval_path_and_glob(data, tmp_path, monkeypatch):
     write_dataset(tmp_path / "ev", rows=200, files=1)
     src = source(str(data / "part-*.parquet"), eval_path=str(tmp_path / "ev"))
     assert (src.num_batches("train"), src.num_batches("eval")) == (ROWS // B, 2)
     src = source(f"file://{data}")  # a URI opens through pyarrow.fs
     assert src.num_batches("train") == ROWS // B
+    monkeypatch.chdir(data)  # a glob relative to the working directory
+    assert source("part-1.*").num_batches("train") == ROWS // 2 // B
 
 
 def test_out_of_range_ids_fold_under_modulo_and_are_counted(data):
