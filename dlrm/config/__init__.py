@@ -17,8 +17,8 @@ from typing import cast
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from dlrm.config.choices import DenseSync, Device, EmbeddingOptimizer, Precision, ShardingType
-from dlrm.config.data import CriteoConfig, DataConfig, SyntheticConfig
+from dlrm.config.choices import DataSource, DenseSync, Device, EmbeddingOptimizer, Precision, ShardingType
+from dlrm.config.data import CriteoConfig, DataConfig, ParquetConfig, SparseColumnConfig, SyntheticConfig
 from dlrm.config.errors import ConfigError, _fail
 from dlrm.config.model import ModelConfig, TableConfig
 from dlrm.config.optim import DenseOptimConfig, EmbeddingOptimConfig, OptimConfig, ScheduleConfig
@@ -38,9 +38,11 @@ __all__ = [
     "LinkConfig",
     "ModelConfig",
     "OptimConfig",
+    "ParquetConfig",
     "RunConfig",
     "ScheduleConfig",
     "ShardingConfig",
+    "SparseColumnConfig",
     "SyntheticConfig",
     "TableConfig",
     "TopologyConfig",
@@ -103,6 +105,8 @@ class Config:
                 f"trainer.sync_period={period}",
             )
         self._check_precisions()
+        if self.data.source == DataSource.parquet:
+            self._check_parquet()
         if self.optim.embedding.name == EmbeddingOptimizer.adam and self.topology.device == Device.cpu:
             sharded = [t.name for t in self.model.tables if self.sharding.pinned(t) != ShardingType.data_parallel]
             if sharded:
@@ -114,6 +118,45 @@ class Config:
                     "on CPU use optim=rowwise_adagrad (or optim.embedding.name=adagrad|sgd), or replicate every "
                     "table with sharding=data_parallel, where adam runs",
                 )
+
+    def _check_parquet(self) -> None:
+        """The Parquet columns against the model: its features, its dense width, one label, no weights."""
+        pq = self.data.parquet
+        model_features = [f for t in self.model.tables for f in t.features]
+        declared = [s.name for s in pq.sparse]
+        if sorted(declared) != sorted(model_features):
+            missing = [f for f in model_features if f not in declared]
+            extra = [f for f in declared if f not in model_features]
+            _fail(
+                "data.parquet.sparse",
+                declared,
+                f"declare exactly the model's table features {model_features}"
+                + (f"; missing {missing}" if missing else "")
+                + (f"; not in any table: {extra}" if extra else ""),
+            )
+        if len(pq.dense) != self.model.dense_in_features:
+            _fail(
+                "data.parquet.dense",
+                list(pq.dense),
+                f"the model takes model.dense_in_features={self.model.dense_in_features} dense features: list that "
+                f"many columns, or set model.dense_in_features={len(pq.dense)}"
+                + (" (the bottom MLP needs at least one)" if not pq.dense else ""),
+            )
+        if len(pq.labels) != 1:
+            _fail(
+                "data.parquet.labels",
+                list(pq.labels),
+                "the model predicts one label (one logit): name one label column; several give [B, T] labels "
+                "that only a multi-task model takes",
+            )
+        weighted = [s.name for s in pq.sparse if s.weights]
+        if weighted:
+            _fail(
+                "data.parquet.sparse",
+                weighted,
+                "these features declare weights, but the model's tables are unweighted (weights would be "
+                "ignored): drop their `weights`",
+            )
 
     def _check_precisions(self) -> None:
         """Half-precision tables are sharded; what the CPU (fbgemm's CPU kernels, TorchRec's codecs on

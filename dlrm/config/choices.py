@@ -28,7 +28,12 @@ Device = StrEnum("Device", "cpu cuda")
 Backend = StrEnum("Backend", "auto gloo nccl")  # auto: NCCL on cuda, Gloo on cpu
 # How the ranks of one level are wired (the cost model's formulas: dlrm.comms.costmodel).
 Fabric = StrEnum("Fabric", "ring fully_connected switch")
-DataSource = StrEnum("DataSource", "synthetic criteo")
+DataSource = StrEnum("DataSource", "synthetic criteo parquet")
+# How a Parquet column gives a sparse feature its ids: id (an int column, one id per sample), ids
+# (list<int>: any number per sample), string (a string column, hashed), strings (list<string>, hashed).
+SparseKind = StrEnum("SparseKind", "id ids string strings")
+# An id outside [0, table rows) in a Parquet column: refuse (one error line) or modulo (folded, counted).
+IdPolicy = StrEnum("IdPolicy", "refuse modulo")
 ProgressMode = StrEnum("ProgressMode", "auto bar lines none")  # auto: a bar on a terminal, lines otherwise
 DenseAllreduce = StrEnum("DenseAllreduce", "flat hierarchical")
 DenseSync = StrEnum("DenseSync", "allreduce local_sgd")  # local_sgd: average the dense weights every H steps

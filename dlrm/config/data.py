@@ -1,11 +1,13 @@
-"""The data section: where batches come from (synthetic or preprocessed Criteo)."""
+"""The data section: where batches come from (synthetic, preprocessed Criteo, or a team's own Parquet)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dlrm.config.choices import DataSource
-from dlrm.config.errors import _require_count, _require_positive
+from omegaconf import MISSING
+
+from dlrm.config.choices import DataSource, IdPolicy, SparseKind
+from dlrm.config.errors import _fail, _require_count, _require_positive
 
 
 @dataclass
@@ -51,11 +53,76 @@ class CriteoConfig:
 
 
 @dataclass
+class SparseColumnConfig:
+    """One sparse feature read from a Parquet column (see docs/your-data.md)."""
+
+    name: str = MISSING
+    """The feature's name: one of the model's table features (model.tables[*].features)."""
+    column: str | None = None
+    """The Parquet column holding its ids; None: the column named `name`."""
+    kind: SparseKind = SparseKind.id
+    """id: an integer column, one id per sample; ids: list<integer>, any number per sample (empty
+    allowed); string: a string column, strings: list<string>, each string hashed into the table
+    (`dlrm.data.parquet.hash_strings`: FNV-1a 64 then splitmix64's finaliser, modulo the rows)."""
+    weights: str | None = None
+    """A float column (list<float> beside ids/strings, as many per sample) of per-id weights, put in the
+    KeyedJaggedTensor's weights; None: unweighted. The model's tables do not use weights yet, so
+    training refuses them."""
+
+
+@dataclass
+class ParquetConfig:
+    """A team's own Parquet data: which columns are dense features, sparse features and labels."""
+
+    path: str | None = None
+    """The train files: a directory (its *.parquet files, recursively), a glob, or a URI
+    (file:///..., s3://..., gs://... as pyarrow.fs opens them); required with data.source=parquet."""
+    dense: list[str] = field(default_factory=list)
+    """Float (or integer) columns of dense features, in the model's input order ([] = none); nulls read as 0."""
+    sparse: list[SparseColumnConfig] = field(default_factory=list)
+    """The sparse features, one per model table feature."""
+    labels: list[str] = field(default_factory=lambda: ["label"])
+    """0/1 label columns: one gives labels [B / W], T give [B / W, T]."""
+    eval_path: str | None = None
+    """The eval files (as `path`); None: hold out eval_fraction of the train row groups."""
+    eval_fraction: float = 0.0
+    """With eval_path=None: the fraction in [0, 1) of the train row groups, the last ones in file
+    order, held out for evaluation; 0: no eval split."""
+    shuffle: bool = True
+    """Reshuffle the order of the train row groups each epoch from (seed, epoch); eval is read in order."""
+    id_policy: IdPolicy = IdPolicy.refuse
+    """An id below 0 or >= its table's rows: refuse (one error line naming column, file and row) or
+    modulo (folded into the table, and counted)."""
+    prefetch_batches: int = 4
+    """Batches read ahead on a background thread (below 1: one)."""
+
+    def check(self, key: str) -> None:
+        if not self.path:
+            _fail(f"{key}.path", self.path, "point it at your Parquet files (a directory, a glob or a URI)")
+        if not self.sparse:
+            _fail(
+                f"{key}.sparse", [], "list the sparse features: {name: ..., column: ..., kind: id|ids|string|strings}"
+            )
+        if not self.labels:
+            _fail(f"{key}.labels", [], "name at least one 0/1 label column")
+        if not 0 <= self.eval_fraction < 1:
+            _fail(f"{key}.eval_fraction", self.eval_fraction, "use a fraction in [0, 1)")
+        if self.eval_path and self.eval_fraction:
+            _fail(f"{key}.eval_fraction", self.eval_fraction, "give eval_path or eval_fraction, not both")
+        seen: set[str] = set()
+        for i, s in enumerate(self.sparse):
+            if not s.name or s.name in seen:
+                _fail(f"{key}.sparse[{i}].name", s.name, "give each sparse feature a unique, non-empty name")
+            seen.add(s.name)
+
+
+@dataclass
 class DataConfig:
     """Where batches come from. The global batch at step k is the same for any world size."""
 
     source: DataSource = DataSource.synthetic
-    """synthetic (data.synthetic) or criteo (preprocessed files, data.criteo)."""
+    """synthetic (data.synthetic), criteo (preprocessed files, data.criteo) or parquet (your own
+    Parquet files, data.parquet)."""
     global_batch_size: int = 512
     """Samples per step over all ranks; each rank takes an equal slice, so the world size divides it."""
     eval_batches: int = 16
@@ -65,9 +132,13 @@ class DataConfig:
     """The synthetic data, with source=synthetic."""
     criteo: CriteoConfig = field(default_factory=CriteoConfig)
     """The preprocessed Criteo files, with source=criteo."""
+    parquet: ParquetConfig = field(default_factory=ParquetConfig)
+    """Your own Parquet files, with source=parquet."""
 
     def check(self, key: str = "data") -> None:
         _require_positive(f"{key}.global_batch_size", self.global_batch_size)
         _require_count(f"{key}.eval_batches", self.eval_batches, "no evaluation")
         if self.source == DataSource.synthetic:
             self.synthetic.check(f"{key}.synthetic")
+        if self.source == DataSource.parquet:
+            self.parquet.check(f"{key}.parquet")

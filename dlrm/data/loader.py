@@ -25,7 +25,8 @@ class BatchSource(Protocol):
 
     def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Iterator[Batch]:
         """This rank's slice of global batches start_step, start_step + 1, ... of `split`: each a
-        Batch of dense [B / W, 13] float, sparse KeyedJaggedTensor, labels [B / W]."""
+        Batch of dense [B / W, n_dense] float, sparse KeyedJaggedTensor, labels [B / W] (or
+        [B / W, T] from a Parquet source with T label columns)."""
         ...
 
 
@@ -50,7 +51,7 @@ def batches_on(source: BatchSource, device: torch.device) -> bool:
 
 
 def make_source(cfg: Config, device: torch.device | None = None) -> BatchSource:
-    """The batch source for this config (synthetic or preprocessed Criteo). Synthetic batches are
+    """The batch source for this config (synthetic, preprocessed Criteo or Parquet files). Synthetic batches are
     made on `device` (the training device; None: the host) unless data.synthetic.on_device=false;
     Criteo's multi-hot ids are expanded on `device` when it is a GPU (`dlrm.data.multihot.BaseIdBatch`)."""
     names, rows, pooling = feature_layout(cfg)
@@ -61,6 +62,10 @@ def make_source(cfg: Config, device: torch.device | None = None) -> BatchSource:
         return CriteoSource(
             cfg.data.criteo, names, rows, cfg.data.global_batch_size, cfg.seed, device if on_gpu else None
         )
+    if cfg.data.source == "parquet":
+        from dlrm.data.parquet import ParquetSource
+
+        return ParquetSource(cfg.data.parquet, names, rows, cfg.data.global_batch_size, cfg.seed)
     from dlrm.data.synthetic import SyntheticSource
 
     return SyntheticSource(

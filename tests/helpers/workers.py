@@ -62,6 +62,18 @@ def preprocess_then_train(cfg: Config, tsv: str, table_rows: int) -> dict:
     return train_and_report(cfg)
 
 
+def write_parquet_then_train(cfg: Config) -> dict:
+    """Rank 0 writes the dataset of tests/helpers/parquet_data.py into cfg.data.parquet.path; then every
+    rank: train_and_report."""
+    if World.from_env().rank == 0:
+        from tests.helpers.parquet_data import write_dataset
+
+        assert cfg.data.parquet.path is not None
+        write_dataset(cfg.data.parquet.path)
+    torch.distributed.barrier(group=default_group())
+    return train_and_report(cfg)
+
+
 def train_summary(cfg: Config) -> dict:
     """Train (or evaluate, with trainer.eval_only) on this rank and return the run summary."""
     return build_trainer(cfg).train()

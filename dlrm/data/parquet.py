@@ -1,0 +1,564 @@
+"""A team's own Parquet data as batches (`data.source=parquet`, `data.parquet`): declared dense, sparse
+and label columns, the same global batches on any world size.
+
+The files of a split (sorted by path) are a sequence of row groups; each epoch of the train split
+orders its row groups by a permutation seeded by (seed, epoch) (`data.parquet.shuffle`; rows inside a
+row group keep their order), eval reads them in file order, one pass. Global batch k is rows
+[k * B, (k + 1) * B) of that sequence (the last partial batch is dropped); rank r of W takes rows
+[k * B + r * b, k * B + (r + 1) * b), b = B / W. `batches(..., start_step=k)` starts at batch k exactly.
+
+A rank reads (`ParquetFile.read_row_group`, only the declared columns) just the row groups that
+overlap its slices, and keeps the last few decoded, so read amplification is small when row groups
+hold about b rows or fewer: with G rows per row group a rank decodes at most b + G rows per step
+for the b it uses ((b + G) / b), and about once each over consecutive steps. With G much larger than
+B every rank decodes every row group (amplification W): write row groups of about B / W rows or less
+(`python -m dlrm.data.convert --row-group-size`).
+
+Sparse columns (`data.parquet.sparse[*].kind`): id (an integer column), ids (list<integer>: any number
+per sample, empty allowed), string and strings (string / list<string>, hashed: `hash_strings`). The
+KeyedJaggedTensor's keys are the model's features in table order, its values key-major, built from
+Arrow's offsets and values with numpy. Ids below 0 or >= the table's rows are refused (one line naming
+column, file and row) or, with id_policy=modulo, folded into the table and counted (`folded_ids`).
+
+Checks: the schemas of every file from Parquet metadata at start-up (missing column, wrong type, a
+list where a scalar is declared or the reverse, schemas differing between files, an empty or
+unreadable file); then, from the row groups' statistics in the same metadata, nulls, ids out of
+range and labels below 0 or above 1 in one-id and label columns (a row group the statistics flag is
+read to name the row); each batch's values as it is read (all of these, in list columns too, and
+labels other than 0 and 1, also in files written without statistics). Each failure is a
+`ParquetDataError`: one line, exit 2. Files are untrusted: reading Parquet runs no code from them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from dlrm.config import ParquetConfig, SparseColumnConfig
+from dlrm.config.choices import IdPolicy, SparseKind
+from dlrm.data.prefetch import Prefetcher
+from dlrm.errors import UserError
+
+if TYPE_CHECKING:  # torch and torchrec where batches are made: the hash and the checks start without them
+    from torchrec.datasets.utils import Batch
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "eval")
+_GLOB = set("*?[")
+_INT32_MAX = 2**31 - 1
+_CACHED_ROW_GROUPS = 4  # decoded row groups a reader keeps (consecutive slices share them)
+
+# The string hash: FNV-1a 64 over the UTF-8 bytes, then splitmix64's finaliser (FNV's low bits mix
+# poorly), the top bit cleared; id = hash % rows. Fixed constants: the same id on every rank, machine, run.
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_LOW63 = np.uint64(2**63 - 1)
+
+
+def compute(name: str, *args, options=None):
+    """pyarrow.compute's function `name` (its module attributes are made at import: type checkers miss them)."""
+    return pc.call_function(name, list(args), options)
+
+
+class ParquetDataError(UserError):
+    """Parquet files that do not fit data.parquet: the message names the file, the column and the fix."""
+
+    same_on_all_ranks = True  # every rank checks the same files' metadata at start-up
+
+
+class ParquetValueError(ParquetDataError):
+    """A bad value in the rows one rank reads (null, id out of range, label not 0/1)."""
+
+    same_on_all_ranks = False  # each rank reads its own rows
+
+
+def hash_strings(strings: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Stable 63-bit hashes (int64 [n], >= 0) of non-null strings: FNV-1a 64 of each string's UTF-8
+    bytes, then splitmix64's finaliser, top bit cleared. Vectorised over strings, one pass per byte
+    position (strings sorted by length, so each pass touches only the strings that long)."""
+    arr = strings.combine_chunks() if isinstance(strings, pa.ChunkedArray) else strings
+    arr = arr.cast(pa.large_string())
+    n = len(arr)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    offsets = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset : arr.offset + n + 1]
+    data_buffer = arr.buffers()[2]
+    data = np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else np.zeros(0, np.uint8)
+    lengths = np.diff(offsets)
+    order = np.argsort(-lengths, kind="stable")
+    starts, longest_first = offsets[:-1][order], lengths[order]
+    h = np.full(n, _FNV_OFFSET, np.uint64)
+    for j in range(int(longest_first[0]) if n else 0):
+        k = int(np.searchsorted(-longest_first, -j, side="left"))  # strings longer than j
+        h[:k] ^= data[starts[:k] + j].astype(np.uint64)
+        h[:k] *= _FNV_PRIME
+    h ^= h >> np.uint64(30)
+    h *= _MIX1
+    h ^= h >> np.uint64(27)
+    h *= _MIX2
+    h ^= h >> np.uint64(31)
+    out = np.empty(n, np.int64)
+    out[order] = (h & _LOW63).astype(np.int64)
+    return out
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """Row group `index` of file `file` (an index into the dataset's files): `rows` rows, the first
+    being row `first_row` of the file."""
+
+    file: int
+    index: int
+    rows: int
+    first_row: int
+
+
+def list_files(uri: str, key: str) -> tuple[pafs.FileSystem, list[str]]:
+    """(filesystem, sorted file paths) of a directory (its *.parquet, recursively), a glob or one file;
+    local paths or URIs that pyarrow.fs opens (file://, s3://, gs://, hdfs://)."""
+    glob_at = min((i for i, c in enumerate(uri) if c in _GLOB), default=None)
+    cut = len(uri) if glob_at is None else uri.rfind("/", 0, glob_at) + 1
+    base_uri, rest = uri[:cut] or ".", uri[cut:]  # the directory above the first glob character, the pattern
+    try:
+        if "://" in base_uri:
+            fs, base = pafs.FileSystem.from_uri(base_uri)
+        else:
+            fs, base = pafs.LocalFileSystem(), os.path.abspath(base_uri)
+        if glob_at is not None:
+            pattern = base.rstrip("/") + "/" + rest
+            infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
+            files = [i.path for i in infos if i.type == pafs.FileType.File and fnmatch.fnmatch(i.path, pattern)]
+        else:
+            info = fs.get_file_info(base)
+            if info.type == pafs.FileType.NotFound:
+                raise ParquetDataError(f"{key} = {uri!r}: no such file or directory; point it at your Parquet files")
+            if info.type == pafs.FileType.File:
+                files = [base]
+            else:
+                infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
+                files = [
+                    i.path
+                    for i in infos
+                    if i.type == pafs.FileType.File
+                    and i.path.endswith(".parquet")
+                    and not any(p.startswith((".", "_")) for p in i.path[len(base) :].split("/"))
+                ]
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
+        raise ParquetDataError(
+            f"{key} = {uri!r} cannot be opened ({str(e).splitlines()[0]}); fix the path or URI"
+        ) from None
+    if not files:
+        raise ParquetDataError(f"{key} = {uri!r} holds no Parquet files (*.parquet); write some there or fix the path")
+    return fs, sorted(files)
+
+
+def _type_problem(t: pa.DataType, kind: str) -> str | None:
+    """Why Arrow type `t` cannot be read as `kind` (dense, label, id, ids, string, strings, weight,
+    weights), with the fix; None if it can."""
+    is_list = pa.types.is_list(t) or pa.types.is_large_list(t)
+    inner = t.value_type if is_list else None
+    is_str = pa.types.is_string(t) or pa.types.is_large_string(t)
+    number = pa.types.is_integer(t) or pa.types.is_floating(t)
+    if kind in ("dense", "weight"):
+        return None if number else f"is {t}, not a number column" + ("; a list column is not dense" if is_list else "")
+    if kind == "label":
+        return None if number or pa.types.is_boolean(t) else f"is {t}, not a 0/1 label column"
+    if kind == "weights":
+        return (
+            None
+            if is_list and (pa.types.is_floating(inner) or pa.types.is_integer(inner))
+            else f"is {t}, not list<float>"
+        )
+    ok = {
+        "id": pa.types.is_integer(t),
+        "ids": is_list and pa.types.is_integer(inner),
+        "string": is_str,
+        "strings": is_list and (pa.types.is_string(inner) or pa.types.is_large_string(inner)),
+    }[kind]
+    if ok:
+        return None
+    actual = next(
+        (
+            k
+            for k, fits in (
+                ("id", pa.types.is_integer(t)),
+                ("ids", is_list and inner is not None and pa.types.is_integer(inner)),
+                ("string", is_str),
+                (
+                    "strings",
+                    is_list and inner is not None and (pa.types.is_string(inner) or pa.types.is_large_string(inner)),
+                ),
+            )
+            if fits
+        ),
+        None,
+    )
+    return f"is {t}, declared kind {kind}" + (f": declare kind: {actual}" if actual else "")
+
+
+class _Dataset:
+    """The files of one split: their metadata, checked against the declared columns, and row groups."""
+
+    def __init__(self, uri: str, key: str, columns: dict[str, tuple[str, str]]):
+        """columns: {column: (kind as `_type_problem` takes it, the config key that declares it)}."""
+        self.fs, self.paths = list_files(uri, key)
+        self.metadata: list[pq.FileMetaData] = []
+        self.row_groups: list[RowGroup] = []
+        self.types: dict[str, pa.DataType] = {}
+        for i, path in enumerate(self.paths):
+            try:
+                with self.fs.open_input_file(path) as f:
+                    parquet = pq.ParquetFile(f)
+                    md, schema = parquet.metadata, parquet.schema_arrow
+            except (pa.ArrowException, OSError) as e:
+                raise ParquetDataError(
+                    f"{path} is not a readable Parquet file ({str(e).splitlines()[0]}): truncated or another "
+                    "format; rewrite it (python -m dlrm.data.convert) or remove it"
+                ) from None
+            if md.num_rows == 0:
+                raise ParquetDataError(f"{path} has no rows; remove it or write rows to it")
+            for column, (kind, ckey) in columns.items():
+                if column not in schema.names:
+                    raise ParquetDataError(
+                        f"{path} has no column {column!r} ({ckey}); its columns are {schema.names}: fix {ckey}"
+                    )
+                t = schema.field(column).type
+                problem = _type_problem(t, kind)
+                if problem:
+                    raise ParquetDataError(f"column {column!r} ({ckey}) of {path} {problem}")
+                if column in self.types and self.types[column] != t:
+                    raise ParquetDataError(
+                        f"column {column!r} is {self.types[column]} in {self.paths[0]} but {t} in {path}: the "
+                        "files' schemas differ; rewrite them with one schema"
+                    )
+                self.types.setdefault(column, t)
+            first = 0
+            for g in range(md.num_row_groups):
+                rows = md.row_group(g).num_rows
+                if rows:
+                    self.row_groups.append(RowGroup(i, g, rows, first))
+                first += rows
+            self.metadata.append(md)
+
+
+class _Split:
+    """A split's row groups (indexes into its dataset's) and, per epoch, their order."""
+
+    def __init__(self, dataset: _Dataset, groups: list[int]):
+        self.dataset, self.groups = dataset, groups
+        self.rows = sum(dataset.row_groups[g].rows for g in groups)
+
+
+class _Reader:
+    """Reads rows of a split's ordered row groups, keeping the last few row groups decoded (one per
+    generator: a ParquetFile is not shared between threads)."""
+
+    def __init__(self, dataset: _Dataset, columns: list[str]):
+        self.dataset, self.columns = dataset, columns
+        self.files: dict[int, pq.ParquetFile] = {}
+        self.cache: OrderedDict[int, pa.Table] = OrderedDict()
+
+    def group(self, g: int) -> pa.Table:
+        if g in self.cache:
+            self.cache.move_to_end(g)
+            return self.cache[g]
+        rg = self.dataset.row_groups[g]
+        if rg.file not in self.files:
+            handle = self.dataset.fs.open_input_file(self.dataset.paths[rg.file])
+            self.files[rg.file] = pq.ParquetFile(handle, metadata=self.dataset.metadata[rg.file])
+        try:
+            table = self.files[rg.file].read_row_group(rg.index, columns=self.columns)
+        except (pa.ArrowException, OSError) as e:
+            raise ParquetValueError(
+                f"{self.dataset.paths[rg.file]}: row group {rg.index} cannot be read ({str(e).splitlines()[0]}); "
+                "rewrite or remove the file"
+            ) from None
+        self.cache[g] = table
+        while len(self.cache) > _CACHED_ROW_GROUPS:
+            self.cache.popitem(last=False)
+        return table
+
+    def read(self, order: list[int], starts: np.ndarray, start: int, count: int) -> tuple[pa.Table, list[tuple]]:
+        """Rows [start, start + count) of the row groups `order` (starts: their first rows), and where
+        they come from: [(first row in the batch, file path, first row in the file), ...]."""
+        pieces, origin, at = [], [], 0
+        i = int(np.searchsorted(starts, start, side="right")) - 1
+        while count > 0:
+            rg = self.dataset.row_groups[order[i]]
+            a = start - int(starts[i])
+            n = min(count, rg.rows - a)
+            pieces.append(self.group(order[i]).slice(a, n))
+            origin.append((at, self.dataset.paths[rg.file], rg.first_row + a))
+            start, count, at, i = start + n, count - n, at + n, i + 1
+        return pa.concat_tables(pieces).combine_chunks(), origin
+
+
+def _where(origin: list[tuple], row: int) -> str:
+    """'file F, row R' of a batch's row."""
+    k = max(i for i, (at, _, _) in enumerate(origin) if at <= row)
+    at, path, first = origin[k]
+    return f"{path}, row {first + row - at}"
+
+
+def _array(table: pa.Table, column: str) -> pa.Array:
+    chunked = table.column(column)
+    return chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
+
+
+class ParquetSource:
+    """Batches of a team's Parquet files for one rank: `Batch(dense [b, n_dense] f32, sparse KJT with
+    real lengths (and weights when declared), labels [b] f32, or [b, T] with T label columns)`.
+
+    feature_names: the model's sparse features in KJT key order; table_rows: the rows of each one's
+    table. Example: `ParquetSource(cfg.data.parquet, names, rows, 2048, seed=0).batches("train", rank, world)`.
+    """
+
+    def __init__(
+        self,
+        cfg: ParquetConfig,
+        feature_names: Sequence[str],
+        table_rows: Sequence[int],
+        global_batch_size: int,
+        seed: int,
+    ):
+        if not cfg.path:
+            raise ParquetDataError("data.parquet.path is not set: point it at your Parquet files")
+        self.cfg, self.seed, self.global_batch_size = cfg, int(seed), int(global_batch_size)
+        self.names, self.table_rows = list(feature_names), [int(r) for r in table_rows]
+        by_name = {s.name: (i, s) for i, s in enumerate(cfg.sparse)}
+        missing = [n for n in self.names if n not in by_name]
+        if missing:
+            raise ParquetDataError(f"data.parquet.sparse declares no column for feature(s) {missing}; add them")
+        self.specs: list[tuple[int, SparseColumnConfig]] = [by_name[n] for n in self.names]
+        columns: dict[str, tuple[str, str]] = {}
+        for i, c in enumerate(cfg.dense):
+            columns[c] = ("dense", f"data.parquet.dense[{i}]")
+        for i, s in self.specs:
+            columns[s.column or s.name] = (str(s.kind), f"data.parquet.sparse[{i}].column")
+            if s.weights:
+                list_kind = s.kind in (SparseKind.ids, SparseKind.strings)
+                columns[s.weights] = ("weights" if list_kind else "weight", f"data.parquet.sparse[{i}].weights")
+        for i, c in enumerate(cfg.labels):
+            columns[c] = ("label", f"data.parquet.labels[{i}]")
+        self.columns = list(columns)
+        self.weighted = any(s.weights for _, s in self.specs)
+        self.id_dtype = np.int32 if max(self.table_rows) <= _INT32_MAX else np.int64
+        self.folded_ids = 0  # ids folded into their table by id_policy=modulo
+
+        train = _Dataset(cfg.path, "data.parquet.path", columns)
+        groups = list(range(len(train.row_groups)))
+        if cfg.eval_path:
+            evals = _Dataset(cfg.eval_path, "data.parquet.eval_path", columns)
+            for column, t in evals.types.items():
+                if train.types[column] != t:
+                    raise ParquetDataError(
+                        f"column {column!r} is {train.types[column]} in {train.paths[0]} but {t} in "
+                        f"{evals.paths[0]} (data.parquet.eval_path): the files' schemas differ; rewrite them with one "
+                        "schema"
+                    )
+            self.splits = {"train": _Split(train, groups), "eval": _Split(evals, list(range(len(evals.row_groups))))}
+        else:
+            held = max(1, round(len(groups) * cfg.eval_fraction)) if cfg.eval_fraction > 0 else 0
+            if held >= len(groups):
+                raise ParquetDataError(
+                    f"data.parquet.eval_fraction = {cfg.eval_fraction} holds out all {len(groups)} row group(s) of "
+                    f"{cfg.path}; lower it, give data.parquet.eval_path, or write smaller row groups"
+                )
+            cut = len(groups) - held
+            self.splits = {"train": _Split(train, groups[:cut]), "eval": _Split(train, groups[cut:])}
+        if self.splits["train"].rows < self.global_batch_size:
+            raise ParquetDataError(
+                f"the train split of {cfg.path} has {self.splits['train'].rows} rows, less than one global batch "
+                f"of {self.global_batch_size}; lower data.global_batch_size or add rows"
+            )
+
+        for dataset in {id(d.dataset): d.dataset for d in self.splits.values()}.values():
+            self._check_statistics(dataset)
+
+    def _check_statistics(self, dataset: _Dataset) -> None:
+        """Read (and check as a batch, `make_batch`) each row group whose Parquet statistics show nulls,
+        ids outside [0, rows) (id_policy=refuse) or labels outside [0, 1] in a one-id or label column."""
+        bounds = {c: (0, 1) for c in self.cfg.labels}
+        if self.cfg.id_policy == IdPolicy.refuse:
+            bounds |= {s.column or s.name: (0, r - 1) for (_, s), r in zip(self.specs, self.table_rows, strict=True)}
+        checked = {s.column or s.name for _, s in self.specs if s.kind == SparseKind.id} | set(self.cfg.labels)
+        reader = _Reader(dataset, self.columns)
+        for g, rg in enumerate(dataset.row_groups):
+            meta = dataset.metadata[rg.file].row_group(rg.index)
+            for j in range(meta.num_columns):
+                chunk = meta.column(j)
+                stats = chunk.statistics
+                if chunk.path_in_schema not in checked or stats is None:
+                    continue
+                lo, hi = bounds.get(chunk.path_in_schema, (None, None))
+                nulls = stats.has_null_count and stats.null_count > 0
+                outside = stats.has_min_max and lo is not None and (stats.min < lo or stats.max > hi)
+                if nulls or outside:
+                    self.make_batch(reader.group(g), [(0, dataset.paths[rg.file], rg.first_row)])  # names the row
+
+    def num_batches(self, split: str) -> int:
+        """Global batches per epoch of `split` (train or eval); the last partial batch is dropped."""
+        if split not in SPLITS:
+            raise ValueError(f"split {split!r}: use one of {SPLITS}")
+        return self.splits[split].rows // self.global_batch_size
+
+    def group_order(self, split: str, epoch: int) -> list[int]:
+        """The split's row groups in the order of `epoch`: seeded by (seed, epoch) for shuffled train."""
+        groups = self.splits[split].groups
+        if split == "train" and self.cfg.shuffle:
+            return [groups[i] for i in np.random.default_rng([self.seed, epoch]).permutation(len(groups))]
+        return list(groups)
+
+    def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Prefetcher[Batch]:
+        """This rank's slices of global batches start_step, start_step + 1, ... (train: endless; eval: one
+        pass), made on a background thread."""
+        self.num_batches(split)  # checks the split's name
+        if self.global_batch_size % world_size or not 0 <= rank < world_size:
+            raise ValueError(
+                f"rank {rank} of world size {world_size}: data.global_batch_size={self.global_batch_size} "
+                f"must be divisible by the world size, and 0 <= rank < world size"
+            )
+        return Prefetcher(self._produce(split, rank, world_size, start_step), max(1, self.cfg.prefetch_batches))
+
+    def _produce(self, split: str, rank: int, world_size: int, start_step: int) -> Iterator[Batch]:
+        n = self.num_batches(split)
+        if n == 0:
+            return
+        b = self.global_batch_size // world_size
+        reader = _Reader(self.splits[split].dataset, self.columns)
+        step, epoch = start_step, -1
+        order, starts = [], np.zeros(1, np.int64)
+        while split == "train" or step < n:
+            e, j = divmod(step, n)
+            if e != epoch:
+                epoch, order = e, self.group_order(split, e)
+                rows = [self.splits[split].dataset.row_groups[g].rows for g in order]
+                starts = np.concatenate([[0], np.cumsum(rows)])
+            yield self.make_batch(*reader.read(order, starts, j * self.global_batch_size + rank * b, b))
+            step += 1
+
+    def make_batch(self, table: pa.Table, origin: list[tuple]) -> Batch:
+        """Rows of the declared columns -> Batch; checks the values (nulls, id range, 0/1 labels)."""
+        import torch
+        from torchrec.datasets.utils import Batch
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+        b = table.num_rows
+        dense = np.empty((b, len(self.cfg.dense)), np.float32)
+        for k, c in enumerate(self.cfg.dense):
+            dense[:, k] = pc.fill_null(_array(table, c), 0).to_numpy(zero_copy_only=False)
+        labels = np.empty((b, len(self.cfg.labels)), np.float32)
+        for k, c in enumerate(self.cfg.labels):
+            arr = _array(table, c)
+            if arr.null_count:
+                row = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+                raise ParquetValueError(f"label column {c!r} is null at {_where(origin, row)}; labels must be 0 or 1")
+            values = arr.cast(pa.float32()).to_numpy(zero_copy_only=False)
+            bad = np.flatnonzero((values != 0) & (values != 1))
+            if bad.size:
+                raise ParquetValueError(
+                    f"label column {c!r} holds {values[bad[0]]:g} at {_where(origin, int(bad[0]))}; labels must be "
+                    "0 or 1"
+                )
+            labels[:, k] = values
+        lengths, values_, weights = [], [], []
+        for (i, spec), rows in zip(self.specs, self.table_rows, strict=True):
+            length, ids, w = self._feature(table, origin, i, spec, rows)
+            lengths.append(length)
+            values_.append(ids)
+            if self.weighted:
+                weights.append(w if w is not None else np.ones(len(ids), np.float32))
+        all_lengths = np.concatenate(lengths).astype(np.int32)
+        sparse = KeyedJaggedTensor(
+            keys=self.names,
+            values=torch.from_numpy(np.concatenate(values_).astype(self.id_dtype, copy=False)),
+            lengths=torch.from_numpy(all_lengths),
+            weights=torch.from_numpy(np.concatenate(weights)) if self.weighted else None,
+            stride=b,
+            length_per_key=[len(v) for v in values_],
+        )
+        return Batch(
+            dense_features=torch.from_numpy(dense),
+            sparse_features=sparse,
+            labels=torch.from_numpy(labels[:, 0].copy() if labels.shape[1] == 1 else labels),
+        )
+
+    def _feature(
+        self, table: pa.Table, origin: list[tuple], i: int, spec: SparseColumnConfig, rows: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """One feature's (lengths [b], ids [n] int64 in [0, rows), weights [n] float32 or None)."""
+        column = spec.column or spec.name
+        arr = _array(table, column)
+        is_list = spec.kind in (SparseKind.ids, SparseKind.strings)
+        if arr.null_count:
+            row = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+            raise ParquetValueError(
+                f"column {column!r} (data.parquet.sparse[{i}]) is null at {_where(origin, row)}; "
+                + ("write an empty list for no ids" if is_list else "give every row an id (or use kind: ids)")
+            )
+        if is_list:
+            lengths = compute("list_value_length", arr).to_numpy(zero_copy_only=False).astype(np.int64)
+            flat = arr.flatten()
+        else:
+            lengths, flat = np.ones(len(arr), np.int64), arr
+        ends = np.cumsum(lengths)
+
+        def row_of(j: int) -> int:
+            return int(np.searchsorted(ends, j, side="right"))
+
+        if flat.null_count:
+            j = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
+            raise ParquetValueError(
+                f"column {column!r} (data.parquet.sparse[{i}]) holds a null id at {_where(origin, row_of(j))}; "
+                "remove it"
+            )
+        if spec.kind in (SparseKind.string, SparseKind.strings):
+            ids = hash_strings(flat) % rows
+        else:
+            ids = flat.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            bad = (ids < 0) | (ids >= rows)
+            if bad.any():
+                if self.cfg.id_policy == IdPolicy.refuse:
+                    j = int(np.flatnonzero(bad)[0])
+                    raise ParquetValueError(
+                        f"column {column!r} (data.parquet.sparse[{i}]) holds id {ids[j]} at "
+                        f"{_where(origin, row_of(j))}, "
+                        f"outside its table's [0, {rows}); enlarge the table, remap the ids, or set "
+                        "data.parquet.id_policy=modulo"
+                    )
+                self.folded_ids += int(bad.sum())
+                ids = np.mod(ids, rows)
+        weights = None
+        if spec.weights:
+            warr = _array(table, spec.weights)
+            wflat = warr.flatten() if is_list else warr
+            if warr.null_count or wflat.null_count:
+                raise ParquetValueError(
+                    f"weights column {spec.weights!r} (data.parquet.sparse[{i}].weights) holds nulls; give every "
+                    "id a weight"
+                )
+            if is_list:
+                wlengths = compute("list_value_length", warr).to_numpy(zero_copy_only=False)
+                bad_rows = np.flatnonzero(wlengths != lengths)
+                if bad_rows.size:
+                    r = int(bad_rows[0])
+                    raise ParquetValueError(
+                        f"weights column {spec.weights!r} has {wlengths[r]} weights but {column!r} has {lengths[r]} "
+                        "ids "
+                        f"at {_where(origin, r)}; give one weight per id"
+                    )
+            weights = wflat.cast(pa.float32()).to_numpy(zero_copy_only=False)
+        return lengths, ids, weights
