@@ -17,10 +17,10 @@ from typing import cast
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from dlrm.config.choices import DenseSync, Device, EmbeddingOptimizer, Precision, ShardingType
+from dlrm.config.choices import DataSource, DenseSync, Device, EmbeddingOptimizer, Precision, ShardingType
 from dlrm.config.data import CriteoConfig, DataConfig, SyntheticConfig
 from dlrm.config.errors import ConfigError, _fail
-from dlrm.config.model import ModelConfig, TableConfig
+from dlrm.config.model import ModelConfig, TableConfig, TaskConfig
 from dlrm.config.optim import DenseOptimConfig, EmbeddingOptimConfig, OptimConfig, ScheduleConfig
 from dlrm.config.run import CheckpointConfig, RunConfig
 from dlrm.config.sharding import ShardingConfig
@@ -43,6 +43,7 @@ __all__ = [
     "ShardingConfig",
     "SyntheticConfig",
     "TableConfig",
+    "TaskConfig",
     "TopologyConfig",
     "TrainerConfig",
     "register_configs",
@@ -88,6 +89,13 @@ class Config:
         self.trainer.check()
         self.checkpoint.check()
         self.run.check()
+        if self.data.source == DataSource.criteo and len(self.model.tasks) > 1:
+            _fail(
+                "model.tasks",
+                [t.name for t in self.model.tasks],
+                "Criteo data has one label column: use one task with data.source=criteo, or data with a "
+                "label per task (data.source=synthetic makes one per task)",
+            )
         if self.trainer.target_auc is not None and self.data.eval_batches == 0:
             _fail(
                 "data.eval_batches",

@@ -71,10 +71,24 @@ def plan_lines(plan: list[dict], world_size: int, backend: str) -> list[str]:
 
 
 def eval_text(evaluation: dict) -> str:
+    """An evaluation's figures: auc, logloss, ne, calibration; per task ("<task>: ...; ...") for several."""
     if not evaluation:
         return "no eval data"
-    auc = evaluation.get("auc")
-    return f"auc {'n/a (one class)' if auc is None else f'{auc:.4f}'} logloss {evaluation['logloss']:.4f}"
+    tasks = [key.split("/", 1)[1] for key in evaluation if key.startswith("auc/")]
+    if not tasks:
+        return _figures_text(evaluation, "")
+    return "; ".join(f"{task}: {_figures_text(evaluation, f'/{task}')}" for task in tasks)
+
+
+def _figures_text(evaluation: dict, suffix: str) -> str:
+    def value(key: str, undefined: str) -> str:
+        v = evaluation.get(key + suffix)
+        return undefined if v is None else f"{v:.4f}"
+
+    return (
+        f"auc {value('auc', 'n/a (one class)')} logloss {value('logloss', 'n/a')} ne {value('ne', 'n/a (one class)')} "
+        f"calibration {value('calibration', 'n/a (no positives)')}"
+    )
 
 
 def end_lines(
