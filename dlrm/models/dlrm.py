@@ -104,6 +104,7 @@ class MultiTaskDLRMTrain(DLRMTrain):
         return loss, (loss.detach(), logits.detach(), batch.labels.detach())
 
 
+@torch.fx.wrap  # a leaf for torch.fx (TorchRec's pipeline traces the model): it checks shapes
 def task_loss(logits: torch.Tensor, labels: torch.Tensor, weights: list[float]) -> torch.Tensor:
     """sum_t weights[t] * mean_b BCE(logits[b, t], labels[b, t]): logits, labels [B, T] -> [] fp32."""
     if labels.shape != logits.shape:

@@ -113,7 +113,8 @@ def score_on_rank0(local: torch.Tensor, group: dist.ProcessGroup, tasks: list[st
         everything = torch.cat(parts, dim=2)
         for t in range(n_tasks):
             figures = task_metrics(everything[0, t], everything[1, t])
-            result[t] = torch.tensor([math.nan if figures[k] is None else figures[k] for k in METRICS])
+            values = [math.nan if figures[k] is None else figures[k] for k in METRICS]
+            result[t] = torch.tensor(values, dtype=torch.float64)
     dist.broadcast(result, group_src=0, group=group)
     per_task = {
         task: {k: None if math.isnan(v) else v for k, v in zip(METRICS, row, strict=True)}
