@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -222,8 +223,9 @@ def score(model: torch.nn.Module, batches: Iterator[Batch], tasks: int = 1) -> t
     """(logits [N] for one task, [N, T] for `tasks` T; labels [N]) of every batch, in order (float32).
     `model`: the exported DLRMTrain, whose network (`model.model`) gives the logits: no loss."""
     logits, labels = [torch.zeros(0, tasks)], [torch.zeros(0)]
+    net = cast(torch.nn.Module, model.model)
     for batch in batches:
-        logits.append(model.model(batch.dense_features, batch.sparse_features).float().reshape(-1, tasks))
+        logits.append(net(batch.dense_features, batch.sparse_features).float().reshape(-1, tasks))
         labels.append(batch.labels.float().reshape(-1))
     everything = torch.cat(logits)
     return (everything.squeeze(1) if tasks == 1 else everything), torch.cat(labels)

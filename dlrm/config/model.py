@@ -30,7 +30,8 @@ class TableConfig:
     and the planner uses it as the pooling factor. How the ids' rows combine is `pooling_type`."""
     pooling_type: PoolingType = PoolingType.sum
     """How a feature's ids' rows combine into one vector: sum or mean (TorchRec's PoolingType, which
-    the lookup kernels apply)."""
+    the lookup kernels apply). A mean-pooled table is never sharded row_wise, table_row_wise or
+    grid_shard (TorchRec's mean over a bag split by rows also divides the other tables' features)."""
     sharding: ShardingType | None = None
     """Pins this table's sharding type (below sharding.per_table, above sharding.strategy); None: the
     strategy decides."""

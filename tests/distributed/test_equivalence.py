@@ -24,14 +24,13 @@ COMPILED = {
         "model.dcn_low_rank_dim=4",
     ),
 }
-# Two tasks, and t_C4 (3 ids per sample) mean-pooled and row-wise sharded: each rank pools its rows'
-# part of the bag, TorchRec divides the reduce-scattered sums by the bag sizes.
+# Two tasks, and t_C4 (3 ids per sample) mean-pooled and column-wise sharded: each rank pools its columns.
 TASKS_MEAN = tiny(
     "sharding=table_wise",
     "model.tasks=[{name:click,weight:1.0},{name:like,weight:0.5}]",
     "model.top_mlp=[16,2]",
     "model.tables.3.pooling_type=mean",
-    "model.tables.3.sharding=row_wise",
+    "model.tables.3.sharding=column_wise",
 )
 DCN_DIMS = tiny(  # t_C2 of dim 4 among dim-8 tables: the cross net over the concatenation
     "sharding=table_wise",
@@ -42,7 +41,7 @@ DCN_DIMS = tiny(  # t_C2 of dim 4 among dim-8 tables: the cross net over the con
 )
 
 PAIR.add("fp32/table_wise", train_and_report, FP32)
-PAIR.add("tasks2/mean_row_wise", train_and_report, TASKS_MEAN)
+PAIR.add("tasks2/mean_column_wise", train_and_report, TASKS_MEAN)
 PAIR.add("dcn/unequal_dims", train_and_report, DCN_DIMS)
 for _sharding in SHARDINGS[1:]:
     PAIR.add(f"fp32/{_sharding}", train_and_report, tiny(f"sharding={_sharding}"))
@@ -70,9 +69,9 @@ def test_two_ranks_equal_one_process(sharding):
 
 
 @pytest.mark.slow
-def test_two_tasks_and_a_mean_pooled_row_wise_table_equal_one_process():
-    results = PAIR["tasks2/mean_row_wise"]
-    assert {row["table"]: row["sharding_type"] for row in results[0]["plan"]}["t_C4"] == "row_wise"
+def test_two_tasks_and_a_mean_pooled_sharded_table_equal_one_process():
+    results = PAIR["tasks2/mean_column_wise"]
+    assert {row["table"]: row["sharding_type"] for row in results[0]["plan"]}["t_C4"] == "column_wise"
     matches(results, TASKS_MEAN)
     summary = results[0]["summary"]
     for task in ("click", "like"):

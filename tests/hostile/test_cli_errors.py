@@ -77,6 +77,10 @@ CASES = {
         ["model=tiny", "model.tasks=[{name:click},{name:like}]", "model.top_mlp=[16,2]", "data.source=criteo"],
         ["'model.tasks' = ['click', 'like']", "one label column"],
     ),
+    "mean pooling split by rows": (
+        ["model=tiny", "model.tables.3.pooling_type=mean", "sharding=row_wise"],
+        ["'model.tables[3].pooling_type' = 'mean'", "t_C4 is sharded row_wise", "+sharding.per_table.t_C4=table_wise"],
+    ),
     "adam on cpu": (
         ["optim=adam"],
         ["'optim.embedding.name' = 'adam'", "optim=rowwise_adagrad", "sharding=data_parallel"],

@@ -214,3 +214,14 @@ def test_dcn_over_tables_of_different_dims_trains():
     assert model.model.inter_arch.crossnet.W_kernels[0].shape[0] == 8 + 8 + 4 + 8 + 8 + 8
     losses, _ = train_unsharded(cfg)
     assert all(math.isfinite(v) for v in losses) and np.mean(losses[-4:]) < np.mean(losses[:4])
+
+
+def test_the_planner_never_splits_a_mean_pooled_table_by_rows():
+    """TorchRec's row-split mean divides the other tables' features too: the planner is kept off those types."""
+    from dlrm.distributed.sharding import constraints
+
+    c = constraints(_config("model.tables.3.pooling_type=mean", "sharding=auto"), world_size=2)
+    allowed = c["t_C4"].sharding_types
+    assert allowed is not None and "table_wise" in allowed and "column_wise" in allowed
+    assert not {"row_wise", "table_row_wise", "grid_shard"} & set(allowed)
+    assert c["t_C1"].sharding_types is None  # sum-pooled: the planner chooses freely
