@@ -27,7 +27,8 @@ def config_lines(
     return [
         f"model: {len(tables)} tables, {rows:,} rows, dim {'/'.join(map(str, dims))} ({emb / 1e6:,.1f}M embedding "
         f"params); bottom {'-'.join(map(str, [m.dense_in_features, *m.bottom_mlp]))}, top "
-        f"{'-'.join(map(str, m.top_mlp))}, interaction {m.interaction} ({dense_params / 1e6:,.2f}M dense params)",
+        f"{'-'.join(map(str, m.top_mlp))}, interaction {m.interaction} ({dense_params / 1e6:,.2f}M dense params)"
+        + (f"; tasks {', '.join(f'{t.name} (weight {t.weight:g})' for t in m.tasks)}" if len(m.tasks) > 1 else ""),
         f"data: {cfg.data.source}, global batch {batch:,} ({batch // (nodes * ranks_per_node):,} per rank), "
         f"{total_steps} steps, {_eval_text(eval_batches, cfg.data.eval_batches)}",
         f"optim: embedding {o.embedding.name} lr {o.embedding.lr:g} (fused into backward), "
