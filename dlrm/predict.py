@@ -10,8 +10,10 @@ One process, no torchrun. MODEL is a file written by `python -m dlrm.export`. DA
   `--table-sizes` (ids hashed `int(hex, 16) % size`, as preprocessing does).
 `--max-rows N` keeps the first N selected rows: the trainer's eval covers
 `data.eval_batches * data.global_batch_size` rows (the last partial batch is dropped).
-Writes the click probabilities, float32 [N] in row order, to `--out` (atomically); prints AUC and log
-loss when the rows have labels (AUC is missing when they hold one class).
+Writes the click probabilities, float32 [N] in row order ([N, T] for a model of T tasks, one column
+per task of model.tasks), to `--out` (atomically); prints AUC and log loss when the rows have labels
+and the model one task (AUC is missing when they hold one class; Criteo rows have one label, so a
+model of several tasks gets its scores only).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -216,14 +219,16 @@ def tsv_batches(
 
 # ---------------------------------------------------------------- scoring
 @torch.inference_mode()
-def score(model: torch.nn.Module, batches: Iterator[Batch]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits [N], labels [N]) of every batch, in order (float32)."""
-    logits, labels = [torch.zeros(0)], [torch.zeros(0)]
+def score(model: torch.nn.Module, batches: Iterator[Batch], tasks: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits [N] for one task, [N, T] for `tasks` T; labels [N]) of every batch, in order (float32).
+    `model`: the exported DLRMTrain, whose network (`model.model`) gives the logits: no loss."""
+    logits, labels = [torch.zeros(0, tasks)], [torch.zeros(0)]
+    net = cast(torch.nn.Module, model.model)
     for batch in batches:
-        _, (_, batch_logits, batch_labels) = model(batch)
-        logits.append(batch_logits.float().reshape(-1))
-        labels.append(batch_labels.float().reshape(-1))
-    return torch.cat(logits), torch.cat(labels)
+        logits.append(net(batch.dense_features, batch.sparse_features).float().reshape(-1, tasks))
+        labels.append(batch.labels.float().reshape(-1))
+    everything = torch.cat(logits)
+    return (everything.squeeze(1) if tasks == 1 else everything), torch.cat(labels)
 
 
 def save_atomic(path: Path, scores: np.ndarray) -> None:
@@ -357,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             quantize_embeddings(model, dtype=QUANTIZE[a.quantize], inplace=True)
         t0 = time.perf_counter()
-        logits, labels = score(model.eval(), batches)
+        logits, labels = score(model.eval(), batches, len(cfg.tasks))
         seconds = time.perf_counter() - t0
         scores = torch.sigmoid(logits).numpy().astype(np.float32)
         if not len(scores):
@@ -373,7 +378,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if counts.get("skipped"):
         line += f", {counts['skipped']:,} bad lines skipped"
     print(line + (f"; wrote {a.out}" if a.out else ""))
-    if counts["labeled"] and n:
+    if counts["labeled"] and n and len(cfg.tasks) > 1:
+        print(f"no auc: the rows have one label, the model {len(cfg.tasks)} tasks; the scores have a column each")
+    elif counts["labeled"] and n:
         auc, logloss = auc_and_logloss(logits, labels)
         print(f"auc {'n/a (one class)' if auc is None else f'{auc:.6f}'} logloss {logloss:.6f}")
     return 0

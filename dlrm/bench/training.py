@@ -111,7 +111,7 @@ def source_speed(source, rank: int, world_size: int, batches: int = 3) -> float:
     for _ in range(batches):
         next(it)
     sync()
-    return batches * first.labels.numel() / (time.perf_counter() - start)
+    return batches * first.labels.shape[0] / (time.perf_counter() - start)
 
 
 def source_only(args: argparse.Namespace, cfg: Config) -> dict:

@@ -17,10 +17,10 @@ from typing import cast
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from dlrm.config.choices import DataSource, DenseSync, Device, EmbeddingOptimizer, Precision, ShardingType
+from dlrm.config.choices import DataSource, DenseSync, Device, EmbeddingOptimizer, PoolingType, Precision, ShardingType
 from dlrm.config.data import CriteoConfig, DataConfig, ParquetConfig, SparseColumnConfig, SyntheticConfig
 from dlrm.config.errors import ConfigError, _fail
-from dlrm.config.model import ModelConfig, TableConfig
+from dlrm.config.model import ModelConfig, TableConfig, TaskConfig
 from dlrm.config.optim import DenseOptimConfig, EmbeddingOptimConfig, OptimConfig, ScheduleConfig
 from dlrm.config.run import CheckpointConfig, RunConfig
 from dlrm.config.sharding import ShardingConfig
@@ -28,6 +28,7 @@ from dlrm.config.topology import LinkConfig, TopologyConfig
 from dlrm.config.trainer import TrainerConfig
 
 __all__ = [
+    "ROW_SPLIT",
     "CheckpointConfig",
     "Config",
     "ConfigError",
@@ -45,6 +46,7 @@ __all__ = [
     "SparseColumnConfig",
     "SyntheticConfig",
     "TableConfig",
+    "TaskConfig",
     "TopologyConfig",
     "TrainerConfig",
     "register_configs",
@@ -52,6 +54,12 @@ __all__ = [
     "validate",
     "validate_world",
 ]
+
+
+# Shardings that split a table's rows across ranks: TorchRec pools a mean table's bag there with a
+# division of the whole collection's output (its ShardedEmbeddingBagCollection's mean-pooling callback),
+# which also divides the features of tables sharded otherwise by their bag sizes.
+ROW_SPLIT = (ShardingType.row_wise, ShardingType.table_row_wise, ShardingType.grid_shard)
 
 
 @dataclass
@@ -90,6 +98,23 @@ class Config:
         self.trainer.check()
         self.checkpoint.check()
         self.run.check()
+        if self.data.source == DataSource.criteo and len(self.model.tasks) > 1:
+            _fail(
+                "model.tasks",
+                [t.name for t in self.model.tasks],
+                "Criteo data has one label column: use one task with data.source=criteo, or data with a "
+                "label per task (data.source=synthetic makes one per task)",
+            )
+        for i, t in enumerate(self.model.tables):
+            if t.pooling_type == PoolingType.mean and self.sharding.pinned(t) in ROW_SPLIT:
+                _fail(
+                    f"model.tables[{i}].pooling_type",
+                    "mean",
+                    f"table {t.name} is sharded {self.sharding.pinned(t)}, and TorchRec's mean over a bag split by "
+                    "rows divides every other multi-id feature of the model too; shard it table_wise, column_wise, "
+                    f"table_column_wise or data_parallel (+sharding.per_table.{t.name}=table_wise), or use "
+                    "pooling_type=sum",
+                )
         if self.trainer.target_auc is not None and self.data.eval_batches == 0:
             _fail(
                 "data.eval_batches",

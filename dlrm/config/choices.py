@@ -22,6 +22,8 @@ ShardingStrategy = StrEnum(
 # cache of rows in HBM), fused_uvm (host memory, read over UVM). Data-parallel tables use `dense`.
 ComputeKernel = StrEnum("ComputeKernel", "auto fused fused_uvm_caching fused_uvm")
 Interaction = StrEnum("Interaction", "dot dcn")
+# How a bag of ids becomes one vector: TorchRec's PoolingType (sum or mean of the rows).
+PoolingType = StrEnum("PoolingType", "sum mean")
 EmbeddingOptimizer = StrEnum("EmbeddingOptimizer", "rowwise_adagrad adagrad sgd adam")
 DenseOptimizer = StrEnum("DenseOptimizer", "sgd adagrad adam")
 Device = StrEnum("Device", "cpu cuda")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from dlrm.config.choices import Interaction, Precision, ShardingType
+from dlrm.config.choices import Interaction, PoolingType, Precision, ShardingType
 from dlrm.config.errors import _fail, _require_positive
 
 
@@ -19,13 +20,18 @@ class TableConfig:
     rows: int = MISSING
     """Rows of the table: its features' ids lie in [0, rows)."""
     dim: int = MISSING
-    """Embedding dimension, a multiple of 4 (fbgemm's kernels); the same for every table, and equal to
-    the last size of model.bottom_mlp, since the interaction combines them."""
+    """Embedding dimension, a multiple of 4 (fbgemm's kernels). With interaction=dot the same for every
+    table and equal to the last size of model.bottom_mlp (dot products need one width); with dcn any
+    (the cross net's input is the concatenation of the bottom MLP's output and every feature's vector)."""
     features: list[str] = MISSING
     """The sparse features looked up in this table (a feature in one table only)."""
     pooling: int = 1
-    """Ids per sample of each feature: the synthetic data draws that many, and the planner uses it as
-    the pooling factor."""
+    """Ids per sample of each feature (the pooling factor, a count): the synthetic data draws that many,
+    and the planner uses it as the pooling factor. How the ids' rows combine is `pooling_type`."""
+    pooling_type: PoolingType = PoolingType.sum
+    """How a feature's ids' rows combine into one vector: sum or mean (TorchRec's PoolingType, which
+    the lookup kernels apply). A mean-pooled table is never sharded row_wise, table_row_wise or
+    grid_shard (TorchRec's mean over a bag split by rows also divides the other tables' features)."""
     sharding: ShardingType | None = None
     """Pins this table's sharding type (below sharding.per_table, above sharding.strategy); None: the
     strategy decides."""
@@ -46,9 +52,28 @@ class TableConfig:
             _fail(f"{key}.features", list(self.features), "list the sparse features this table serves")
 
 
+TASK_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a task's name is part of metric keys and TensorBoard tags
+
+
+@dataclass
+class TaskConfig:
+    """One binary label predicted by the model: its logit, and its weight in the loss."""
+
+    name: str = MISSING
+    """The task's name (letters, digits, `_`, `.`, `-`): its metric keys (eval_auc/<name>, ...) and, with
+    several tasks, the label it names."""
+    weight: float = 1.0
+    """Its weight in the loss: loss = sum over tasks of weight * mean binary cross-entropy."""
+
+    def check(self, key: str) -> None:
+        if not TASK_NAME.fullmatch(self.name or ""):
+            _fail(f"{key}.name", self.name, "name the task with letters, digits, '_', '.' or '-'")
+        _require_positive(f"{key}.weight", self.weight)
+
+
 @dataclass
 class ModelConfig:
-    """DLRM: bottom MLP over dense features, embedding tables, interaction, top MLP -> 1 logit."""
+    """DLRM: bottom MLP over dense features, embedding tables, interaction, top MLP -> one logit per task."""
 
     interaction: Interaction = Interaction.dot
     """How the bottom MLP's output and the pooled embeddings are combined: dot (pairwise dot products)
@@ -56,9 +81,15 @@ class ModelConfig:
     dense_in_features: int = 13
     """Dense features per sample (Criteo has 13): the bottom MLP's input width."""
     bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])
-    """Layer sizes of the MLP over the dense features; the last equals the embedding dim."""
+    """Layer sizes of the MLP over the dense features; with interaction=dot the last equals the embedding
+    dim (with dcn any)."""
     top_mlp: list[int] = field(default_factory=lambda: [64, 32, 1])
-    """Layer sizes of the MLP over the interaction's output; the last is 1 (one logit)."""
+    """Layer sizes of the MLP over the interaction's output; the last is the number of tasks (one logit
+    each: 1 for one task)."""
+    tasks: list[TaskConfig] = field(default_factory=lambda: [TaskConfig(name="label", weight=1.0)])
+    """The binary labels the model predicts, in the order of its logits and of the labels' columns
+    (one task: labels [B]; T tasks: labels [B, T]). The loss is the weighted sum of the tasks' mean
+    binary cross-entropies."""
     dcn_num_layers: int = 3
     """Cross layers of the DCN interaction (interaction=dcn only)."""
     dcn_low_rank_dim: int = 64
@@ -81,8 +112,21 @@ class ModelConfig:
                 _fail(f"{key}.{mlp}", list(sizes), "list at least one layer size")
             for i, size in enumerate(sizes):
                 _require_positive(f"{key}.{mlp}[{i}]", size)
-        if self.top_mlp[-1] != 1:
-            _fail(f"{key}.top_mlp", list(self.top_mlp), "the last layer must have size 1 (one logit)")
+        if not self.tasks:
+            _fail(f"{key}.tasks", [], "list at least one task, e.g. [{name: label, weight: 1.0}]")
+        task_names: set = set()
+        for i, task in enumerate(self.tasks):
+            task.check(f"{key}.tasks[{i}]")
+            if task.name in task_names:
+                _fail(f"{key}.tasks[{i}].name", task.name, "give each task a unique name")
+            task_names.add(task.name)
+        if self.top_mlp[-1] != len(self.tasks):
+            _fail(
+                f"{key}.top_mlp",
+                list(self.top_mlp),
+                f"the last layer must have size {len(self.tasks)}, one logit per task of model.tasks "
+                f"(use {[*self.top_mlp[:-1], len(self.tasks)]})",
+            )
         if self.interaction == Interaction.dcn:
             _require_positive(f"{key}.dcn_num_layers", self.dcn_num_layers)
             _require_positive(f"{key}.dcn_low_rank_dim", self.dcn_low_rank_dim)
@@ -99,9 +143,16 @@ class ModelConfig:
                 if f in features:
                     _fail(f"{key}.tables[{i}].features", f, "a feature may be looked up in one table only")
                 features.add(f)
+        if self.interaction == Interaction.dcn:
+            return  # the cross net takes the concatenation: any widths
         dims = {t.dim for t in self.tables}
         if len(dims) > 1:
-            _fail(f"{key}.tables[*].dim", sorted(dims), "DLRM interactions need one embedding dim for all tables")
+            _fail(
+                f"{key}.tables[*].dim",
+                sorted(dims),
+                "the dot interaction needs one embedding dim for all tables: give every table the same dim, "
+                "or use model.interaction=dcn, whose cross net takes tables of different dims",
+            )
         if self.bottom_mlp[-1] != self.tables[0].dim:
             _fail(
                 f"{key}.bottom_mlp",

@@ -78,4 +78,5 @@ def make_source(cfg: Config, device: torch.device | None = None) -> BatchSource:
         seed=cfg.seed,
         eval_batches=cfg.data.eval_batches,
         device=device if cfg.data.synthetic.on_device else None,
+        tasks=len(cfg.model.tasks),
     )

@@ -17,8 +17,9 @@ Per sample:
   CDF from a table per feature), the hot ranks scattered over the table by a multiplicative hash;
   a multi-hot feature (pooling P > 1) adds P - 1 ids (base + offset_j) mod rows, with offsets fixed
   by the seed: MLPerf DLRM-DCNv2's synthesis of multi-hot Criteo, as `dlrm.data.criteo.loader` does;
-- a label from a hidden logistic model of the dense features and the base ids, so AUC above 0.5 is
-  learnable.
+- a label per task (model.tasks) from a hidden logistic model of the dense features and the base
+  ids, so AUC above 0.5 is learnable; task 0's model is fixed, task t > 0's has its own phase of the
+  dense weights and salt of the id weights, drawn from (seed, t).
 Ids are int32 where every table fits (fbgemm takes int32 indices), lengths are fixed per feature, so
 the KJT's lengths, offsets and per-key sizes are constants made once per batch size: building a batch
 never synchronises with the device.
@@ -106,6 +107,8 @@ class SyntheticSource:
         seed: stream key; the same seed gives the same data everywhere.
         eval_batches: global batches in one pass over the eval split.
         device: where batches are made (the training device); the numbers are the same on any.
+        tasks: labels per sample: labels [B] for 1, [B, tasks] for more (one hidden model each); the
+            first task's labels are the same for any count.
     """
 
     def __init__(
@@ -119,8 +122,10 @@ class SyntheticSource:
         seed: int,
         eval_batches: int,
         device: torch.device | None = None,
+        tasks: int = 1,
     ) -> None:
         self.cfg = cfg
+        self.tasks = int(tasks)
         self.feature_names = list(feature_names)
         self.rows = [int(r) for r in table_rows]
         self.pooling = [int(p) for p in pooling]
@@ -135,7 +140,7 @@ class SyntheticSource:
         # Constants are made on the host and moved by blocking copies: complete before any CUDA
         # stream (the training pipeline's copy stream, where batches are made) reads them.
         f, d = len(self.rows), dense_features
-        self._draws = d + f + 1  # dense, one base id per feature, the label's noise
+        self._draws = d + f + self.tasks  # dense, one base id per feature, each label's noise
         keys = [_key(seed, i) for i in range(4)]
         self._keys = keys
         # Per draw column k: an odd multiplier and a key (the draw is mix32((a + m_k * b) ^ c_k)).
@@ -146,16 +151,21 @@ class SyntheticSource:
         p = _knot_probabilities()
         normal = np.array([statistics.NormalDist().inv_cdf(q) for q in p])
         logistic = np.log(p / (1.0 - p))
-        tables = [normal] * d + [_zipf_quantiles(cfg.zipf_alpha, r, p) for r in self.rows] + [logistic]
+        tables = [normal] * d + [_zipf_quantiles(cfg.zipf_alpha, r, p) for r in self.rows] + [logistic] * self.tasks
         table = np.stack(tables)  # [K, 4097]
         self._cdf_base = torch.tensor(table[:, :-1].reshape(-1), dtype=torch.float64, device=dev)
         self._cdf_step = torch.tensor(np.diff(table, axis=1).reshape(-1), dtype=torch.float64, device=dev)
         self._cdf_row = (torch.arange(self._draws)[:, None] << _KNOT_BITS).to(dev)  # [K, 1]
         self._max_rank = torch.tensor([[r - 1.0] for r in self.rows], dtype=torch.float64, device=dev)  # max rank
         self._rows_i64 = torch.tensor([[r] for r in self.rows], dtype=torch.int64, device=dev)  # [F, 1]
-        # Hidden model: fixed dense weights; the weight of (feature f, id) comes from a hash of both.
-        self._dense_w = [math.cos(i * 2.399963) / math.sqrt(d / 2) for i in range(d)]
-        self._feature_salt = torch.tensor([[f_ * 7919 + 1] for f_ in range(f)], device=dev)
+        # Hidden model per task: fixed dense weights; the weight of (feature f, id) comes from a hash of
+        # both. Task t > 0 shifts the weights' phase and salts the hash by a key of (seed, t).
+        task_keys = [0] + [_key(seed, 4 + t) for t in range(1, self.tasks)]
+        phases = [k * 2.0**-32 * 2.0 * math.pi for k in task_keys]
+        self._dense_w = [[math.cos(i * 2.399963 + ph) / math.sqrt(d / 2) for i in range(d)] for ph in phases]
+        self._feature_salt = [
+            torch.tensor([[(f_ * 7919 + 1 + k) & 0xFFFFF] for f_ in range(f)], device=dev) for k in task_keys
+        ]
         # Multi-hot offsets: feature f's id j is (base + offsets[f][j]) mod rows, offsets[f][0] = 0.
         self.offsets = [
             [0] + [1 + mix32((mix32(fi ^ keys[1]) + j) & _M32) % (r - 1) if r > 1 else 0 for j in range(1, p_)]
@@ -178,7 +188,8 @@ class SyntheticSource:
             step += 1
 
     def samples(self, split: str, first: int, count: int) -> Batch:
-        """Samples first .. first+count-1 of a split as a Batch (dense [B, 13], KJT, labels [B]) on `device`."""
+        """Samples first .. first+count-1 of a split as a Batch (dense [B, 13], KJT, labels [B] or
+        [B, tasks]) on `device`."""
         if split not in ("train", "eval"):
             raise ValueError(f"unknown split {split!r}: use 'train' or 'eval'")
         offset = self.cfg.eval_offset if split == "eval" else 0
@@ -190,7 +201,9 @@ class SyntheticSource:
         dense = values[:d]
         ranks = torch.minimum(values[d : d + f].floor_() - 1.0, self._max_rank).clamp_(min=0.0).long()
         base = self._scatter(ranks)  # int64 [F, B]
-        labels = (values[-1] < self._hidden_logit(dense, base)).float()
+        noise = values[d + f :]  # [tasks, B]
+        labels = torch.stack([(noise[t] < self._hidden_logit(dense, base, t)).float() for t in range(self.tasks)])
+        labels = labels[0] if self.tasks == 1 else labels.t().contiguous()
         return Batch(
             dense_features=dense.t().float().contiguous(),
             sparse_features=self._layout(count).kjt(base),
@@ -223,18 +236,19 @@ class SyntheticSource:
         ids += ranks * _HASH_LO + 12345
         return torch.remainder(ids, rows)
 
-    def _hidden_logit(self, dense: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-        """The labels' true logit [B]: a dense linear term plus a weight in [-1, 1) per (feature, base id).
+    def _hidden_logit(self, dense: torch.Tensor, base: torch.Tensor, task: int = 0) -> torch.Tensor:
+        """Task `task`'s true logit [B]: a dense linear term plus a weight in [-1, 1) per (feature, base id).
 
         Summed in a fixed order (integers exactly, floats row by row), never by a float reduction
         whose order could depend on the batch size or the device.
         """
         f = base.shape[0]
-        h = ((base & 0xFFFFF) * (_HASH & 0xFFFFF) + self._feature_salt) & 0xFFFFF  # [F, B] in [0, 2**20)
+        h = ((base & 0xFFFFF) * (_HASH & 0xFFFFF) + self._feature_salt[task]) & 0xFFFFF  # [F, B] in [0, 2**20)
         sparse = (h.sum(dim=0).double() * 2.0**-19 - f) / math.sqrt(f / 3.0)  # unit variance
-        linear = dense[0] * self._dense_w[0]
+        w = self._dense_w[task]
+        linear = dense[0] * w[0]
         for i in range(1, dense.shape[0]):
-            linear += dense[i] * self._dense_w[i]
+            linear += dense[i] * w[i]
         return self.cfg.signal * (sparse + 0.5 * linear) - 1.0
 
     def _layout(self, count: int) -> MultiHotLayout:

@@ -26,7 +26,8 @@ from torchrec.distributed.types import (
     ShardingPlan,
 )
 
-from dlrm.config import Config, ModelConfig, ShardingConfig
+from dlrm.config import ROW_SPLIT, Config, ModelConfig, ShardingConfig, TableConfig
+from dlrm.config.choices import ShardingType
 from dlrm.distributed.capacity import planner_refusal
 from dlrm.distributed.plan_records import Shard, TablePlan
 
@@ -98,13 +99,21 @@ def constraints(cfg: Config, world_size: int) -> dict[str, ParameterConstraints]
     )
     return {
         t.name: ParameterConstraints(
-            sharding_types=[str(kind)] if (kind := pinned[t.name]) else single,
+            sharding_types=[str(kind)] if (kind := pinned[t.name]) else single or _unsplit(t),
             compute_kernels=None if kind == "data_parallel" else kernel,  # replicated tables: the dense kernel
             pooling_factors=[float(t.pooling)] * len(t.features),
             cache_params=cache,
         )
         for t in cfg.model.tables
     }
+
+
+def _unsplit(table: TableConfig) -> list[str] | None:
+    """The types the planner may give a mean-pooled table (None: any): none that splits its rows (see
+    dlrm.config.ROW_SPLIT)."""
+    if table.pooling_type != "mean":
+        return None
+    return [str(kind) for kind in ShardingType if kind not in ROW_SPLIT]
 
 
 def make_planner(cfg: Config, topology: Topology, proposer: Proposer | None = None) -> EmbeddingShardingPlanner:

@@ -2,7 +2,7 @@
 
 No process group is touched here: `dlrm.distributed.sharding` distributes the model, then `initialize`
 fills every local piece of every parameter with the values the unsharded model would have.
-Notation: B = batch, F = sparse features, D = embedding dim.
+Notation: B = batch, F = sparse features, D = embedding dim, T = tasks (model.tasks: one logit each).
 """
 
 from __future__ import annotations
@@ -13,10 +13,22 @@ import math
 from typing import Any, cast
 
 import torch
+import torch.nn.functional as F
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
-from torchrec.models.dlrm import DLRM, DLRM_DCN, DLRMTrain, InteractionArch, SparseArch
-from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, data_type_to_dtype
+from torchrec.datasets.utils import Batch
+from torchrec.models.dlrm import (
+    DLRM,
+    DLRM_DCN,
+    DenseArch,
+    DLRMTrain,
+    InteractionArch,
+    InteractionDCNArch,
+    OverArch,
+    SparseArch,
+)
+from torchrec.modules.crossnet import LowRankCrossNet
+from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType, data_type_to_dtype
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
@@ -31,6 +43,8 @@ META = torch.device("meta")  # where models are built: no memory until sharded o
 
 # model.embedding_precision -> TorchRec's table data type (fbgemm's weights_precision when sharded).
 DATA_TYPES = {"fp32": DataType.FP32, "fp16": DataType.FP16, "bf16": DataType.BF16}
+# model.tables[*].pooling_type -> TorchRec's pooling of a bag (fbgemm's pooling mode when sharded).
+POOLING_TYPES = {"sum": PoolingType.SUM, "mean": PoolingType.MEAN}
 
 
 def embedding_dtype(cfg: ModelConfig) -> torch.dtype:
@@ -47,20 +61,61 @@ def embedding_configs(cfg: ModelConfig) -> list[EmbeddingBagConfig]:
             num_embeddings=t.rows,
             feature_names=list(t.features),
             data_type=DATA_TYPES[cfg.embedding_precision],
+            pooling=POOLING_TYPES[t.pooling_type],
         )
         for t in cfg.tables
     ]
 
 
-def build_model(cfg: ModelConfig, device: torch.device = META) -> DLRMTrain:
-    """DLRM (dot interaction) or DLRM-DCN wrapped with BCE-with-logits loss.
+def build_model(cfg: ModelConfig, device: torch.device = META) -> MultiTaskDLRMTrain:
+    """DLRM (dot interaction) or DLRM-DCN wrapped with the tasks' weighted BCE-with-logits loss.
 
-    forward(batch) -> (loss [], (loss [], logits [B], labels [B])). Tables and MLPs are built on
-    `device` (meta by default: no memory until sharding materialises the local pieces). TorchRec
-    builds the interaction (its index buffer, the DCN cross net) on CPU, whatever `device` is:
-    a meta index buffer would be materialised uninitialised.
+    forward(batch) -> (loss [], (loss [], logits, labels)): logits and labels [B] for one task, [B, T]
+    for T (see `MultiTaskDLRMTrain`). Tables and MLPs are built on `device` (meta by default: no
+    memory until sharding materialises the local pieces). TorchRec builds the interaction (its index
+    buffer, the DCN cross net) on CPU, whatever `device` is: a meta index buffer would be
+    materialised uninitialised.
     """
-    return DLRMTrain(_build_net(cfg, device))
+    return MultiTaskDLRMTrain(_build_net(cfg, device), [task.weight for task in cfg.tasks])
+
+
+class MultiTaskDLRMTrain(DLRMTrain):
+    """TorchRec's DLRMTrain with T tasks: the network's T logits, loss = sum_t weight_t * BCE_t, each
+    BCE_t the mean over the batch of task t's binary cross-entropy with logits.
+
+    forward(batch) -> (loss [], (loss [] detached, logits, labels)). One task: logits and labels [B],
+    and with weight 1 exactly TorchRec's DLRMTrain; T > 1 tasks: logits and labels [B, T].
+    """
+
+    def __init__(self, dlrm_module: DLRM, weights: list[float]) -> None:
+        super().__init__(dlrm_module)
+        self.weights = [float(w) for w in weights]
+
+    def forward(self, batch: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        logits = self.model(batch.dense_features, batch.sparse_features)
+        labels = batch.labels.float()
+        if len(self.weights) == 1:
+            logits = logits.squeeze(-1)
+            loss = self.loss_fn(logits, labels)
+            if self.weights[0] != 1.0:
+                loss = loss * self.weights[0]
+        else:
+            loss = task_loss(logits, labels, self.weights)
+        return loss, (loss.detach(), logits.detach(), batch.labels.detach())
+
+
+@torch.fx.wrap  # a leaf for torch.fx (TorchRec's pipeline traces the model): it checks shapes
+def task_loss(logits: torch.Tensor, labels: torch.Tensor, weights: list[float]) -> torch.Tensor:
+    """sum_t weights[t] * mean_b BCE(logits[b, t], labels[b, t]): logits, labels [B, T] -> [] fp32."""
+    if labels.shape != logits.shape:
+        raise ValueError(
+            f"labels {tuple(labels.shape)} do not match the {len(weights)} tasks' logits {tuple(logits.shape)}"
+        )
+    per_task = F.binary_cross_entropy_with_logits(logits.float(), labels, reduction="none").mean(0)  # [T]
+    loss = per_task[0] * weights[0]
+    for t in range(1, len(weights)):
+        loss = loss + per_task[t] * weights[t]
+    return loss
 
 
 def compile_dense(model: DLRMTrain) -> None:
@@ -84,7 +139,9 @@ def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:
         over_arch_layer_sizes=list(cfg.top_mlp),
         dense_device=device,
     )
-    if cfg.interaction == "dcn":
+    if cfg.interaction == "dcn" and any(t.dim != cfg.bottom_mlp[-1] for t in cfg.tables):
+        net = _concat_dcn(cfg, ebc, device)
+    elif cfg.interaction == "dcn":
         net = LookupFirstDLRM_DCN(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim, **common)
     else:
         net = LookupFirstDLRM(**common)
@@ -94,6 +151,35 @@ def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:
     top = cast(torch.nn.Sequential, net.over_arch.model)  # TorchRec's: the ReLU MLP, then the last Linear
     top[0] = relu_mlp_like(top[0], device)
     return net
+
+
+def _concat_dcn(cfg: ModelConfig, ebc: EmbeddingBagCollection, device: torch.device) -> LookupFirstDLRM_DCN:
+    """DLRM-DCN whose widths differ (tables of several dims, or a bottom MLP of another width): TorchRec's
+    modules and state-dict keys, the cross net and the top MLP over the concatenation of the bottom
+    MLP's output and every feature's pooled vector (`ConcatDCNInteraction`), as TorchRec's DLRM_DCN is
+    for equal widths; built without TorchRec's DLRM constructor, which asserts one dim."""
+    width = cfg.bottom_mlp[-1] + sum(t.dim * len(t.features) for t in cfg.tables)
+    net = LookupFirstDLRM_DCN.__new__(LookupFirstDLRM_DCN)
+    torch.nn.Module.__init__(net)
+    net._cuda_graph_enabled = False
+    net.sparse_arch = PooledSparseArch(ebc)
+    net.dense_arch = DenseArch(in_features=cfg.dense_in_features, layer_sizes=list(cfg.bottom_mlp), device=device)
+    crossnet = LowRankCrossNet(in_features=width, num_layers=cfg.dcn_num_layers, low_rank=cfg.dcn_low_rank_dim)
+    features = len(net.sparse_arch.sparse_feature_names)
+    net.inter_arch = ConcatDCNInteraction(num_sparse_features=features, crossnet=crossnet)
+    net.over_arch = OverArch(in_features=width, layer_sizes=list(cfg.top_mlp), device=device)
+    return net
+
+
+class ConcatDCNInteraction(InteractionDCNArch):
+    """TorchRec's DCN interaction over features of any widths: forward(dense [B, Dd], sparse
+    [B, sum of the features' dims]) -> crossnet([dense, sparse]) [B, Dd + sum]. For equal widths the
+    same as InteractionDCNArch of dense and sparse viewed [B, F, D]."""
+
+    def forward(self, dense_features: torch.Tensor, sparse_features: torch.Tensor) -> torch.Tensor:
+        if self.F <= 0:
+            return dense_features
+        return self.crossnet(torch.cat((dense_features, sparse_features), dim=1))
 
 
 def relu_mlp_like(mlp: torch.nn.Module, device: torch.device) -> ReLUMLP:
@@ -131,6 +217,16 @@ def pooled_by_key(pooled: KeyedTensor, names: list[str], dim: int) -> tuple[torc
     return pooled_in_order(pooled, names, dim), None
 
 
+@torch.fx.wrap  # a leaf for torch.fx, as pooled_in_order
+def pooled_concat(pooled: KeyedTensor, names: list[str]) -> torch.Tensor:
+    """The pooled embeddings of `names` side by side, [B, sum of their widths] (features of any widths):
+    the collection's values when the keys come in that order, else TorchRec's split and concatenation."""
+    if pooled.keys() == names:
+        return pooled.values()
+    per_feature = pooled.to_dict()
+    return torch.cat([per_feature[name] for name in names], dim=1)
+
+
 @functools.lru_cache(maxsize=64)
 def _positions(keys: tuple[str, ...], names: tuple[str, ...], device: torch.device) -> torch.Tensor:
     """[F] int64: the position in `keys` of each of `names`."""
@@ -152,7 +248,7 @@ def lookup_first_forward(net: DLRM, dense_features: torch.Tensor, sparse_feature
     A sharded collection returns an awaitable whose alltoall is in flight while the bottom MLP
     computes. In the backward pass autograd (latest forward op first) then issues the gradients'
     alltoall before the bottom MLP's backward and waits for it after. Same operations, same result.
-    dense [B, dense_in], sparse KJT -> logits [B, 1].
+    dense [B, dense_in], sparse KJT -> logits [B, T].
     """
     sparse = net.sparse_arch
     pooled = sparse.embedding_bag_collection(sparse_features)
@@ -160,6 +256,9 @@ def lookup_first_forward(net: DLRM, dense_features: torch.Tensor, sparse_feature
     if isinstance(net.inter_arch, DotInteraction):  # takes the features in the collection's order
         by_key = pooled_by_key(pooled, sparse.sparse_feature_names, sparse.D)
         interaction = net.inter_arch(embedded_dense, by_key[0], by_key[1])
+    elif isinstance(net.inter_arch, ConcatDCNInteraction):  # features of several widths, side by side
+        embedded_sparse = pooled_concat(pooled, sparse.sparse_feature_names)
+        interaction = net.inter_arch(dense_features=embedded_dense, sparse_features=embedded_sparse)
     else:
         embedded_sparse = pooled_in_order(pooled, sparse.sparse_feature_names, sparse.D)
         interaction = net.inter_arch(dense_features=embedded_dense, sparse_features=embedded_sparse)

@@ -27,7 +27,8 @@ def config_lines(
     return [
         f"model: {len(tables)} tables, {rows:,} rows, dim {'/'.join(map(str, dims))} ({emb / 1e6:,.1f}M embedding "
         f"params); bottom {'-'.join(map(str, [m.dense_in_features, *m.bottom_mlp]))}, top "
-        f"{'-'.join(map(str, m.top_mlp))}, interaction {m.interaction} ({dense_params / 1e6:,.2f}M dense params)",
+        f"{'-'.join(map(str, m.top_mlp))}, interaction {m.interaction} ({dense_params / 1e6:,.2f}M dense params)"
+        + (f"; tasks {', '.join(f'{t.name} (weight {t.weight:g})' for t in m.tasks)}" if len(m.tasks) > 1 else ""),
         f"data: {cfg.data.source}, global batch {batch:,} ({batch // (nodes * ranks_per_node):,} per rank), "
         f"{total_steps} steps, {_eval_text(eval_batches, cfg.data.eval_batches)}",
         f"optim: embedding {o.embedding.name} lr {o.embedding.lr:g} (fused into backward), "
@@ -71,10 +72,24 @@ def plan_lines(plan: list[dict], world_size: int, backend: str) -> list[str]:
 
 
 def eval_text(evaluation: dict) -> str:
+    """An evaluation's figures: auc, logloss, ne, calibration; per task ("<task>: ...; ...") for several."""
     if not evaluation:
         return "no eval data"
-    auc = evaluation.get("auc")
-    return f"auc {'n/a (one class)' if auc is None else f'{auc:.4f}'} logloss {evaluation['logloss']:.4f}"
+    tasks = [key.split("/", 1)[1] for key in evaluation if key.startswith("auc/")]
+    if not tasks:
+        return _figures_text(evaluation, "")
+    return "; ".join(f"{task}: {_figures_text(evaluation, f'/{task}')}" for task in tasks)
+
+
+def _figures_text(evaluation: dict, suffix: str) -> str:
+    def value(key: str, undefined: str) -> str:
+        v = evaluation.get(key + suffix)
+        return undefined if v is None else f"{v:.4f}"
+
+    return (
+        f"auc {value('auc', 'n/a (one class)')} logloss {value('logloss', 'n/a')} ne {value('ne', 'n/a (one class)')} "
+        f"calibration {value('calibration', 'n/a (no positives)')}"
+    )
 
 
 def end_lines(

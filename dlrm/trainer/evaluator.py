@@ -1,4 +1,5 @@
-"""Evaluation: AUC and log loss over the eval split at its cadence, and the stop at a target AUC."""
+"""Evaluation: AUC, log loss, NE and calibration per task over the eval split at its cadence, and the
+stop at a target AUC."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ class Evaluator:
         cfg: the run's config (data.eval_batches, trainer.eval_every_steps, trainer.target_auc).
         batches: (split, start_step, count) -> this rank's batches (the trainer's, so an injected
             source is used); `num_batches` the eval split's size (None: unbounded).
-        forward: batch -> (loss, (loss, logits [B], labels [B])), as the training step's.
+        forward: batch -> (loss, (loss, logits, labels)), as the training step's: logits and labels
+            [B] for one task, [B, T] for T.
         model: -> the module whose train/eval mode is switched around the evaluation.
         device, pg: where the scores are computed, and the training process group.
     """
@@ -48,8 +50,8 @@ class Evaluator:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """AUC and log loss over the eval split ({} if there is none): every rank scores its slice,
-        rank 0 computes the figures on the training device (`score_on_rank0`), every rank returns them."""
+        """The figures of `score_on_rank0` over the eval split ({} if there is none): every rank scores
+        its slice, rank 0 computes them on the training device, every rank returns them."""
         n = self.batch_count()
         if not n:
             return {}
@@ -58,14 +60,16 @@ class Evaluator:
         logits, labels = [], []
         for batch in self._batches("eval", 0, n):
             _, (_, batch_logits, batch_labels) = self._forward(batch.to(self.device, non_blocking=True))
-            logits.append(batch_logits)
-            labels.append(batch_labels)
+            logits.append(batch_logits.reshape(batch_logits.shape[0], -1))  # [B, T]
+            labels.append(batch_labels.reshape(batch_labels.shape[0], -1))
         model.train()
-        return score_on_rank0(torch.stack((torch.cat(logits).float(), torch.cat(labels).float())), self.pg)
+        local = torch.stack((torch.cat(logits).float(), torch.cat(labels).float())).transpose(1, 2)  # [2, T, N]
+        return score_on_rank0(local, self.pg, [task.name for task in self.cfg.model.tasks])
 
     def reached_target(self, evaluation: dict, step: int) -> bool:
-        """Whether `evaluation` (at `step`) is the first to reach trainer.target_auc; every rank holds
-        rank 0's figures (see `evaluate`), so all stop at the same step. Records the step."""
+        """Whether `evaluation` (at `step`) is the first to reach trainer.target_auc (its "auc": the
+        first task's); every rank holds rank 0's figures (see `evaluate`), so all stop at the same
+        step. Records the step."""
         target = self.cfg.trainer.target_auc
         auc = evaluation.get("auc")
         if target is None or self.target_step is not None or auc is None or auc < target:

@@ -1,4 +1,16 @@
-"""Training metrics: AUC and log loss, throughput, peak memory, metrics.jsonl and summary.json."""
+"""Training metrics: AUC, log loss, normalized entropy and calibration per task, throughput, peak memory,
+metrics.jsonl and TensorBoard.
+
+Who computes what, and why: the trainer imports neither torchmetrics nor torchrec.metrics (they import
+matplotlib: ~30 MiB of resident memory on every rank), so the four figures are a few torch ops here,
+run on rank 0 where the scores are, each checked in the tests against the libraries. AUC is
+`exact_auc` (the Mann-Whitney statistic in float64, exact up to 2^53 samples; torchmetrics'
+BinaryAUROC, the tests' cross-check, sums its ROC trapezoids in float32). Log loss is torch's
+BCE-with-logits from the logits. NE and calibration follow TorchRec's NEMetric and CalibrationMetric
+(`torchrec.metrics.ne`, `.calibration`, the tests' oracles): NE = cross-entropy of the predicted
+probabilities / entropy of the base rate (the label mean), both clamped at 1e-12 as TorchRec does;
+calibration = sum of predicted probabilities / sum of labels.
+"""
 
 from __future__ import annotations
 
@@ -50,22 +62,65 @@ def auc_and_logloss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float |
     return (None if math.isnan(auc) else auc), logloss
 
 
-def score_on_rank0(local: torch.Tensor, group: dist.ProcessGroup) -> dict:
-    """AUC and log loss of every rank's [2, N] slice (row 0 logits, row 1 0/1 labels; N equal on
-    all ranks), computed on rank 0 where the tensors are (the training device): one gather of the
-    slices to rank 0, `auc_and_logloss` there, one broadcast of the two figures, so every rank
-    returns the same {"auc", "logloss", "samples"} (auc None when the labels hold one class)."""
+NE_ETA = 1e-12  # TorchRec's NEMetric clamp of probabilities and of the base rate
+METRICS = ("auc", "logloss", "ne", "calibration")  # per task, in this order
+
+
+def task_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float | None]:
+    """{"auc", "logloss", "ne", "calibration"} of one task's logits [N] against 0/1 labels [N],
+    computed where the tensors are. AUC and NE are None when the labels hold one class only,
+    calibration when they hold no positive (undefined then)."""
+    auc, logloss = auc_and_logloss(logits, labels)
+    y = labels.reshape(-1).double()
+    p = torch.sigmoid(logits.reshape(-1).double())
+    n, positives = y.numel(), y.sum().item()
+    q = p.clamp(NE_ETA, 1 - NE_ETA)
+    cross_entropy = -(y * q.log() + (1 - y) * (1 - q).log()).sum()  # nats: the ratio is base-free
+    base = min(max(positives / n, NE_ETA), 1 - NE_ETA) if n else 0.5
+    entropy = -(positives * math.log(base) + (n - positives) * math.log(1 - base))
+    ne = (cross_entropy / entropy).item() if 0 < positives < n else None
+    calibration = (p.sum() / positives).item() if positives > 0 else None
+    return {"auc": auc, "logloss": logloss, "ne": ne, "calibration": calibration}
+
+
+def evaluation_record(per_task: dict[str, dict[str, float | None]]) -> dict[str, float | None]:
+    """The evaluation's keys from each task's `task_metrics` ({task: metrics}, in model.tasks' order):
+    one task: auc, logloss, ne, calibration; several: those of the first task (trainer.target_auc
+    watches it), and <metric>/<task> for every task."""
+    tasks = list(per_task)
+    record: dict[str, float | None] = dict(per_task[tasks[0]])
+    if len(tasks) > 1:
+        for task, figures in per_task.items():
+            record.update({f"{k}/{task}": v for k, v in figures.items()})
+    return record
+
+
+def score_on_rank0(local: torch.Tensor, group: dist.ProcessGroup, tasks: list[str] | None = None) -> dict:
+    """`evaluation_record` of every rank's slice, local [2, N] (row 0 logits, row 1 0/1 labels) or
+    [2, T, N] for T tasks (N equal on all ranks), computed on rank 0 where the tensors are (the
+    training device): one gather of the slices to rank 0, `task_metrics` there, one broadcast of
+    the figures, so every rank returns the same dict, with "samples" added (None where undefined).
+    `tasks`: the T names (default ["label"])."""
+    local = local if local.dim() == 3 else local.unsqueeze(1)
+    n_tasks = local.shape[1]
+    tasks = tasks if tasks is not None else ["label"]
+    assert len(tasks) == n_tasks, (tasks, tuple(local.shape))
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     parts = [torch.empty_like(local) for _ in range(world)] if rank == 0 else None
-    dist.gather(local, parts, group_dst=0, group=group)
-    result = torch.zeros(2, dtype=torch.float64, device=local.device)
+    dist.gather(local.contiguous(), parts, group_dst=0, group=group)
+    result = torch.full((n_tasks, len(METRICS)), math.nan, dtype=torch.float64, device=local.device)
     if parts is not None:
-        everything = torch.cat(parts, dim=1)
-        auc, logloss = auc_and_logloss(everything[0], everything[1])
-        result[0], result[1] = math.nan if auc is None else auc, logloss
+        everything = torch.cat(parts, dim=2)
+        for t in range(n_tasks):
+            figures = task_metrics(everything[0, t], everything[1, t])
+            values = [math.nan if figures[k] is None else figures[k] for k in METRICS]
+            result[t] = torch.tensor(values, dtype=torch.float64)
     dist.broadcast(result, group_src=0, group=group)
-    auc, logloss = result.tolist()
-    return {"auc": None if math.isnan(auc) else auc, "logloss": logloss, "samples": local.shape[1] * world}
+    per_task = {
+        task: {k: None if math.isnan(v) else v for k, v in zip(METRICS, row, strict=True)}
+        for task, row in zip(tasks, result.tolist(), strict=True)
+    }
+    return dict(evaluation_record(per_task), samples=local.shape[2] * world)
 
 
 def peak_rss_mb() -> float:

@@ -142,6 +142,9 @@ class Reporter:
             "skipped_steps": skipped_steps,
             "eval_auc": evaluation.get("auc"),
             "eval_logloss": evaluation.get("logloss"),
+            "eval_ne": evaluation.get("ne"),
+            "eval_calibration": evaluation.get("calibration"),
+            **{f"eval_{k}": v for k, v in evaluation.items() if "/" in k},  # per task, with several
             "wall_time_s": time.perf_counter() - self.started,
             "job_wall_time_s": time.monotonic() - JOB_START,
             "peak_rss_mb_per_rank": gathered(peak_rss_mb(), self.device, self.pg, self.world.world_size),

@@ -24,8 +24,25 @@ COMPILED = {
         "model.dcn_low_rank_dim=4",
     ),
 }
+# Two tasks, and t_C4 (3 ids per sample) mean-pooled and column-wise sharded: each rank pools its columns.
+TASKS_MEAN = tiny(
+    "sharding=table_wise",
+    "model.tasks=[{name:click,weight:1.0},{name:like,weight:0.5}]",
+    "model.top_mlp=[16,2]",
+    "model.tables.3.pooling_type=mean",
+    "model.tables.3.sharding=column_wise",
+)
+DCN_DIMS = tiny(  # t_C2 of dim 4 among dim-8 tables: the cross net over the concatenation
+    "sharding=table_wise",
+    "model.interaction=dcn",
+    "model.dcn_num_layers=2",
+    "model.dcn_low_rank_dim=4",
+    "model.tables.1.dim=4",
+)
 
 PAIR.add("fp32/table_wise", train_and_report, FP32)
+PAIR.add("tasks2/mean_column_wise", train_and_report, TASKS_MEAN)
+PAIR.add("dcn/unequal_dims", train_and_report, DCN_DIMS)
 for _sharding in SHARDINGS[1:]:
     PAIR.add(f"fp32/{_sharding}", train_and_report, tiny(f"sharding={_sharding}"))
 PAIR.add("fp32/table_wise/seed1", train_and_report, tiny("sharding=table_wise", "seed=1"))
@@ -49,6 +66,25 @@ def test_two_ranks_equal_one_process(sharding):
     expected = {t.name: cfg.sharding.per_table.get(t.name, cfg.sharding.strategy) for t in cfg.model.tables}
     assert planned == expected
     matches(results, overrides)
+
+
+@pytest.mark.slow
+def test_two_tasks_and_a_mean_pooled_sharded_table_equal_one_process():
+    results = PAIR["tasks2/mean_column_wise"]
+    assert {row["table"]: row["sharding_type"] for row in results[0]["plan"]}["t_C4"] == "column_wise"
+    matches(results, TASKS_MEAN)
+    summary = results[0]["summary"]
+    for task in ("click", "like"):
+        assert 0.0 < summary[f"eval_auc/{task}"] < 1.0 and summary[f"eval_ne/{task}"] > 0.0
+        assert summary[f"eval_calibration/{task}"] > 0.0 and summary[f"eval_logloss/{task}"] > 0.0
+    assert summary["eval_auc"] == summary["eval_auc/click"]  # the first task's, as trainer.target_auc reads
+
+
+@pytest.mark.slow
+def test_dcn_over_tables_of_different_dims_equals_one_process():
+    ref_losses, _ = reference(DCN_DIMS)
+    assert ref_losses[-1] < ref_losses[0]
+    matches(PAIR["dcn/unequal_dims"], DCN_DIMS)
 
 
 @pytest.mark.slow

@@ -61,6 +61,26 @@ CASES = {
         ["model=tiny", "model.tables.0.dim=6"],
         ["'model.tables[0].dim' = 6", "multiple of 4", "use 8"],
     ),
+    "dot over tables of different dims": (
+        ["model=tiny", "model.tables.1.dim=4"],
+        ["'model.tables[*].dim' = [4, 8]", "same dim", "model.interaction=dcn"],
+    ),
+    "more tasks than logits": (
+        ["model=tiny", "model.tasks=[{name:click},{name:like}]"],
+        ["'model.top_mlp' = [16, 1]", "one logit per task", "use [16, 2]"],
+    ),
+    "task name unfit for a metric key": (
+        ["model=tiny", "model.tasks=[{name:'a b'}]"],
+        ["'model.tasks[0].name' = 'a b'", "letters, digits"],
+    ),
+    "several tasks on criteo": (
+        ["model=tiny", "model.tasks=[{name:click},{name:like}]", "model.top_mlp=[16,2]", "data.source=criteo"],
+        ["'model.tasks' = ['click', 'like']", "one label column"],
+    ),
+    "mean pooling split by rows": (
+        ["model=tiny", "model.tables.3.pooling_type=mean", "sharding=row_wise"],
+        ["'model.tables[3].pooling_type' = 'mean'", "t_C4 is sharded row_wise", "+sharding.per_table.t_C4=table_wise"],
+    ),
     "adam on cpu": (
         ["optim=adam"],
         ["'optim.embedding.name' = 'adam'", "optim=rowwise_adagrad", "sharding=data_parallel"],
