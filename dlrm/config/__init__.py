@@ -145,7 +145,7 @@ class Config:
                 )
 
     def _check_parquet(self) -> None:
-        """The Parquet columns against the model: its features, its dense width, one label, no weights."""
+        """The Parquet columns against the model: its features, its dense width, a label per task, no weights."""
         pq = self.data.parquet
         model_features = [f for t in self.model.tables for f in t.features]
         declared = [s.name for s in pq.sparse]
@@ -167,12 +167,13 @@ class Config:
                 f"many columns, or set model.dense_in_features={len(pq.dense)}"
                 + (" (the bottom MLP needs at least one)" if not pq.dense else ""),
             )
-        if len(pq.labels) != 1:
+        if len(pq.labels) != len(self.model.tasks):
+            tasks = [t.name for t in self.model.tasks]
             _fail(
                 "data.parquet.labels",
                 list(pq.labels),
-                "the model predicts one label (one logit): name one label column; several give [B, T] labels "
-                "that only a multi-task model takes",
+                f"the model has {len(tasks)} task(s) {tasks} (model.tasks), each with one logit: name one label "
+                "column per task, in the tasks' order, or set model.tasks to one entry per label column",
             )
         weighted = [s.name for s in pq.sparse if s.weights]
         if weighted:

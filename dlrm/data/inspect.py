@@ -155,7 +155,8 @@ def configs(
         "interaction": "dot",
         "dense_in_features": len(dense),
         "bottom_mlp": [64, dim],
-        "top_mlp": [64, 32, 1],
+        "top_mlp": [64, 32, len(labels)],
+        "tasks": [{"name": label, "weight": 1.0} for label in labels],  # one logit per label column
         "tables": [
             {"name": f"t_{c.name}", "rows": c.rows, "dim": dim, "features": [c.name], "pooling": c.pooling}
             for c in sparse
@@ -241,8 +242,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             "note: one row group, so no eval split: convert with a smaller --row-group-size, or set "
             "data.parquet.eval_path"
         )
-    if len(data["parquet"]["labels"]) > 1:
-        print("note: several labels give [B, T] labels, which only a multi-task model takes; keep one to train now")
     print(f"train with: python -m dlrm.train -cd {a.out} model={a.name} data={a.name}")
     return 0
 
