@@ -24,11 +24,12 @@ from dlrm.config.model import ModelConfig, TableConfig
 from dlrm.config.optim import DenseOptimConfig, EmbeddingOptimConfig, OptimConfig, ScheduleConfig
 from dlrm.config.run import CheckpointConfig, RunConfig
 from dlrm.config.sharding import ShardingConfig
-from dlrm.config.topology import LinkConfig, TopologyConfig
+from dlrm.config.topology import CollectiveLinkConfig, LinkConfig, TopologyConfig
 from dlrm.config.trainer import TrainerConfig
 
 __all__ = [
     "CheckpointConfig",
+    "CollectiveLinkConfig",
     "Config",
     "ConfigError",
     "CriteoConfig",
