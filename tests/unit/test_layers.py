@@ -85,11 +85,7 @@ CORE = ("dlrm.models", "dlrm.distributed", "dlrm.optim", "dlrm.trainer", "dlrm.c
 def test_the_core_imports_no_tool_and_no_entry_point():
     tools = ("dlrm.comms", "dlrm.plan", "dlrm.train", "dlrm.bench.training", "dlrm.export", "dlrm.predict")
     edges = [
-        f"{m} -> {t}"
-        for m, targets in import_graph().items()
-        if _within(m, CORE)
-        for t in targets
-        if _within(t, tools)
+        f"{m} -> {t}" for m, targets in import_graph().items() if _within(m, CORE) for t in targets if _within(t, tools)
     ]
     assert edges == []
 
