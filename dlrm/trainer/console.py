@@ -152,7 +152,6 @@ def comm_lines(breakdown: dict, versus: dict | None) -> list[str]:
                 )
             else:
                 compared.append(f"{k} not compared ({v.get('why', 'no model figure')})")
-        lines.append(
-            f"comms per step, measured vs model ({versus.get('model', 'topology config')}): " + "; ".join(compared)
-        )
+        source = versus.get("model", "topology config")
+        lines.append("comms per step, measured vs model: " + "; ".join(compared) + f" (model: {source})")
     return lines
