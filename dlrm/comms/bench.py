@@ -298,8 +298,15 @@ def check_args(args: argparse.Namespace, world_size: int, local_world_size: int)
     return Request(collectives, scopes, sizes, nodes, rpn, topo)
 
 
-def measure(req: Request, rank: int, world_size: int, device, warmup: int, iters: int) -> list[dict]:
-    """Time every collective of `req` in every scope (all ranks call it); one summary row per size."""
+def measure(req: Request, rank: int, world_size: int, device, warmup: int, iters: int, rounds: int = 1) -> list[dict]:
+    """Time every collective of `req` in every scope (all ranks call it); one summary row per size.
+
+    With rounds > 1 the sweep runs `rounds` times, each in another order (the same on every rank), and
+    each size's row summarizes its iterations of all rounds: a burst of load on a shared machine then
+    spreads over the sizes instead of bending the curve at the sizes it hit.
+    """
+    import random
+
     import torch
     import torch.distributed as dist
 
@@ -310,16 +317,21 @@ def measure(req: Request, rank: int, world_size: int, device, warmup: int, iters
             g = None if s == "world" else dist.new_group(ranks)
             if rank in ranks:
                 groups[s] = (g, ranks)
-    rows = []
-    for s in req.scopes:
-        group, ranks = groups[s]
-        for c in req.collectives:
-            for n in req.sizes:
-                op = make_op(c, n, group, ranks, rank, device)
-                times = torch.tensor(time_op(op, group, warmup, iters, device), dtype=torch.float64).to(device)
-                dist.all_reduce(times, op=dist.ReduceOp.MAX)  # the slowest rank sets each iteration
-                rows.append(summarize(c, s, len(ranks), n, times.cpu().tolist()))
-    return rows
+    cases = [(s, c, n) for s in req.scopes for c in req.collectives for n in req.sizes]
+    times: dict[tuple, list[float]] = {case: [] for case in cases}
+    order = list(cases)
+    for r in range(rounds):
+        if r:
+            random.Random(r).shuffle(order)  # seeded: the same order on every rank
+        for case in order:
+            s, c, n = case
+            group, ranks = groups[s]
+            op = make_op(c, n, group, ranks, rank, device)
+            got = torch.tensor(time_op(op, group, warmup if r == 0 else 1, iters, device), dtype=torch.float64)
+            got = got.to(device)
+            dist.all_reduce(got, op=dist.ReduceOp.MAX)  # the slowest rank sets each iteration
+            times[case] += got.cpu().tolist()
+    return [summarize(c, s, len(groups[s][1]), n, times[(s, c, n)]) for s, c, n in cases]
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict] | None:

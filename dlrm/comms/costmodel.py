@@ -84,9 +84,12 @@ class Link:
     bandwidth_Bps: float
 
     @classmethod
-    def from_config(cls, link) -> Link:
-        """From a `LinkConfig` (latency_us, bandwidth_GBps with 1 GB = 1e9 bytes)."""
-        return cls(link.fabric, link.latency_us * 1e-6, link.bandwidth_GBps * 1e9)
+    def from_config(cls, link, collective: str | None = None) -> Link:
+        """From a `LinkConfig` (latency_us, bandwidth_GBps with 1 GB = 1e9 bytes); with `collective`,
+        that collective's own figures where the link has them (`LinkConfig.collectives`)."""
+        own = (getattr(link, "collectives", None) or {}).get(collective) if collective else None
+        figures = own if own is not None else link
+        return cls(link.fabric, figures.latency_us * 1e-6, figures.bandwidth_GBps * 1e9)
 
 
 def check_collective(collective: str) -> None:
@@ -235,7 +238,8 @@ def world_time(
 
 @dataclass(frozen=True)
 class Fit:
-    """alpha (s) and B (bytes/s) fitted to measured times of one collective; rel_rms: relative misfit.
+    """alpha (s) and B (bytes/s) fitted to measured times; rel_rms and max_rel: the relative misfit's
+    root mean square and largest absolute value over the points.
 
     B is inf when the sizes were too small for the bandwidth term to show above rounding and noise
     (sweep larger sizes).
@@ -244,26 +248,59 @@ class Fit:
     alpha_s: float
     bandwidth_Bps: float
     rel_rms: float
+    max_rel: float = 0.0
 
 
-def fit_alpha_beta(collective: str, fabric: str, p: int, sizes: Sequence[float], times_s: Sequence[float]) -> Fit:
+def level_coefficients(collective: str, fabric: str, p: int, backend: str = "nccl") -> tuple[float, float]:
+    """(steps, factor) of one collective among p ranks on one level as `backend` runs it (`level_time`)."""
+    check_collective(collective)
+    check_backend(backend)
+    if backend == "gloo" and collective != "alltoall":
+        return coefficients("allreduce" if collective == "reduce_scatter" else collective, "ring", p)
+    return coefficients(collective, fabric, p)
+
+
+def fit_alpha_beta(
+    collective: str,
+    fabric: str,
+    p: int,
+    sizes: Sequence[float],
+    times_s: Sequence[float],
+    backend: str = "nccl",
+    min_sizes: int = 2,
+) -> Fit:
     """Least-squares alpha and B from (size in bytes, time in s) pairs, minimising relative error.
 
-    Solves t_i = steps * alpha + factor * n_i * beta for (alpha, beta = 1/B), each row divided by t_i
-    so small messages count as much as large ones. Needs p >= 2 and two distinct sizes.
+    Solves t_i = steps * alpha + factor * n_i * beta for (alpha, beta = 1/B), (steps, factor) of the
+    collective as `backend` runs it (`level_coefficients`), each row divided by t_i so small messages
+    count as much as large ones. Needs p >= 2 and `min_sizes` (at least two) distinct sizes.
     """
-    import numpy as np
-
-    steps, factor = coefficients(collective, fabric, p)
+    steps, factor = level_coefficients(collective, fabric, p, backend)
     if steps == 0:
         raise CommsError(f"cannot fit alpha and beta at p={p}: a single rank sends nothing; run with >= 2 ranks")
-    n = np.asarray(sizes, dtype=float)
-    t = np.asarray(times_s, dtype=float)
-    if n.shape != t.shape or len(set(n.tolist())) < 2:
-        raise CommsError(f"need times for at least two distinct sizes to fit, got sizes={list(n)}; sweep more sizes")
-    if (t <= 0).any():
-        raise CommsError(f"times must be positive seconds, got {list(t)}")
-    a = np.stack([np.full_like(n, steps), factor * n], axis=1) / t[:, None]
+    if len(sizes) != len(times_s):
+        raise CommsError(f"{len(sizes)} sizes but {len(times_s)} times; pass one time per size")
+    return fit_points([(steps, factor, float(n), float(t)) for n, t in zip(sizes, times_s, strict=True)], min_sizes)
+
+
+def fit_points(points: Sequence[tuple[float, float, float, float]], min_sizes: int = 2) -> Fit:
+    """Least-squares alpha and B from (steps, factor, size in bytes, time in s) points, each its own
+    collective's coefficients, minimising relative error: t_i = steps_i alpha + factor_i n_i / B.
+    One fit over several collectives gives the one link that serves them all. CommsError with fewer
+    than `min_sizes` (at least two) distinct sizes or a time that is not positive."""
+    import numpy as np
+
+    pts = np.asarray(points, dtype=float).reshape(-1, 4)
+    steps, factor, n, t = pts.T
+    distinct = len(set(n.tolist()))
+    if distinct < max(2, min_sizes):
+        raise CommsError(
+            f"too few points to fit alpha and beta: {distinct} distinct message size(s) "
+            f"{sorted(set(n.astype(int).tolist()))}, need {max(2, min_sizes)}; sweep more sizes"
+        )
+    if not (t > 0).all() or not np.isfinite(t).all():
+        raise CommsError(f"times must be positive seconds, got {t.tolist()}")
+    a = np.stack([steps, factor * n], axis=1) / t[:, None]
     ones = np.ones_like(t)
     coef, *_ = np.linalg.lstsq(a, ones, rcond=None)
     alpha, beta = coef
@@ -272,9 +309,13 @@ def fit_alpha_beta(collective: str, fabric: str, p: int, sizes: Sequence[float],
         beta = 0.0
         alpha = float(a[:, 0] @ ones / (a[:, 0] @ a[:, 0]))
     alpha, beta = max(float(alpha), 0.0), float(beta)
-    pred = steps * alpha + factor * n * beta
-    rel_rms = float(np.sqrt(np.mean(((pred - t) / t) ** 2)))
-    return Fit(alpha, 1.0 / beta if beta > 0 else math.inf, rel_rms)
+    rel = (steps * alpha + factor * n * beta - t) / t
+    return Fit(
+        alpha,
+        1.0 / beta if beta > 0 else math.inf,
+        float(np.sqrt(np.mean(rel**2))),
+        float(np.max(np.abs(rel))),
+    )
 
 
 def _resolved(a, resid, beta: float) -> bool:
@@ -342,7 +383,8 @@ def step_comm_time(
     Returns seconds: alltoall_intra, alltoall_inter, alltoall (= max, they run concurrently),
     allreduce, total (= alltoall + allreduce, no overlap with compute assumed).
     Bytes sent are turned into link time with the fabric's hops: a ring carries a byte (p/2) times
-    on average (p = ranks at that level), fully connected and switch once.
+    on average (p = ranks at that level), fully connected and switch once. The alltoalls take each
+    level's alltoall figures and the allreduce its allreduce figures (`Link.from_config`).
     """
     g = ranks_per_node or topology.ranks_per_node
     if not g:
@@ -352,7 +394,8 @@ def step_comm_time(
         )
     nodes, backend = topology.nodes, backend_of(topology)
     _check_step_inputs(g, nodes, alltoall_bytes_intra, alltoall_bytes_inter, allreduce_bytes, dense_allreduce)
-    intra, inter = Link.from_config(topology.intra_node), Link.from_config(topology.inter_node)
+    intra = Link.from_config(topology.intra_node, "alltoall")
+    inter = Link.from_config(topology.inter_node, "alltoall")
 
     def sent_time(link: Link, p: int, sent: float, count: int) -> float:
         if p == 1 or sent == 0:
@@ -365,6 +408,8 @@ def step_comm_time(
     a2a_inter = sent_time(inter, nodes, alltoall_bytes_inter, alltoall_count)
     allreduce = 0.0
     if allreduce_bytes:
+        intra = Link.from_config(topology.intra_node, "allreduce")
+        inter = Link.from_config(topology.inter_node, "allreduce")
         timed = world_time if dense_allreduce == "flat" else two_level_time
         one = timed("allreduce", intra, inter, nodes, g, allreduce_bytes / allreduce_count, backend)
         allreduce = allreduce_count * one

@@ -1,7 +1,8 @@
 """The trainer's measured communication beside the cost model's prediction for the same plan.
 
-The core records what it measured (`summary["step_breakdown"]["comm_s"]`) and its plan; this module,
-outside the core, models the same plan and puts the two side by side (`summary["comm_vs_model"]`),
+The core records what it measured (`summary["step_breakdown"]`: `comm_s`, and `comm_wait_s`, the part
+spent waiting for the slowest rank) and its plan; this module, outside the core, models the same plan
+and puts the transfer (measured less waiting) beside it (`summary["comm_vs_model"]`),
 with the model's intra-node link fitted to a comms bench result when one is given
 (trainer.comms_bench). `dlrm.train` attaches it to the Trainer as `summary_extras`.
 """
@@ -46,6 +47,9 @@ def fitted_topology(topology, bench: dict, collective: str, ranks_per_node: int)
     return replace(topology, intra_node=link)
 
 
+EXCHANGE = ("alltoall", "reduce_scatter", "allgather")  # the embedding exchange's collectives
+
+
 def comm_vs_model(
     cfg: Config,
     tables,
@@ -54,12 +58,20 @@ def comm_vs_model(
     dense_params: int,
     comms_bench: dict | None,
     measured: dict,
+    waits: dict | None = None,
 ) -> dict:
     """Measured seconds per step of the embedding exchange (alltoall, and reduce-scatter/allgather
     of row-wise shards) and of the dense allreduce, beside the cost model's for the same plan (`tables`,
-    `dlrm.distributed.sharding.table_plans`), batch and topology; ratio = measured / modelled (None where the
-    model predicts 0). With a comms bench (trainer.comms_bench), the model's intra-node link takes the
-    alpha and B fitted to the bench's alltoall (for the exchange) and allreduce (for the allreduce)."""
+    `dlrm.distributed.sharding.table_plans`), batch and topology. With a comms bench (trainer.comms_bench),
+    the model's intra-node link takes the alpha and B fitted to the bench's alltoall (for the exchange)
+    and allreduce (for the allreduce).
+
+    measured: seconds per kind that the collectives ran (the breakdown's comm_s); waits: the part of
+    them spent waiting for the last rank to enter (the breakdown's comm_wait_s; a kind missing from it
+    could not be told apart), or None when not measured. Per row: total_s, wait_s, measured_s (the
+    transfer: total less waiting), model_s, ratio = measured_s / model_s, and `compared`: False, with
+    `why`, where the ratio would mean nothing (no model figure, nothing ran, waiting not told apart);
+    ratio is then None."""
 
     def model(collective: str) -> dict:
         run_cfg = cfg
@@ -67,16 +79,35 @@ def comm_vs_model(
             run_cfg = replace(cfg, topology=fitted_topology(cfg.topology, comms_bench, collective, local_world_size))
         return comm_summary(run_cfg, tables, world_size, local_world_size, dense_params)["time_s"]
 
-    out = {}
-    for name, seconds, modelled in (
-        (
-            "embedding_exchange",
-            measured["alltoall"] + measured["reduce_scatter"] + measured["allgather"],
-            model("alltoall")["alltoall_s"],
-        ),
-        ("dense_allreduce", measured["allreduce"], model("allreduce")["allreduce_s"]),
+    out: dict = {}
+    for name, kinds, modelled in (
+        ("embedding_exchange", EXCHANGE, model("alltoall")["alltoall_s"]),
+        ("dense_allreduce", ("allreduce",), model("allreduce")["allreduce_s"]),
     ):
-        out[name] = {"measured_s": seconds, "model_s": modelled, "ratio": seconds / modelled if modelled else None}
+        total = sum(measured.get(k, 0.0) for k in kinds)
+        ran = [k for k in kinds if measured.get(k, 0.0) > 0]
+        lost = [k for k in ran if waits is not None and k not in waits]
+        wait = None if waits is None or lost else sum(waits.get(k, 0.0) for k in ran)
+        transfer = total if wait is None else max(0.0, total - wait)
+        why = None
+        if not modelled:
+            why = "the model sends nothing for this plan"
+        elif not total:
+            why = "no such collective ran in the profiled steps"
+        elif waits is None:
+            why = "waiting for peers was not measured apart from transfer"
+        elif lost:
+            why = f"waiting could not be told from transfer: the ranks issued different {'/'.join(lost)} collectives"
+        out[name] = {
+            "total_s": total,
+            "wait_s": wait,
+            "measured_s": transfer,
+            "model_s": modelled,
+            "ratio": transfer / modelled if why is None else None,
+            "compared": why is None,
+        }
+        if why is not None:
+            out[name]["why"] = why
     out["model"] = f"fitted to {cfg.trainer.comms_bench}" if comms_bench is not None else "topology config"
     return out
 
@@ -96,8 +127,10 @@ def summary_extras(cfg: Config, local_world_size: int) -> Callable[..., dict]:
         world = trainer.world
         tables = table_plans(trainer.plan, cfg.model, world.world_size)
         measured = comm_vs_model(
-            cfg, tables, world.world_size, world.local_world_size, trainer.dense_params, bench, breakdown["comm_s"]
-        )
+            cfg, tables, world.world_size, world.local_world_size, trainer.dense_params, bench,
+            breakdown["comm_s"], breakdown.get("comm_wait_s"),
+        )  # fmt: skip
+        measured["slowest_rank"] = breakdown.get("slowest_rank")
         return {"comm_vs_model": measured}
 
     return extras

@@ -24,12 +24,13 @@ from dlrm.config.model import ModelConfig, TableConfig, TaskConfig
 from dlrm.config.optim import DenseOptimConfig, EmbeddingOptimConfig, OptimConfig, ScheduleConfig
 from dlrm.config.run import CheckpointConfig, RunConfig
 from dlrm.config.sharding import ShardingConfig
-from dlrm.config.topology import LinkConfig, TopologyConfig
+from dlrm.config.topology import CollectiveLinkConfig, LinkConfig, TopologyConfig
 from dlrm.config.trainer import TrainerConfig
 
 __all__ = [
     "ROW_SPLIT",
     "CheckpointConfig",
+    "CollectiveLinkConfig",
     "Config",
     "ConfigError",
     "CriteoConfig",

@@ -8,11 +8,23 @@ from dataclasses import dataclass, field
 from dlrm.config.choices import Backend, Device, Fabric
 from dlrm.config.errors import _fail, _require_positive
 
+COLLECTIVES = ("allreduce", "alltoall", "reduce_scatter", "allgather")  # as dlrm.comms.costmodel
+
+
+@dataclass
+class CollectiveLinkConfig:
+    """One collective's own latency and bandwidth on a level, where it differs from the level's."""
+
+    bandwidth_GBps: float = 2.0
+    """Unidirectional bandwidth per rank in GB/s (1e9 bytes/s) that this collective reaches."""
+    latency_us: float = 50.0
+    """Per-message latency (alpha) of this collective in microseconds."""
+
 
 @dataclass
 class LinkConfig:
     """One level of the interconnect, as seen by one rank. The defaults are placeholders of the right
-    order for Gloo over loopback TCP: measure with `python -m dlrm.comms.bench`, fit with `dlrm.comms.report`."""
+    order for Gloo over loopback TCP: measure and fit yours with `python -m dlrm.comms.fit`."""
 
     fabric: Fabric = Fabric.switch
     """How ranks at this level are wired (ring, fully_connected, switch): the cost model's formulas
@@ -21,11 +33,23 @@ class LinkConfig:
     """Unidirectional bandwidth per rank in GB/s (1e9 bytes/s), all links together."""
     latency_us: float = 50.0
     """Per-message latency (the alpha of an alpha-beta model) in microseconds."""
+    collectives: dict[str, CollectiveLinkConfig] = field(default_factory=dict)
+    """Per collective (allreduce, alltoall, reduce_scatter, allgather): its own latency and bandwidth,
+    used by the cost model for it instead of the two above ({}: the two above for every collective).
+    `python -m dlrm.comms.fit` writes them when the collectives' fits differ materially."""
 
     def check(self, key: str) -> None:
-        _require_positive(f"{key}.bandwidth_GBps", self.bandwidth_GBps)
-        if not self.latency_us >= 0 or math.isinf(self.latency_us):
-            _fail(f"{key}.latency_us", self.latency_us, "use a finite latency >= 0")
+        _check_link(key, self.bandwidth_GBps, self.latency_us)
+        for name, link in self.collectives.items():
+            if name not in COLLECTIVES:
+                _fail(f"{key}.collectives.{name}", name, f"name one of {', '.join(COLLECTIVES)}")
+            _check_link(f"{key}.collectives.{name}", link.bandwidth_GBps, link.latency_us)
+
+
+def _check_link(key: str, bandwidth_GBps: float, latency_us: float) -> None:
+    _require_positive(f"{key}.bandwidth_GBps", bandwidth_GBps)
+    if not latency_us >= 0 or math.isinf(latency_us):
+        _fail(f"{key}.latency_us", latency_us, "use a finite latency >= 0")
 
 
 @dataclass

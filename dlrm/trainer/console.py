@@ -119,20 +119,54 @@ def end_lines(
             f"step breakdown, ms (mean of {b['profiled_steps']} profiled steps, {b['profiled_step_s'] * 1e3:.1f} ms "
             f"each; profiling added {b['profile_overhead_s'] * 1e3:.0f} ms per profiled step): {ms}"
         )
-        if world_size > 1 and "comm_vs_model" in summary:  # added outside the core (dlrm.comms.measured)
-            lines.append(
-                "comms per step, measured vs model: "
-                + "; ".join(
-                    f"{k} {v['measured_s'] * 1e3:.2f} vs {v['model_s'] * 1e3:.2f} ms"
-                    + (f" (x{v['ratio']:.2f})" if v["ratio"] is not None else "")
-                    for k, v in summary["comm_vs_model"].items()
-                    if k != "model"
-                )
-            )
+        if world_size > 1:
+            lines += comm_lines(b, summary.get("comm_vs_model"))
     if run_dir is not None:
         lines.append(
             f"outputs: {run_dir} (summary.json, metrics.jsonl, train.log"
             + (", tensorboard/" if tensorboard else "")
             + ")"
         )
+    return lines
+
+
+def comm_lines(breakdown: dict, versus: dict | None) -> list[str]:
+    """The collectives of the profiled steps, transfer apart from waiting for peers, and (added outside
+    the core, dlrm.comms.measured) the transfer against the cost model where the comparison means
+    something, else why not."""
+    wait, transfer = breakdown.get("comm_wait_s", {}), breakdown.get("comm_transfer_s", {})
+    parts = []
+    for kind, total in breakdown["comm_s"].items():
+        if not total:
+            continue
+        if kind in wait:
+            parts.append(f"{kind} transfer {transfer[kind] * 1e3:.2f}, waiting for peers {wait[kind] * 1e3:.2f}")
+        else:
+            parts.append(f"{kind} {total * 1e3:.2f} (waiting not told apart: the ranks' collectives differed)")
+    lines = []
+    if parts:
+        slowest = breakdown.get("slowest_rank")
+        late = breakdown.get("waited_for_rank_s", [])
+        lines.append(
+            "collectives per profiled step, ms: "
+            + "; ".join(parts)
+            + (
+                f" (rank {slowest} is the slowest: the others waited {late[slowest] * 1e3:.2f} ms per step for it)"
+                if slowest is not None
+                else ""
+            )
+        )
+    if versus:
+        compared = []
+        for k, v in versus.items():
+            if not isinstance(v, dict):
+                continue
+            if v.get("compared", v["ratio"] is not None):
+                compared.append(
+                    f"{k} transfer {v['measured_s'] * 1e3:.2f} vs {v['model_s'] * 1e3:.2f} ms (x{v['ratio']:.2f})"
+                )
+            else:
+                compared.append(f"{k} not compared ({v.get('why', 'no model figure')})")
+        source = versus.get("model", "topology config")
+        lines.append("comms per step, measured vs model: " + "; ".join(compared) + f" (model: {source})")
     return lines

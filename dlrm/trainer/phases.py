@@ -295,3 +295,58 @@ def device_breakdown(spans: list[Span]) -> list[dict[str, float]]:
                 phases[phase] += s.end - s.start
         out.append(phases)
     return out
+
+
+def collective_spans(spans: list[Span]) -> dict[str, list[tuple[float, float]]]:
+    """Per collective kind, the (start, end) seconds of every collective that starts within the (one)
+    profiled step, in order of start: what `split_waits` needs from this rank."""
+    steps = [s for s in spans if s.name == STEP_RANGE]
+    out: dict[str, list[tuple[float, float]]] = {}
+    for s in sorted(spans, key=lambda s: s.start):
+        kind = _collective_kind(s)
+        if kind is not None and any(st.start <= s.start <= st.end for st in steps):
+            out.setdefault(kind, []).append((s.start, s.end))
+    return out
+
+
+@dataclass
+class Waits:
+    """How long this rank's collectives waited for peers, from every rank's entry times.
+
+    wait_s: per kind, seconds of this rank's collectives before the last rank entered them (the union
+    of those intervals, as `step_breakdown` counts a kind's seconds); kinds whose collectives the ranks
+    did not issue alike (counts differ) are left out and listed in `unmatched`. late_s: per rank, the
+    seconds the others waited for it, on average over them (the rank that enters last causes the wait).
+    """
+
+    wait_s: dict[str, float]
+    late_s: list[float]
+    unmatched: list[str]
+
+
+def split_waits(own: dict[str, list[tuple[float, float]]], entries: list[dict[str, list[float]]], rank: int) -> Waits:
+    """Waiting apart from transfer. own: this rank's collectives per kind (`collective_spans`); entries:
+    every rank's entry (start) times per kind, in rank order, in seconds of one clock (the profiler's,
+    Unix time: the ranks of one host share it, hosts as far as their clocks agree). The i-th collective
+    of a kind is the same one on every rank (collectives are issued in the same order everywhere)."""
+    p = len(entries)
+    wait: dict[str, float] = {}
+    late = [0.0] * p
+    unmatched = []
+    for kind in sorted(set().union(own, *entries)):
+        counts = {len(e.get(kind, [])) for e in entries}
+        mine = own.get(kind, [])
+        if len(counts) != 1 or len(mine) != len(entries[rank].get(kind, [])):
+            unmatched.append(kind)
+            continue
+        waits = []
+        for i, (start, end) in enumerate(mine):
+            times = [e[kind][i] for e in entries]
+            last = max(times)
+            if last > start:
+                waits.append((start, min(end, last)))
+            slowest = times.index(last)
+            if p > 1:
+                late[slowest] += sum(last - t for t in times) / (p - 1)
+        wait[kind] = sum(b - a for a, b in _union(waits))
+    return Waits(wait, late, unmatched)

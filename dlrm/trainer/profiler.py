@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
 from dlrm.config import TrainerConfig
 from dlrm.trainer.cadence import Every
-from dlrm.trainer.phases import PHASES, kineto_quiet, spans_of, step_breakdown
+from dlrm.trainer.phases import PHASES, Waits, collective_spans, kineto_quiet, spans_of, split_waits, step_breakdown
 
 log = logging.getLogger(__name__)
 COMM_KINDS = ("alltoall", "reduce_scatter", "allgather", "allreduce")
@@ -30,8 +30,11 @@ T = TypeVar("T")
 class StepProfiler:
     """Profiles and traces the steps that are due; sums the profiled steps' figures per log window.
 
-    The sums are [count, wall s, profiling overhead s, s per phase..., s per collective kind...],
-    over this rank's profiled steps; `window_record` adds them over ranks at each log.
+    The sums are [count, wall s, profiling overhead s, s per phase..., s per collective kind..., s of
+    waiting for peers per kind..., steps whose kind could not be matched across ranks per kind..., s the
+    others waited for each rank...], over this rank's profiled steps; `window_record` adds them over
+    ranks at each log. The waiting is measured on the profiled steps only: their collectives' entry
+    times are gathered from every rank after the step (`phases.split_waits`).
     """
 
     def __init__(
@@ -47,7 +50,7 @@ class StepProfiler:
         self.cfg, self.log_every, self.device, self.pg, self.world_size = cfg, log_every, device, pg, world_size
         self.sync = sync  # waits for the device: a profiled step's time holds its device work
         self.activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        width = 3 + len(PHASES) + len(COMM_KINDS)
+        width = 3 + len(PHASES) + 3 * len(COMM_KINDS) + world_size
         self.window = torch.zeros(width, dtype=torch.float64)  # this log window's profiled steps
         self.run = torch.zeros(width, dtype=torch.float64)  # the windows after the first (warm-up)
         self.trace = None
@@ -97,11 +100,41 @@ class StepProfiler:
         finally:
             with kineto_quiet():
                 prof.stop()
-        ((phases, comm),) = step_breakdown(spans_of(prof))
+        spans = spans_of(prof)
+        ((phases, comm),) = step_breakdown(spans)
+        waits = self._waits(collective_spans(spans))
         overhead = time.perf_counter() - begin - wall
-        figures = [1.0, wall, overhead] + [phases[k] for k in PHASES] + [comm.get(k, 0.0) for k in COMM_KINDS]
+        figures = (
+            [1.0, wall, overhead]
+            + [phases[k] for k in PHASES]
+            + [comm.get(k, 0.0) for k in COMM_KINDS]
+            + [waits.wait_s.get(k, 0.0) for k in COMM_KINDS]
+            + [float(k in waits.unmatched) for k in COMM_KINDS]
+            + waits.late_s
+        )
         self.window += torch.tensor(figures, dtype=self.window.dtype)
         return result
+
+    def _waits(self, own: dict[str, list[tuple[float, float]]]) -> Waits:
+        """Every rank's collective entry times, gathered (two collectives of the training group, on the
+        profiled step only), and this rank's waiting for peers (`phases.split_waits`)."""
+        k = len(COMM_KINDS)
+        counts = torch.tensor([len(own.get(kind, [])) for kind in COMM_KINDS], dtype=torch.float64)
+        gathered = [torch.zeros(k, dtype=torch.float64, device=self.device) for _ in range(self.world_size)]
+        dist.all_gather(gathered, counts.to(self.device), group=self.pg)
+        all_counts = [[int(x) for x in c.tolist()] for c in gathered]
+        width = max(1, max(max(c) for c in all_counts))
+        starts = torch.zeros((k, width), dtype=torch.float64)
+        for i, kind in enumerate(COMM_KINDS):
+            for j, (start, _) in enumerate(own.get(kind, [])):
+                starts[i, j] = start
+        gathered = [torch.zeros((k, width), dtype=torch.float64, device=self.device) for _ in range(self.world_size)]
+        dist.all_gather(gathered, starts.to(self.device), group=self.pg)
+        entries = [
+            {kind: g[i, : c[i]].tolist() for i, kind in enumerate(COMM_KINDS) if c[i]}
+            for g, c in zip((g.cpu() for g in gathered), all_counts, strict=True)
+        ]
+        return split_waits(own, entries, dist.get_rank(self.pg))
 
     def window_record(self, warm_up: bool, last: bool) -> dict:
         """The breakdown of this log window, summed over ranks (a collective: every rank calls it at
@@ -126,14 +159,33 @@ class StepProfiler:
 
     def record(self, summed: torch.Tensor) -> dict:
         """Mean seconds per profiled step: its wall time (the loop's clock), per phase (the profiler's
-        events; they add up to the profiler's step time) and per collective kind, from the sums
-        [count, wall, overhead, phases..., kinds...] over ranks and steps. profile_overhead_s: what
-        profiling added to the step (start, stop, reading the events)."""
+        events; they add up to the profiler's step time) and per collective kind (comm_s: all of it;
+        comm_wait_s: waiting for the last rank to enter; comm_transfer_s: the rest), from the sums over
+        ranks and steps (the class docstring). waited_for_rank_s: per rank, how long the others waited
+        for it per step; slowest_rank: the rank they waited for most (None: nobody waited).
+        comm_wait_unmatched: kinds whose collectives differed in count across ranks in some profiled
+        step, so waiting could not be told from transfer (left out of comm_wait_s / comm_transfer_s).
+        profile_overhead_s: what profiling added to the step (start, stop, reading the events)."""
         mean = (summed[1:] / summed[0]).tolist()
-        return {
-            "phase_s": dict(zip(PHASES, mean[2 : 2 + len(PHASES)], strict=True)),
+        at = 2 + len(PHASES)
+        k = len(COMM_KINDS)
+        comm: dict[str, float] = dict(zip(COMM_KINDS, mean[at : at + k], strict=True))
+        wait: dict[str, float] = dict(zip(COMM_KINDS, mean[at + k : at + 2 * k], strict=True))
+        flags = summed[1 + at + 2 * k : 1 + at + 3 * k].tolist()
+        unmatched = [kind for kind, x in zip(COMM_KINDS, flags, strict=True) if x > 0]
+        kept = [kind for kind in COMM_KINDS if kind not in unmatched]
+        late = mean[at + 3 * k :]
+        record = {
+            "phase_s": dict(zip(PHASES, mean[2:at], strict=True)),
             "profiled_step_s": mean[0],
             "profile_overhead_s": mean[1],
-            "comm_s": dict(zip(COMM_KINDS, mean[2 + len(PHASES) :], strict=True)),
+            "comm_s": comm,
+            "comm_wait_s": {kind: wait[kind] for kind in kept},
+            "comm_transfer_s": {kind: max(0.0, comm[kind] - wait[kind]) for kind in kept},
+            "waited_for_rank_s": late,
+            "slowest_rank": max(range(len(late)), key=lambda r: late[r]) if late and max(late) > 0 else None,
             "profiled_steps": int(summed[0].item()) // self.world_size,
         }
+        if unmatched:
+            record["comm_wait_unmatched"] = unmatched
+        return record

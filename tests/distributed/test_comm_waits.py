@@ -1,0 +1,73 @@
+"""On 2 Gloo ranks with rank 1 made slow on purpose (a sleep before each of its steps): the breakdown
+puts the wait on rank 0, before its collectives, and names rank 1 as the slowest."""
+
+import time
+
+import pytest
+
+from dlrm.comms.measured import summary_extras
+from dlrm.config import validate, validate_world
+from dlrm.distributed.world import World
+from tests.helpers.families import PAIR, Overrides
+
+SLEEP_S = 1.0  # far above a tiny step (and the noise of a loaded 2-core machine), so the wait is unmistakable
+
+
+def slow_rank_summary(cfg, slow_rank: int, sleep_s: float) -> dict:
+    """Train with `slow_rank` sleeping `sleep_s` before each step (inside the profiled step, before
+    its first collective); the summary, with comm_vs_model as `dlrm.train` adds it."""
+    from dlrm.trainer.trainer import Trainer
+
+    validate(cfg)
+    world = World.from_env()
+    validate_world(cfg, world.world_size, world.local_world_size)
+    trainer = Trainer(cfg, world, summary_extras=summary_extras(cfg, world.local_world_size))
+    if trainer.world.rank == slow_rank:
+        step_once = trainer.step_once
+
+        def slow(batches):
+            time.sleep(sleep_s)
+            return step_once(batches)
+
+        trainer.step_once = slow  # the profiler's step calls trainer.step_once
+    return trainer.train()
+
+
+PAIR.add(
+    "comm_waits/slow_rank_1",
+    slow_rank_summary,
+    Overrides(
+        "model=tiny",
+        "sharding=table_wise",  # an embedding exchange whatever the cpu topology's fitted figures plan
+        "data.global_batch_size=32",
+        "data.eval_batches=1",
+        "trainer.max_steps=6",
+        "trainer.log_every_steps=2",
+        "trainer.breakdown=true",
+        "trainer.progress=none",
+        "trainer.tensorboard=false",
+        "checkpoint.at_end=false",
+    ),
+    1,
+    SLEEP_S,
+)
+
+
+@pytest.mark.slow
+def test_the_wait_lands_on_the_fast_rank_and_names_the_slow_one():
+    summary, _ = PAIR["comm_waits/slow_rank_1"]
+    b = summary["step_breakdown"]
+    assert b["slowest_rank"] == 1, b
+    late = b["waited_for_rank_s"]
+    assert late[1] >= 0.8 * SLEEP_S, b  # rank 0 cannot start its first collective's transfer before rank 1 enters
+    assert late[0] < 0.5 * late[1], b
+    # mean over the 2 ranks: rank 0 waited about the sleep, rank 1 about nothing
+    assert b["comm_wait_s"]["alltoall"] + b["comm_wait_s"].get("allreduce", 0.0) >= 0.4 * SLEEP_S
+    for kind, total in b["comm_s"].items():
+        assert 0.0 <= b["comm_wait_s"][kind] <= total + 1e-9
+        assert b["comm_transfer_s"][kind] == pytest.approx(total - b["comm_wait_s"][kind], abs=1e-9)
+    versus = summary["comm_vs_model"]
+    assert versus["slowest_rank"] == 1
+    row = versus["embedding_exchange"]
+    assert row["compared"] and row["measured_s"] == pytest.approx(row["total_s"] - row["wait_s"], abs=1e-9)
+    assert row["ratio"] == pytest.approx(row["measured_s"] / row["model_s"])

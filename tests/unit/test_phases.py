@@ -1,0 +1,43 @@
+"""dlrm.trainer.phases: waiting for peers told apart from transfer, from every rank's entry times."""
+
+import pytest
+
+from dlrm.trainer.phases import STEP_RANGE, Span, collective_spans, split_waits
+
+
+def test_the_early_rank_waits_for_the_late_one_and_names_it():
+    # rank 0 enters both collectives early; rank 1 enters the alltoall 30 ms and the allreduce 5 ms later
+    own0 = {"alltoall": [(1.000, 1.040)], "allreduce": [(1.100, 1.110)]}
+    own1 = {"alltoall": [(1.030, 1.040)], "allreduce": [(1.105, 1.110)]}
+    entries = [{k: [a for a, _ in v] for k, v in own.items()} for own in (own0, own1)]
+    w0, w1 = split_waits(own0, entries, 0), split_waits(own1, entries, 1)
+    assert w0.wait_s == pytest.approx({"alltoall": 0.030, "allreduce": 0.005})
+    assert w1.wait_s == pytest.approx({"alltoall": 0.0, "allreduce": 0.0})
+    assert w0.late_s == pytest.approx([0.0, 0.035]) and w1.late_s == w0.late_s  # every rank sees the same
+    assert not w0.unmatched
+
+
+def test_a_wait_never_exceeds_the_collective_and_overlaps_count_once():
+    own = {"alltoall": [(0.0, 0.010), (0.005, 0.020)]}  # two alltoalls in flight at once
+    entries = [{"alltoall": [0.0, 0.005]}, {"alltoall": [0.050, 0.008]}]
+    w = split_waits(own, entries, 0)
+    assert w.wait_s["alltoall"] == pytest.approx(0.010)  # [0, 10 ms] within the first, [5, 8] inside it
+
+
+def test_collectives_that_differ_across_ranks_are_not_split():
+    own = {"alltoall": [(0.0, 0.01)], "allreduce": [(0.02, 0.03)]}
+    entries = [{"alltoall": [0.0], "allreduce": [0.02]}, {"alltoall": [0.0, 0.015], "allreduce": [0.021]}]
+    w = split_waits(own, entries, 0)
+    assert w.unmatched == ["alltoall"] and set(w.wait_s) == {"allreduce"}
+
+
+def test_collective_spans_are_those_of_the_step_in_order():
+    spans = [
+        Span(STEP_RANGE, 1, 1.0, 2.0),
+        Span("gloo:all_to_all", 7, 1.5, 1.6),
+        Span("gloo:all_to_all", 8, 1.2, 1.3),
+        Span("gloo:all_reduce", 7, 1.7, 2.1),
+        Span("gloo:all_reduce", 7, 2.5, 2.6),  # after the step
+        Span("## forward ##", 1, 1.1, 1.2),
+    ]
+    assert collective_spans(spans) == {"alltoall": [(1.2, 1.3), (1.5, 1.6)], "allreduce": [(1.7, 2.1)]}
