@@ -143,7 +143,15 @@ def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, ove
     """Own the run directory (rank 0 locks it), refuse to start over another run's outputs, then
     write the run's config.yaml, or, continuing a run with a checkpoint, compare with it (see dlrm.trainer.run_dir)."""
     from dlrm.checkpoint import complete_checkpoints
-    from dlrm.trainer.run_dir import check_continuation, check_fresh_start, check_resume_point, lock_run_dir, record
+    from dlrm.trainer.run_dir import (
+        check_continuation,
+        check_fresh_start,
+        check_resume_point,
+        finished_at,
+        lock_run_dir,
+        planned_steps,
+        record,
+    )
 
     global _run_lock
     if is_main:
@@ -155,6 +163,16 @@ def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, ove
     check_fresh_start(run_dir, checkpoints, tr.resume, look_at_config=is_main)
     if tr.resume and not tr.eval_only:
         check_resume_point(checkpoints, tr.resume, tr.max_steps)
+        done = finished_at(
+            checkpoints, tr.resume, planned_steps(tr.max_steps, tr.max_samples, cfg.data.global_batch_size)
+        )
+        if done is not None:  # a continuation with nothing to train: the run's records stay as they are
+            if is_main:
+                print(
+                    f"already finished at step {done} ({checkpoints[-1]}); nothing to train, nothing changed: "
+                    f"raise trainer.max_steps to train on, or evaluate it with trainer.eval_only=true"
+                )
+            sys.exit(0)
     continuing = bool(checkpoints) and bool(tr.resume)
     changes = check_continuation(run_dir, config) if continuing else {}
     if is_main:

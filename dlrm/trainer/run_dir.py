@@ -117,6 +117,25 @@ def check_resume_point(checkpoints: list[Path], resume: str, max_steps: int) -> 
         )
 
 
+def planned_steps(max_steps: int, max_samples: int | None, global_batch_size: int) -> int:
+    """The steps a run trains in all: trainer.max_steps, or fewer if trainer.max_samples comes first."""
+    if max_samples is None:
+        return max_steps
+    return min(max_steps, max(1, max_samples // global_batch_size))
+
+
+def finished_at(checkpoints: list[Path], resume: str, total_steps: int) -> int | None:
+    """The step of a finished run that `resume` (auto, or a step_* path) would continue from the newest
+    of its own `checkpoints`, when that step leaves nothing to train (>= `total_steps`); else None."""
+    if not checkpoints:
+        return None
+    newest = checkpoints[-1]
+    if resume != "auto" and Path(resume).absolute() != newest.absolute():
+        return None
+    digits = newest.name.removeprefix("step_")
+    return int(digits) if digits.isdigit() and int(digits) >= total_steps else None
+
+
 # Keys whose change a checkpoint cannot follow. The model: the checkpoint's tensors have its shapes.
 # The optimizers: their state is another one's (the checkpoint manifest refuses them too). The global
 # batch: the step counter is the data position and the LR schedule's clock, both in batches of it.

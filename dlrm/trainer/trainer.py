@@ -42,6 +42,7 @@ from dlrm.trainer.malloc import keep_freed_memory
 from dlrm.trainer.phases import STEP_RANGE
 from dlrm.trainer.profiler import StepProfiler
 from dlrm.trainer.reporter import Reporter, global_mean_and_signal
+from dlrm.trainer.run_dir import planned_steps
 from dlrm.trainer.stop import StopRequest, TrainingStopped
 from dlrm.trainer.train_state import TrainState
 
@@ -194,10 +195,7 @@ class Trainer:
     def total_steps(self) -> int:
         """Steps to train: trainer.max_steps, or fewer if trainer.max_samples comes first."""
         tr = self.cfg.trainer
-        steps = tr.max_steps
-        if tr.max_samples is not None:
-            steps = min(steps, max(1, tr.max_samples // self.cfg.data.global_batch_size))
-        return steps
+        return planned_steps(tr.max_steps, tr.max_samples, self.cfg.data.global_batch_size)
 
     def batches(self, split: str, start_step: int, count: int | None) -> Iterator:
         """This rank's batches of `split` from global step `start_step` (count None: all), prefetched
