@@ -29,13 +29,16 @@ def global_mean_and_signal(
     losses: list[torch.Tensor], signum: int | None, pg: dist.ProcessGroup, world_size: int
 ) -> tuple[float, int | None]:
     """Mean over steps and ranks of per-rank losses (each rank's loss is over its slice), and the
-    stop signal any rank got (dlrm.trainer.stop; SIGTERM before SIGINT), in one all-reduce."""
+    stop signal any rank got (dlrm.trainer.stop; SIGTERM, then SIGHUP, then SIGINT), in one all-reduce."""
     total = torch.stack(losses).sum().float()
-    flags = [float(signum == signal.SIGTERM), float(signum == signal.SIGINT)]
+    flags = [float(signum == s) for s in _STOP_ORDER]
     figures = torch.cat([total.reshape(1), total.new_tensor(flags)])
     dist.all_reduce(figures, group=pg)
-    loss, term, interrupt = figures.tolist()
-    return loss / (len(losses) * world_size), signal.SIGTERM if term else signal.SIGINT if interrupt else None
+    loss, *got = figures.tolist()
+    return loss / (len(losses) * world_size), next((s for s, n in zip(_STOP_ORDER, got, strict=True) if n), None)
+
+
+_STOP_ORDER = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # the stop signals, the one reported first
 
 
 def gathered(value: float, device: torch.device, pg: dist.ProcessGroup, world_size: int) -> list[float]:

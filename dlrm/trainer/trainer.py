@@ -91,7 +91,7 @@ class Trainer:
         self._build(model if model is not None else build_model(cfg.model))
         self.state = TrainState(cfg, self.model, self.optimizer, world.world_size, self.plan)
         tr, ck = cfg.trainer, cfg.checkpoint
-        self.stop = StopRequest()  # SIGINT / SIGTERM: a clean stop at the next log step
+        self.stop = StopRequest(world.is_main)  # SIGINT/SIGTERM/SIGHUP: a clean stop at the next log step
         self.skipped_steps: list[int] = []  # steps dropped for a non-finite loss (on_nonfinite=skip)
         self.log_every = Every(tr.log_every_steps)
         self.reporter = Reporter(cfg, world, self.device, self.pg, self.run_dir)
