@@ -56,12 +56,28 @@ def refuse_alias(out: str | os.PathLike[str], flag: str, inputs: dict[str, str |
             raise UserError(f"{flag} {out} would overwrite {what} {given}; choose another output path")
 
 
+NAME_MAX, PATH_MAX = 255, 4096  # bytes of one name, and of a path (Linux's limits)
+ROOM_INSIDE = 256  # bytes an output directory's own files add to its path (checkpoints/step_*/..., tensorboard/...)
+
+
 def output_dir_problem(value: str, key: str) -> str | None:
     """Why `value` cannot be an output directory (empty, a file, no writable place to create it), else None:
     checked before the work that will write there starts."""
     if not value.strip():
         return f"{key} is empty: give a directory (or leave it out for the default)"
     place = Path(value).absolute()
+    shown = value if len(value) <= 60 else f"{value[:40]}..."
+    long = next((part for part in place.parts if len(os.fsencode(part)) > NAME_MAX), None)
+    if long is not None:
+        return (
+            f"{key}={shown}: a name in it ({long[:20]}...) is {len(os.fsencode(long))} bytes, beyond the "
+            f"{NAME_MAX} a filesystem allows; give a shorter one"
+        )
+    if len(os.fsencode(str(place))) + ROOM_INSIDE > PATH_MAX:
+        return (
+            f"{key}={shown}: the path is {len(os.fsencode(str(place)))} bytes; with the files written "
+            f"inside it, paths would pass the system's {PATH_MAX} bytes; give a shorter directory"
+        )
     if place.exists() and not place.is_dir():
         return f"{key}={value} is a file, not a directory: give a directory"
     existing = next(p for p in (place, *place.parents) if p.exists())

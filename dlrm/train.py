@@ -235,7 +235,8 @@ def _check_output_places(cfg: Config, run_dir: str | None) -> None:
             "hydra.run.dir / checkpoint.dir) every invocation starts in a new timestamped directory and "
             "would never find one: name the run, e.g. run.name=my_run trainer.resume=auto"
         )
-    for key, value in (("hydra.run.dir", run_dir), ("checkpoint.dir", cfg.checkpoint.dir)):
+    named = f"outputs/{cfg.run.name}" if cfg.run.name and run_dir is None else None
+    for key, value in (("hydra.run.dir", run_dir), ("run.name", named), ("checkpoint.dir", cfg.checkpoint.dir)):
         problem = None if value is None else output_dir_problem(value, key)
         if problem:
             raise ConfigError(problem)
