@@ -14,6 +14,7 @@ JSON that may be nested without bound.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -150,3 +151,46 @@ def figure_png(fig: Any) -> bytes:
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
+
+
+class DiskFullError(UserError):
+    """No space left (or the quota reached) where a command writes; the message names the path."""
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_in(e: BaseException) -> OSError | None:
+    """The ENOSPC/EDQUOT OSError that `e` is or wraps (a cause, a context, or one of DCP's per-rank
+    `failures`), else None."""
+    todo: list[Any] = [e]
+    seen: set[int] = set()
+    while todo:
+        x = todo.pop(0)
+        if x is None or id(x) in seen or not isinstance(x, BaseException):
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.errno in _FULL:
+            return x
+        failures = getattr(x, "failures", None)
+        if isinstance(failures, dict):  # DCP's CheckpointException: {rank: its wrapped exception}
+            todo += [f[0] if isinstance(f, tuple) else getattr(f, "exc", f) for f in failures.values()]
+        todo += [x.__cause__, x.__context__]
+    return None
+
+
+@contextmanager
+def disk_full_is_user_error(path: str | os.PathLike[str], what: str, keep: str = "") -> Iterator[None]:
+    """Turn a full disk (ENOSPC, EDQUOT) met while writing `what` to `path` into one DiskFullError line
+    naming the path; `keep` says what is kept (e.g. the last good checkpoint)."""
+    try:
+        yield
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        full = disk_full_in(e)
+        if full is None:
+            raise
+        kept = f"; {keep}" if keep else ""
+        raise DiskFullError(
+            f"no space left on the device of {path} while writing {what} ({full.strerror or 'disk full'}){kept}. "
+            "Free space there, or write elsewhere, then continue"
+        ) from None

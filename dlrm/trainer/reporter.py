@@ -16,7 +16,7 @@ import torch.distributed as dist
 from dlrm.config import Config
 from dlrm.distributed.topology import backend_for
 from dlrm.distributed.world import World
-from dlrm.io import write_json_atomic
+from dlrm.io import disk_full_is_user_error, write_json_atomic
 from dlrm.trainer import console
 from dlrm.trainer.cadence import ThroughputWindow
 from dlrm.trainer.logs import JOB_START
@@ -154,7 +154,8 @@ class Reporter:
             summary["peak_gpu_mem_mb_per_rank"] = gathered(peak_gpu, self.device, self.pg, self.world.world_size)
         summary.update(extras(summary))
         if self.run_dir is not None:
-            write_json_atomic(self.run_dir / "summary.json", summary)
+            with disk_full_is_user_error(self.run_dir / "summary.json", "the run's summary"):
+                write_json_atomic(self.run_dir / "summary.json", summary)
         if self.world.is_main:
             tensorboard = self.cfg.trainer.tensorboard
             for line in console.end_lines(summary, batch, self.world.world_size, self.run_dir, tensorboard):
