@@ -14,6 +14,7 @@ JSON that may be nested without bound.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -56,12 +57,28 @@ def refuse_alias(out: str | os.PathLike[str], flag: str, inputs: dict[str, str |
             raise UserError(f"{flag} {out} would overwrite {what} {given}; choose another output path")
 
 
+NAME_MAX, PATH_MAX = 255, 4096  # bytes of one name, and of a path (Linux's limits)
+ROOM_INSIDE = 256  # bytes an output directory's own files add to its path (checkpoints/step_*/..., tensorboard/...)
+
+
 def output_dir_problem(value: str, key: str) -> str | None:
     """Why `value` cannot be an output directory (empty, a file, no writable place to create it), else None:
     checked before the work that will write there starts."""
     if not value.strip():
         return f"{key} is empty: give a directory (or leave it out for the default)"
     place = Path(value).absolute()
+    shown = value if len(value) <= 60 else f"{value[:40]}..."
+    long = next((part for part in place.parts if len(os.fsencode(part)) > NAME_MAX), None)
+    if long is not None:
+        return (
+            f"{key}={shown}: a name in it ({long[:20]}...) is {len(os.fsencode(long))} bytes, beyond the "
+            f"{NAME_MAX} a filesystem allows; give a shorter one"
+        )
+    if len(os.fsencode(str(place))) + ROOM_INSIDE > PATH_MAX:
+        return (
+            f"{key}={shown}: the path is {len(os.fsencode(str(place)))} bytes; with the files written "
+            f"inside it, paths would pass the system's {PATH_MAX} bytes; give a shorter directory"
+        )
     if place.exists() and not place.is_dir():
         return f"{key}={value} is a file, not a directory: give a directory"
     existing = next(p for p in (place, *place.parents) if p.exists())
@@ -134,3 +151,46 @@ def figure_png(fig: Any) -> bytes:
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
+
+
+class DiskFullError(UserError):
+    """No space left (or the quota reached) where a command writes; the message names the path."""
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_in(e: BaseException) -> OSError | None:
+    """The ENOSPC/EDQUOT OSError that `e` is or wraps (a cause, a context, or one of DCP's per-rank
+    `failures`), else None."""
+    todo: list[Any] = [e]
+    seen: set[int] = set()
+    while todo:
+        x = todo.pop(0)
+        if x is None or id(x) in seen or not isinstance(x, BaseException):
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.errno in _FULL:
+            return x
+        failures = getattr(x, "failures", None)
+        if isinstance(failures, dict):  # DCP's CheckpointException: {rank: its wrapped exception}
+            todo += [f[0] if isinstance(f, tuple) else getattr(f, "exc", f) for f in failures.values()]
+        todo += [x.__cause__, x.__context__]
+    return None
+
+
+@contextmanager
+def disk_full_is_user_error(path: str | os.PathLike[str], what: str, keep: str = "") -> Iterator[None]:
+    """Turn a full disk (ENOSPC, EDQUOT) met while writing `what` to `path` into one DiskFullError line
+    naming the path; `keep` says what is kept (e.g. the last good checkpoint)."""
+    try:
+        yield
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        full = disk_full_in(e)
+        if full is None:
+            raise
+        kept = f"; {keep}" if keep else ""
+        raise DiskFullError(
+            f"no space left on the device of {path} while writing {what} ({full.strerror or 'disk full'}){kept}. "
+            "Free space there, or write elsewhere, then continue"
+        ) from None

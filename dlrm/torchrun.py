@@ -34,8 +34,8 @@ from torch.distributed.run import parse_args, parse_min_max_nnodes, run
 
 USER_ERROR = 2  # dlrm.errors.UserError.exit_code
 COLLECTIVE_FAILED = 3  # a collective timed out or lost a rank (core.topology), or fell short (comms.preflight)
-# A clean stop on a signal (dlrm.trainer.stop.TrainingStopped): 128 + SIGINT / SIGTERM.
-STOPPED = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+# A clean stop on a signal (dlrm.trainer.stop.TrainingStopped): 128 + SIGINT / SIGTERM / SIGHUP.
+STOPPED = (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP)
 QUIET = (USER_ERROR, COLLECTIVE_FAILED, *STOPPED)  # the rank has printed its one line
 SEPARATE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # torch's opt-out of the agent-hosted store
 

@@ -87,9 +87,15 @@ def _job(cfg: Config, world: World) -> None:
     try:
         summary = run(cfg, run_dir, world)
     except Exception as e:
-        from dlrm.distributed.topology import collective_failure
+        from torch.distributed.checkpoint import CheckpointException
 
-        exit_on_user_error(collective_failure(e, cfg.trainer.collective_timeout_s) or e, world.rank)
+        from dlrm.distributed.topology import collective_failure
+        from dlrm.trainer.stop import stopped_meanwhile
+
+        failure = collective_failure(e, cfg.trainer.collective_timeout_s)
+        if failure is not None or isinstance(e, CheckpointException):  # a peer gone, maybe by a signal
+            failure = stopped_meanwhile() or failure
+        exit_on_user_error(failure or e, world.rank)
         raise
     if world.is_main:
         speed = summary["train_samples_per_s"]
@@ -126,10 +132,19 @@ def _run_job(composed: DictConfig, cfg: Config, world: World) -> None:
     _ = done.return_value  # raises the job's exception, if it failed
 
 
+def _launcher_world() -> World:
+    """The launcher's world (`World.from_env`); bad launcher variables: one `error:` line, exit 2."""
+    try:
+        return World.from_env()
+    except UserError as e:
+        exit_on_user_error(e, 0)  # the rank itself may be unreadable: every process says it
+        raise
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_main(dcfg: DictConfig) -> None:
     """The job when Hydra's flags compose the config from elsewhere (-cp, -cn, -cd)."""
-    world = World.from_env()
+    world = _launcher_world()
     try:
         cfg = to_config(dcfg)
         check(cfg, world, None)
@@ -141,21 +156,46 @@ def hydra_main(dcfg: DictConfig) -> None:
 
 
 def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, overrides: list[str]) -> None:
-    """Own the run directory (rank 0 locks it), refuse to start over another run's outputs, then
+    """Own the run directory and checkpoint.dir (rank 0 locks them), refuse to start over another run's outputs, then
     write the run's config.yaml, or, continuing a run with a checkpoint, compare with it (see dlrm.trainer.run_dir)."""
     from dlrm.checkpoint import complete_checkpoints
-    from dlrm.trainer.run_dir import check_continuation, check_fresh_start, check_resume_point, lock_run_dir, record
+    from dlrm.trainer.run_dir import (
+        check_continuation,
+        check_fresh_start,
+        check_resume_point,
+        finished_at,
+        lock_checkpoint_dir,
+        lock_run_dir,
+        planned_steps,
+        record,
+    )
 
-    global _run_lock
+    global _run_lock, _checkpoint_lock
+    tr = cfg.trainer
     if is_main:
         _run_lock = lock_run_dir(run_dir)
+        own = Path(cfg.checkpoint.dir).absolute() if cfg.checkpoint.dir else None
+        if _checkpoint_lock is not None:  # an earlier run in this process (in-process callers) is over
+            os.close(_checkpoint_lock)
+            _checkpoint_lock = None
+        if own is not None and own != run_dir.absolute() and not tr.eval_only:  # another run may share it
+            _checkpoint_lock = lock_checkpoint_dir(own)
     config = OmegaConf.to_container(dcfg, resolve=True, enum_to_str=True)
     assert isinstance(config, dict)
-    tr = cfg.trainer
     checkpoints = complete_checkpoints(Path(cfg.checkpoint.dir or run_dir / "checkpoints"))
     check_fresh_start(run_dir, checkpoints, tr.resume, look_at_config=is_main)
     if tr.resume and not tr.eval_only:
         check_resume_point(checkpoints, tr.resume, tr.max_steps)
+        done = finished_at(
+            checkpoints, tr.resume, planned_steps(tr.max_steps, tr.max_samples, cfg.data.global_batch_size)
+        )
+        if done is not None:  # a continuation with nothing to train: the run's records stay as they are
+            if is_main:
+                print(
+                    f"already finished at step {done} ({checkpoints[-1]}); nothing to train, nothing changed: "
+                    f"raise trainer.max_steps to train on, or evaluate it with trainer.eval_only=true"
+                )
+            sys.exit(0)
     continuing = bool(checkpoints) and bool(tr.resume)
     changes = check_continuation(run_dir, config) if continuing else {}
     if is_main:
@@ -163,6 +203,7 @@ def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, ove
 
 
 _run_lock: int | None = None  # rank 0's lock on its run directory, held for the process's life
+_checkpoint_lock: int | None = None  # and on its checkpoint.dir, if set elsewhere
 
 
 def _shared_run_dir() -> str:
@@ -195,7 +236,8 @@ def _check_output_places(cfg: Config, run_dir: str | None) -> None:
             "hydra.run.dir / checkpoint.dir) every invocation starts in a new timestamped directory and "
             "would never find one: name the run, e.g. run.name=my_run trainer.resume=auto"
         )
-    for key, value in (("hydra.run.dir", run_dir), ("checkpoint.dir", cfg.checkpoint.dir)):
+    named = f"outputs/{cfg.run.name}" if cfg.run.name and run_dir is None else None
+    for key, value in (("hydra.run.dir", run_dir), ("run.name", named), ("checkpoint.dir", cfg.checkpoint.dir)):
         problem = None if value is None else output_dir_problem(value, key)
         if problem:
             raise ConfigError(problem)
@@ -230,7 +272,7 @@ def main() -> None:
     # A rank that crashes in native code (SIGSEGV, SIGABRT: a library's uncaught C++ exception, a heap
     # check) prints every thread's Python stack to its stderr instead of dying without a word.
     faulthandler.enable()
-    world = World.from_env()
+    world = _launcher_world()
     flags, overrides = _split_flags(sys.argv[1:])
     with hydra_session():
         cfg = None

@@ -26,6 +26,7 @@ from dlrm.checkpoint.layout import (
 )
 from dlrm.checkpoint.manifest import file_digest, read_manifest, signature_differences, write_manifest
 from dlrm.checkpoint.safe_load import load_checkpoint
+from dlrm.io import DiskFullError, disk_full_is_user_error
 from dlrm.trainer.cadence import Every
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,19 @@ class Checkpointer:
                 f"{final} is another invocation's checkpoint: not replaced. Resume from the newest checkpoint "
                 "(trainer.resume=auto), or write this run's checkpoints elsewhere (checkpoint.dir)"
             )
+        latest = latest_checkpoint(self.root)
+        keep = f"checkpoint step {step} not saved, the last good one kept: {latest or 'none'}"
+        try:
+            with disk_full_is_user_error(self.root, f"checkpoint step {step}", keep):
+                self._write(step, state, manifest, partial, final)
+        except DiskFullError:
+            if self.is_main:  # its space back; never a complete checkpoint
+                shutil.rmtree(partial, ignore_errors=True)
+            raise
+        return final
+
+    def _write(self, step: int, state: dict, manifest: dict, partial: Path, final: Path) -> None:
+        """`save`'s writing: DCP's files into `partial`, their digests, the manifest, the rename."""
         if self.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
             for stale in self.root.glob(".*.partial"):
@@ -135,7 +149,6 @@ class Checkpointer:
             write_manifest(partial, {**manifest, "step": step, "files": files})
             self._publish(partial, final)
         dist.barrier(group=self.pg)
-        return final
 
     def _publish(self, partial: Path, final: Path) -> None:
         """Rank 0: rename the complete `partial` to `final`, then delete this Checkpointer's checkpoints

@@ -38,8 +38,14 @@ class RunConfig:
 
     name: str | None = None
     """A named run lives in outputs/NAME (unless hydra.run.dir is given), so a later invocation with
-    the same name and trainer.resume=auto continues it. None: a new timestamped run directory."""
+    the same name and trainer.resume=auto continues it. None: a new timestamped run directory.
+    1 to 255 letters, digits, '.', '_' and '-', not starting with '.' or '-' (portable directory names)."""
 
     def check(self, key: str = "run") -> None:
-        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", self.name):
-            _fail(f"{key}.name", self.name, "use letters, digits, '.', '_' and '-' only (it names a directory)")
+        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}", self.name):
+            shown = self.name if len(self.name) <= 60 else f"{self.name[:40]}... ({len(self.name)} characters)"
+            _fail(
+                f"{key}.name",
+                shown,
+                "use 1 to 255 letters, digits, '.', '_' and '-', not starting with '.' or '-' (it names a directory)",
+            )

@@ -19,6 +19,9 @@ from dlrm.plan.memory import check_fits, memory_summary
 PROPOSERS = ("default", "exact", "greedy", "uniform")
 
 
+MAX_RANKS = 65536  # the largest world dlrm.plan plans for: beyond any cluster, and the planner's cost grows with it
+
+
 def world_of(cfg: Config, ranks_per_node: int | None) -> tuple[int, int]:
     """(world size, ranks per node) for planning; checks them like the launcher's world is checked."""
     tp = cfg.topology
@@ -36,6 +39,11 @@ def world_of(cfg: Config, ranks_per_node: int | None) -> tuple[int, int]:
             f"{ranks_per_node}: drop one of them or make them equal"
         )
     world = tp.nodes * g
+    if world > MAX_RANKS:
+        raise ConfigError(
+            f"topology.nodes x ranks per node = {tp.nodes} x {g} = {world:,} ranks, beyond the {MAX_RANKS:,} "
+            "that dlrm.plan plans for; give a real cluster's size (topology.nodes, --ranks-per-node)"
+        )
     validate_world(cfg, world, g)  # global batch divisible by the world size, etc.
     return world, g
 

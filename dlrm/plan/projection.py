@@ -76,6 +76,9 @@ EMB_BACKWARD_PASSES = 3  # read the row gradient, read and write the row (fused 
 A2A_PHASES = ("input_dist", "emb_a2a_fwd", "grad_a2a")  # the measured embedding exchange
 
 
+MAX_NODES = 65536  # --scale's largest node count (dlrm.plan.planner.MAX_RANKS ranks of one each)
+
+
 def parse_scale(text: str) -> list[int]:
     """'1,2,4' -> [1, 2, 4]; ConfigError unless every entry is a positive integer."""
     out = []
@@ -84,9 +87,9 @@ def parse_scale(text: str) -> list[int]:
             n = int(item)
         except ValueError:
             n = 0
-        if n <= 0:
+        if not 0 < n <= MAX_NODES:
             raise ConfigError(
-                f"--scale {text!r}: {item.strip()!r} is not a positive node count; "
+                f"--scale {text!r}: {item.strip()!r} is not a positive node count (at most {MAX_NODES:,}); "
                 "pass node counts like --scale 1,2,4,8"
             )
         out.append(n)

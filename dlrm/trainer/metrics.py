@@ -27,6 +27,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from dlrm.io import disk_full_is_user_error
+
 log = logging.getLogger(__name__)
 FILE_ONLY = {"console": False}  # `extra` for a record that goes to train.log but not the console
 
@@ -149,7 +151,8 @@ class MetricsLog:
         """Record `record` (it must hold `step`) under `group` (TensorBoard's tag prefix)."""
         if self._file is not None:
             stamped = dict(record, time=round(time.time(), 3), elapsed_s=round(time.monotonic() - self._start, 3))
-            self._file.write(json.dumps(stamped, sort_keys=True) + "\n")
+            with disk_full_is_user_error(self._file.name, "metrics"):
+                self._file.write(json.dumps(stamped, sort_keys=True) + "\n")
         if self._tb is not None:
             for key, value in record.items():
                 if isinstance(value, dict):

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from dlrm.config import Config
 from dlrm.distributed.topology import backend_for
 from dlrm.distributed.world import World
-from dlrm.io import write_json_atomic
+from dlrm.io import disk_full_is_user_error, write_json_atomic
 from dlrm.trainer import console
 from dlrm.trainer.cadence import ThroughputWindow
 from dlrm.trainer.logs import JOB_START
@@ -29,13 +29,16 @@ def global_mean_and_signal(
     losses: list[torch.Tensor], signum: int | None, pg: dist.ProcessGroup, world_size: int
 ) -> tuple[float, int | None]:
     """Mean over steps and ranks of per-rank losses (each rank's loss is over its slice), and the
-    stop signal any rank got (dlrm.trainer.stop; SIGTERM before SIGINT), in one all-reduce."""
+    stop signal any rank got (dlrm.trainer.stop; SIGTERM, then SIGHUP, then SIGINT), in one all-reduce."""
     total = torch.stack(losses).sum().float()
-    flags = [float(signum == signal.SIGTERM), float(signum == signal.SIGINT)]
+    flags = [float(signum == s) for s in _STOP_ORDER]
     figures = torch.cat([total.reshape(1), total.new_tensor(flags)])
     dist.all_reduce(figures, group=pg)
-    loss, term, interrupt = figures.tolist()
-    return loss / (len(losses) * world_size), signal.SIGTERM if term else signal.SIGINT if interrupt else None
+    loss, *got = figures.tolist()
+    return loss / (len(losses) * world_size), next((s for s, n in zip(_STOP_ORDER, got, strict=True) if n), None)
+
+
+_STOP_ORDER = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # the stop signals, the one reported first
 
 
 def gathered(value: float, device: torch.device, pg: dist.ProcessGroup, world_size: int) -> list[float]:
@@ -154,7 +157,8 @@ class Reporter:
             summary["peak_gpu_mem_mb_per_rank"] = gathered(peak_gpu, self.device, self.pg, self.world.world_size)
         summary.update(extras(summary))
         if self.run_dir is not None:
-            write_json_atomic(self.run_dir / "summary.json", summary)
+            with disk_full_is_user_error(self.run_dir / "summary.json", "the run's summary"):
+                write_json_atomic(self.run_dir / "summary.json", summary)
         if self.world.is_main:
             tensorboard = self.cfg.trainer.tensorboard
             for line in console.end_lines(summary, batch, self.world.world_size, self.run_dir, tensorboard):

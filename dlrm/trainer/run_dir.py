@@ -58,17 +58,24 @@ def lock_run_dir(run_dir: Path) -> int:
     flock on run_dir/.lock, opened without following a planted symlink, released by the kernel when
     the process ends however it ends. RunInUseError naming the holder if another process has it.
     Returns the lock's file descriptor (keep it open)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    return _lock(run_dir, f"run directory {run_dir}", "give this one another run.name (or hydra.run.dir)")
+
+
+def lock_checkpoint_dir(checkpoint_dir: Path) -> int:
+    """Take a checkpoint.dir's lock as `lock_run_dir` takes a run directory's: two runs writing one
+    checkpoint directory would replace and prune each other's checkpoints."""
+    return _lock(checkpoint_dir, f"checkpoint directory {checkpoint_dir}", "give this one another checkpoint.dir")
+
+
+def _lock(directory: Path, what: str, fix: str) -> int:
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
         os.close(fd)
-        raise RunInUseError(
-            f"run directory {run_dir} is in use by another training ({holder}); wait for it to end, or "
-            "give this one another run.name (or hydra.run.dir)"
-        ) from None
+        raise RunInUseError(f"{what} is in use by another training ({holder}); wait for it to end, or {fix}") from None
     os.ftruncate(fd, 0)
     os.pwrite(
         fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode(), 0
@@ -115,6 +122,25 @@ def check_resume_point(checkpoints: list[Path], resume: str, max_steps: int) -> 
             f"checkpoint {where} is at step {step}, past trainer.max_steps={max_steps}: raise "
             "trainer.max_steps to train on from it, or evaluate it with trainer.eval_only=true"
         )
+
+
+def planned_steps(max_steps: int, max_samples: int | None, global_batch_size: int) -> int:
+    """The steps a run trains in all: trainer.max_steps, or fewer if trainer.max_samples comes first."""
+    if max_samples is None:
+        return max_steps
+    return min(max_steps, max(1, max_samples // global_batch_size))
+
+
+def finished_at(checkpoints: list[Path], resume: str, total_steps: int) -> int | None:
+    """The step of a finished run that `resume` (auto, or a step_* path) would continue from the newest
+    of its own `checkpoints`, when that step leaves nothing to train (>= `total_steps`); else None."""
+    if not checkpoints:
+        return None
+    newest = checkpoints[-1]
+    if resume != "auto" and Path(resume).absolute() != newest.absolute():
+        return None
+    digits = newest.name.removeprefix("step_")
+    return int(digits) if digits.isdigit() and int(digits) >= total_steps else None
 
 
 # Keys whose change a checkpoint cannot follow. The model: the checkpoint's tensors have its shapes.

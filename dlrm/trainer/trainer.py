@@ -42,6 +42,7 @@ from dlrm.trainer.malloc import keep_freed_memory
 from dlrm.trainer.phases import STEP_RANGE
 from dlrm.trainer.profiler import StepProfiler
 from dlrm.trainer.reporter import Reporter, global_mean_and_signal
+from dlrm.trainer.run_dir import planned_steps
 from dlrm.trainer.stop import StopRequest, TrainingStopped
 from dlrm.trainer.train_state import TrainState
 
@@ -90,7 +91,7 @@ class Trainer:
         self._build(model if model is not None else build_model(cfg.model))
         self.state = TrainState(cfg, self.model, self.optimizer, world.world_size, self.plan)
         tr, ck = cfg.trainer, cfg.checkpoint
-        self.stop = StopRequest()  # SIGINT / SIGTERM: a clean stop at the next log step
+        self.stop = StopRequest(world.is_main)  # SIGINT/SIGTERM/SIGHUP: a clean stop at the next log step
         self.skipped_steps: list[int] = []  # steps dropped for a non-finite loss (on_nonfinite=skip)
         self.log_every = Every(tr.log_every_steps)
         self.reporter = Reporter(cfg, world, self.device, self.pg, self.run_dir)
@@ -194,10 +195,7 @@ class Trainer:
     def total_steps(self) -> int:
         """Steps to train: trainer.max_steps, or fewer if trainer.max_samples comes first."""
         tr = self.cfg.trainer
-        steps = tr.max_steps
-        if tr.max_samples is not None:
-            steps = min(steps, max(1, tr.max_samples // self.cfg.data.global_batch_size))
-        return steps
+        return planned_steps(tr.max_steps, tr.max_samples, self.cfg.data.global_batch_size)
 
     def batches(self, split: str, start_step: int, count: int | None) -> Iterator:
         """This rank's batches of `split` from global step `start_step` (count None: all), prefetched

@@ -105,3 +105,33 @@ def test_a_collective_timeout_is_one_line_naming_the_setting():
     first, second = PAIR["stalled_rank"]
     assert first is not None and first.startswith("failed: a collective waited 1 s (trainer.collective_timeout_s)")
     assert second is not None and second.startswith("failed: "), second
+
+
+@pytest.mark.slow
+def test_two_sigterms_during_a_checkpoint_save_are_one_line(tmp_path):
+    """Two SIGTERMs a few ms apart to every process of the job (torchrun and both ranks) while a
+    checkpoint is being written: one `stopped:` line, exit 143, no traceback (nothing is raised inside
+    DCP's collectives). A rank that sees two stops at once; two that land while it waits in a
+    collective count once (Python runs the handler once), and it stops at the next log step."""
+    run_dir = tmp_path / "run"
+    job = _start(run_dir, "checkpoint.every_steps=1")
+    root = run_dir / "checkpoints"
+    try:
+        deadline = time.monotonic() + 240
+        while not (root.is_dir() and any(root.glob("step_*")) and any(root.glob(".step_*.partial"))):
+            assert job.poll() is None and time.monotonic() < deadline, Path(f"{run_dir}.log").read_text()[-3000:]
+            time.sleep(0.001)
+        os.killpg(job.pid, signal.SIGTERM)
+        time.sleep(0.005)
+        os.killpg(job.pid, signal.SIGTERM)
+        code = job.wait(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    out = Path(f"{run_dir}.log").read_text()
+    assert code == 128 + signal.SIGTERM, out[-3000:]
+    assert "Traceback" not in out and "TypeError" not in out, out[-3000:]
+    lines = [line for line in out.splitlines() if line.startswith(("stopped:", "error:", "failed:"))]
+    assert len(lines) == 1 and lines[0].startswith("stopped: by "), out[-3000:]
+    assert "SIGTERM" in lines[0] and "trainer.resume=auto" in lines[0], lines[0]

@@ -92,3 +92,18 @@ def test_a_resume_from_an_older_step_over_later_checkpoints_is_one_error(monkeyp
     args = (*RUN, f"hydra.run.dir={tmp_path / 'run'}", f"trainer.resume={older}")
     assert_one_error(*main_in_process(monkeypatch, capsys, *args), "after step 4", str(later), "trainer.resume=auto")
     assert (later / "manifest.json").read_text() == "{}"
+
+
+def test_a_checkpoint_directory_in_use_by_another_run_is_one_error(monkeypatch, capsys, tmp_path):
+    """Two runs sharing checkpoint.dir would write and prune each other's checkpoints: the second is
+    refused before it trains, naming the directory and the holder."""
+    ckpts = tmp_path / "shared_ckpts"
+    fd = lock_run_dir(ckpts)  # the first run's rank 0, still training into it
+    try:
+        result = main_in_process(
+            monkeypatch, capsys, *RUN, f"hydra.run.dir={tmp_path / 'b'}", f"checkpoint.dir={ckpts}"
+        )
+    finally:
+        os.close(fd)
+    assert_one_error(*result, str(ckpts), "in use by another training", f"pid {os.getpid()}", "checkpoint.dir")
+    assert not any(ckpts.glob("step_*")) and not (tmp_path / "b" / "config.yaml").exists()

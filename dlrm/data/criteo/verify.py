@@ -159,12 +159,17 @@ def _col_max(x: np.ndarray, k: int = 64) -> np.ndarray:
 def _scan(
     path: str, head: NpyHeader, sha256: str | None, check: Callable[[np.ndarray, int], None], chunk_bytes: int
 ) -> None:
-    """Read `path` once, `chunk_bytes` at a time: check(rows [n, cols], first row) and hash the bytes."""
+    """Read `path` once, `chunk_bytes` at a time: check(rows [n, cols], first row) and hash the bytes.
+
+    With `sha256`, the checksum is decided before the content: a check's refusal waits until the whole
+    file is hashed, and a file that differs from the manifest is refused for that (a corrupt copy),
+    not for what the damage looks like (an id beyond its table, which would blame the table size)."""
     h = hashlib.sha256() if sha256 else None
     rows, cols = head.shape
     row_bytes = cols * head.dtype.itemsize
     per = max(1, chunk_bytes // max(1, row_bytes))
     buf = bytearray(min(per, max(rows, 1)) * row_bytes)
+    refused: CriteoDataError | None = None
     with open(path, "rb") as f:
         header = f.read(head.offset)
         if h:
@@ -181,7 +186,13 @@ def _scan(
                 got += k
             if h:
                 h.update(view)
-            check(np.frombuffer(view, head.dtype).reshape(n, cols), start)
+            if refused is None:
+                try:
+                    check(np.frombuffer(view, head.dtype).reshape(n, cols), start)
+                except CriteoDataError as e:
+                    if not h:
+                        raise
+                    refused = e  # said once the checksum is known to match
             start += n
     if h and h.hexdigest() != sha256:
         raise CriteoDataError(
@@ -189,6 +200,8 @@ def _scan(
             f"preprocessing (a corrupt copy or disk, or another tool). Fix: copy the directory again or {RERUN}; "
             f"data.criteo.verify_checksums=false skips only this check"
         )
+    if refused is not None:
+        raise refused
 
 
 def day_headers(directory: str, meta: dict, sparse_dtype: str) -> dict[str, NpyHeader]:
