@@ -15,6 +15,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
 
+from dlrm.cadence import Every
 from dlrm.checkpoint.finite import everyones, listed, nonfinite_tensors
 from dlrm.checkpoint.layout import (
     MANIFEST,
@@ -27,7 +28,6 @@ from dlrm.checkpoint.layout import (
 from dlrm.checkpoint.manifest import file_digest, read_manifest, signature_differences, write_manifest
 from dlrm.checkpoint.safe_load import load_checkpoint
 from dlrm.io import DiskFullError, disk_full_is_user_error
-from dlrm.trainer.cadence import Every
 
 log = logging.getLogger(__name__)
 

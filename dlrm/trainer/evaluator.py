@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from dlrm.cadence import Every
 from dlrm.config import Config
-from dlrm.trainer.cadence import Every
 from dlrm.trainer.metrics import score_on_rank0
 
 

@@ -18,7 +18,7 @@ from dlrm.distributed.topology import backend_for
 from dlrm.distributed.world import World
 from dlrm.io import disk_full_is_user_error, write_json_atomic
 from dlrm.trainer import console
-from dlrm.trainer.cadence import ThroughputWindow
+from dlrm.trainer.clock import ThroughputWindow
 from dlrm.trainer.logs import JOB_START
 from dlrm.trainer.metrics import MetricsLog, Progress, peak_rss_mb
 

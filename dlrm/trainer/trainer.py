@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.profiler import record_function
 from torchrec.distributed.train_pipeline import PrefetchTrainPipelineSparseDist, TrainPipelineSparseDist
 
+from dlrm.cadence import Every
 from dlrm.checkpoint import Checkpointer, CheckpointError, latest_checkpoint
 from dlrm.config import Config
 from dlrm.data.loader import batches_on, make_source
@@ -36,7 +37,6 @@ from dlrm.distributed.world import World
 from dlrm.errors import UserError
 from dlrm.models.dlrm import DLRMTrain, build_model, compile_dense, initialize
 from dlrm.optim.optimizers import build_optimizer, fuse_embedding_optimizer, lr_factor, lr_schedule
-from dlrm.trainer.cadence import Every
 from dlrm.trainer.evaluator import Evaluator
 from dlrm.trainer.malloc import keep_freed_memory
 from dlrm.trainer.phases import STEP_RANGE

@@ -2,7 +2,8 @@
 
 import pytest
 
-from dlrm.trainer.cadence import Every, ThroughputWindow
+from dlrm.cadence import Every
+from dlrm.trainer.clock import ThroughputWindow
 
 
 def test_every_n_steps_and_at_the_end():

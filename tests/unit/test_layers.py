@@ -1,99 +1,40 @@
-"""The shape of the package: data flows one way. No import cycle among dlrm's modules (module-level
-and function-level imports alike), and the core (models, distributed, optim, trainer, checkpoint,
-data) imports neither the analysis tools (comms, plan, cluster) nor the entry points."""
+"""The shape of the package. Data flows one way: the import contracts in pyproject.toml
+([tool.importlinter]: the core imports no analysis tool and no entry point; no two packages import
+each other, at any level) are checked by `lint-imports` in .ci/lint; here, that they have teeth, and
+that a bad command line is refused before torch is imported."""
 
 from __future__ import annotations
 
-import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = ROOT / "dlrm"
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+def _lint_imports(tree: Path) -> subprocess.CompletedProcess:
+    """lint-imports with the repository's contracts over the package in `tree`."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tree)}
+    cmd = [str(LINT_IMPORTS), "--config", str(ROOT / "pyproject.toml"), "--no-cache"]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env=env, timeout=120)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """{module: the dlrm modules it imports anywhere in its body}."""
-    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        edges = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets = []
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
-            for target in targets:
-                while target and target not in modules:
-                    target = target.rpartition(".")[0]
-                if target and target != name and not name.startswith(target + "."):  # not a parent package
-                    edges.add(target)
-        graph[name] = edges
-    return graph
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components with more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                component.append(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
-
-
-def test_no_import_cycles():
-    assert cycles(import_graph()) == []
-
-
-def _within(module: str, packages: tuple[str, ...]) -> bool:
-    return any(module == p or module.startswith(p + ".") for p in packages)
-
-
-CORE = ("dlrm.models", "dlrm.distributed", "dlrm.optim", "dlrm.trainer", "dlrm.checkpoint", "dlrm.data")
-
-
-def test_the_core_imports_no_tool_and_no_entry_point():
-    tools = ("dlrm.comms", "dlrm.plan", "dlrm.train", "dlrm.bench.training", "dlrm.export", "dlrm.predict")
-    edges = [
-        f"{m} -> {t}" for m, targets in import_graph().items() if _within(m, CORE) for t in targets if _within(t, tools)
-    ]
-    assert edges == []
-
-
-def test_the_checks_see_a_cycle_and_a_core_edge():
-    """The graph and the cycle finder have teeth."""
-    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert "dlrm.distributed.sharding" in import_graph()["dlrm.trainer.trainer"]
+def test_the_import_contracts_hold_and_catch_a_core_to_tool_import_and_a_cycle(tmp_path):
+    clean = tmp_path / "clean"
+    shutil.copytree(ROOT / "dlrm", clean / "dlrm", ignore=shutil.ignore_patterns("__pycache__"))
+    assert _lint_imports(clean).returncode == 0, _lint_imports(clean).stdout[-3000:]
+    for name, module, line in (
+        ("tool", "dlrm/models/mlp.py", "import dlrm.plan.planner\n"),  # the core importing a tool
+        ("cycle", "dlrm/config/choices.py", "def _f():\n    import dlrm.trainer.logs\n"),  # config <-> trainer
+    ):
+        tree = tmp_path / name
+        shutil.copytree(clean, tree)
+        with open(tree / module, "a") as f:
+            f.write(line)
+        r = _lint_imports(tree)
+        assert r.returncode != 0 and "BROKEN" in r.stdout, (name, r.stdout[-3000:])
 
 
 def test_a_bad_command_line_is_refused_before_torch_is_imported():

@@ -1,7 +1,6 @@
-"""When the training loop's components act, and the clock of its throughput: the loop only asks.
+"""The clock of the training loop's throughput (when components act: `dlrm.cadence`).
 
-`Every` is a component's cadence (log, evaluate, checkpoint): every n steps and/or at the last
-step. `ThroughputWindow` collects the losses of the steps since the last log and their wall time,
+`ThroughputWindow` collects the losses of the steps since the last log and their wall time,
 paused while the loop evaluates or saves, so samples/s counts training alone.
 """
 
@@ -10,21 +9,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Every:
-    """Due at steps n, 2n, ... (n = 0: never) and, if `at_end`, at the last step."""
-
-    n: int
-    at_end: bool = True
-
-    def due(self, step: int, last: bool) -> bool:
-        return (self.n > 0 and step % self.n == 0) or (last and self.at_end)
 
 
 class ThroughputWindow(Generic[T]):
