@@ -158,7 +158,7 @@ def hydra_main(dcfg: DictConfig) -> None:
 def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, overrides: list[str]) -> None:
     """Own the run directory and checkpoint.dir (rank 0 locks them), refuse to start over another run's outputs, then
     write the run's config.yaml, or, continuing a run with a checkpoint, compare with it (see dlrm.trainer.run_dir)."""
-    from dlrm.checkpoint import complete_checkpoints
+    from dlrm.checkpoint import complete_checkpoints, read_manifest
     from dlrm.trainer.run_dir import (
         check_continuation,
         check_fresh_start,
@@ -197,7 +197,7 @@ def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, ove
                 )
             sys.exit(0)
     continuing = bool(checkpoints) and bool(tr.resume)
-    changes = check_continuation(run_dir, config) if continuing else {}
+    changes = check_continuation(run_dir, config, read_manifest(checkpoints[-1])) if continuing else {}
     if is_main:
         record(run_dir, config, continuing, overrides, changes)
 

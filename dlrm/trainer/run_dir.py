@@ -22,7 +22,7 @@ import yaml
 
 from dlrm.config import ConfigError
 from dlrm.errors import UserError
-from dlrm.io import read_bounded, write_atomic
+from dlrm.io import read_bounded, sha256_file, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -187,13 +187,27 @@ def read_config(run_dir: Path) -> dict | None:
     return saved
 
 
-def check_continuation(run_dir: Path, config: dict) -> dict[str, tuple[Any, Any]]:
+def recorded_config_sha256(run_dir: Path | None) -> str | None:
+    """The sha256 of the run's config.yaml as recorded (checkpoint manifests carry it), or None."""
+    path = None if run_dir is None else run_dir / CONFIG
+    return None if path is None or not path.is_file() else sha256_file(path)
+
+
+def check_continuation(run_dir: Path, config: dict, manifest: dict | None = None) -> dict[str, tuple[Any, Any]]:
     """Compare a continuation's resolved `config` with the run's config.yaml (every rank may call
-    it: it only reads). Logs the changes; ConfigError naming the keys if one cannot apply.
-    Returns the changes (empty when there is no recorded config)."""
+    it: it only reads), after checking that config.yaml is the one the run recorded: `manifest`, the
+    checkpoint it continues from, names its sha256. Logs the changes; ConfigError naming the keys
+    if one cannot apply. Returns the changes (empty when there is no recorded config)."""
     saved = read_config(run_dir)
     if saved is None:
         return {}
+    recorded = (manifest or {}).get("run_config_sha256")
+    if recorded is not None and recorded != recorded_config_sha256(run_dir):
+        raise ConfigError(
+            f"{run_dir / CONFIG} is not the config this run recorded (its sha256 differs from the one in its "
+            "checkpoints' manifest: edited since?): restore it, and change settings with overrides on the "
+            "command line, which are checked and logged in continuations.jsonl"
+        )
     changes = {k: v for k, v in config_changes(saved, config).items() if not _ignored(k)}
     fixed = [k for k in changes if k.startswith(FIXED_PREFIXES)]
     if fixed:

@@ -23,8 +23,17 @@ class TrainState:
     and loads into them in place.
     """
 
-    def __init__(self, cfg: Config, model: torch.nn.Module, optimizer, world_size: int, plan) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        model: torch.nn.Module,
+        optimizer,
+        world_size: int,
+        plan,
+        run_config_sha256: str | None = None,
+    ) -> None:
         self.cfg, self.model, self.optimizer, self.world_size, self.plan = cfg, model, optimizer, world_size, plan
+        self.run_config_sha256 = run_config_sha256  # the run directory's config.yaml as recorded (rank 0)
         self.step = 0
 
     def state_dict(self, weights_only: bool = False) -> dict:
@@ -57,5 +66,6 @@ class TrainState:
             "model": model_signature(self.cfg.model),
             "optim": self.optimizer_names(),
             "config_sha256": hashlib.sha256(json.dumps(asdict(self.cfg), sort_keys=True).encode()).hexdigest(),
+            **({"run_config_sha256": self.run_config_sha256} if self.run_config_sha256 else {}),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }

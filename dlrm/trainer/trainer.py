@@ -42,7 +42,7 @@ from dlrm.trainer.malloc import keep_freed_memory
 from dlrm.trainer.phases import STEP_RANGE
 from dlrm.trainer.profiler import StepProfiler
 from dlrm.trainer.reporter import Reporter, global_mean_and_signal
-from dlrm.trainer.run_dir import planned_steps
+from dlrm.trainer.run_dir import planned_steps, recorded_config_sha256
 from dlrm.trainer.stop import StopRequest, TrainingStopped
 from dlrm.trainer.train_state import TrainState
 
@@ -89,7 +89,9 @@ class Trainer:
         self.source = make_source(cfg, self.device)  # data errors before any process group or table exists
         self.pg = init_distributed(cfg.topology, world, self.device, cfg.trainer.collective_timeout_s)
         self._build(model if model is not None else build_model(cfg.model))
-        self.state = TrainState(cfg, self.model, self.optimizer, world.world_size, self.plan)
+        self.state = TrainState(
+            cfg, self.model, self.optimizer, world.world_size, self.plan, recorded_config_sha256(self.run_dir)
+        )
         tr, ck = cfg.trainer, cfg.checkpoint
         self.stop = StopRequest(world.is_main)  # SIGINT/SIGTERM/SIGHUP: a clean stop at the next log step
         self.skipped_steps: list[int] = []  # steps dropped for a non-finite loss (on_nonfinite=skip)

@@ -65,3 +65,24 @@ def test_only_the_newest_checkpoint_at_the_end_is_finished(tmp_path):
     assert finished_at(ckpts, str(tmp_path / "other" / "step_00000010"), 10) is None  # another run's weights
     assert finished_at([], "auto", 10) is None
     assert planned_steps(10, 320, 64) == 5 and planned_steps(10, None, 64) == 10
+
+
+@pytest.mark.slow
+def test_a_continuation_refuses_a_config_yaml_edited_since_the_run_recorded_it(tmp_path):
+    """A run's settings come from what it recorded: its checkpoints' manifest names config.yaml's
+    sha256, so a hand edit (here: the table size, which an override could not change) is refused in
+    one line; the restored file continues."""
+    run_dir = tmp_path / "run"
+    assert _train(run_dir).returncode == 0
+    config = run_dir / "config.yaml"
+    recorded = config.read_bytes()
+    assert b"rows: 100\n" in recorded
+    config.write_bytes(recorded.replace(b"rows: 100\n", b"rows: 99\n", 1))
+    edited = _train(run_dir, "trainer.resume=auto", "trainer.max_steps=4")
+    text = edited.stdout + edited.stderr
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert edited.returncode == 2 and len(errors) == 1 and "Traceback" not in text, text[-3000:]
+    assert str(config) in errors[0] and "restore it" in errors[0], errors[0]
+    config.write_bytes(recorded)
+    restored = _train(run_dir, "trainer.resume=auto", "trainer.max_steps=4")
+    assert restored.returncode == 0, (restored.stdout + restored.stderr)[-3000:]
