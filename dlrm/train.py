@@ -269,9 +269,7 @@ def _split_flags(args: list[str]) -> tuple[set[str], list[str]]:
 def main() -> None:
     """Compose the command line's config once, check it, then run the job in its run directory; with
     Hydra's own flags (--help, --cfg, -cp...), hand the command line to Hydra's `@main`."""
-    # A rank that crashes in native code (SIGSEGV, SIGABRT: a library's uncaught C++ exception, a heap
-    # check) prints every thread's Python stack to its stderr instead of dying without a word.
-    faulthandler.enable()
+    _enable_fault_handler()
     world = _launcher_world()
     flags, overrides = _split_flags(sys.argv[1:])
     with hydra_session():
@@ -306,6 +304,19 @@ def main() -> None:
     if "hydra.output_subdir" in placed:  # not rank 0: no Hydra logging (dlrm.trainer.logs sets it up)
         sys.argv[1:1] = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
     hydra_main()  # Hydra's @main initializes Hydra itself, outside the session above
+
+
+def _enable_fault_handler() -> None:
+    """A rank that crashes in native code (SIGSEGV, SIGABRT: a library's uncaught C++ exception, a
+    heap check) prints every thread's Python stack to the process's stderr instead of dying without
+    a word. Skipped where that stderr has no file descriptor (an embedding host)."""
+    stderr = sys.__stderr__
+    if faulthandler.is_enabled() or stderr is None:
+        return
+    try:
+        faulthandler.enable(file=stderr)
+    except (ValueError, OSError):  # io.UnsupportedOperation is an OSError: no fileno()
+        return
 
 
 def _placement(world: World, name: str | None, run_dir: str | None) -> dict[str, str | None]:

@@ -18,6 +18,7 @@ import multiprocessing
 import pickle
 import random
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -95,7 +96,7 @@ def run_in_turn(jobs: list[Job]) -> list[tuple]:
     """On one rank: every job in turn, freeing each one's objects before the next; then the teardown
     dlrm.train.run does (free cycles holding in-flight Gloo work, then the groups). Returns each
     job's (result, wall seconds)."""
-    faulthandler.enable()  # a rank that aborts prints its threads' stacks (as dlrm.train's ranks do)
+    faulthandler.enable(file=sys.__stderr__)  # a rank that aborts prints its threads' stacks (as dlrm.train's)
     results = []
     for job in jobs:
         start = time.perf_counter()
