@@ -1,3 +1,4 @@
+# long file: the alpha-beta model of every fabric and collective, one concept
 """Alpha-beta cost model of collectives on a ring, a fully connected topology and a switch.
 
 Every estimate has the form ``T = steps * alpha + factor * n / B`` where

@@ -213,6 +213,7 @@ def check_sweep(sizes: Sequence[int], min_bytes: str, max_bytes: str) -> None:
         )
 
 
+# long: parses, measures, fits and writes in one readable sequence
 def main(argv: Sequence[str] | None = None) -> TopologyConfig | None:
     """Measure, fit and write in this torchrun worker; rank 0 returns the fitted topology, others None."""
     import torch.distributed as dist

@@ -89,6 +89,7 @@ def _blocks(
         raise ConvertError(f"{path}: {str(e).strip().splitlines()[0]}; fix the file or the options") from None
 
 
+# long: one streaming pass over the CSV, read top to bottom
 def convert(
     inputs: Sequence[str],
     out: str,

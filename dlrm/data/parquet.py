@@ -1,3 +1,4 @@
+# long file: the Parquet source is one concept: schema checks, row-group slicing, KJT building
 """A team's own Parquet data as batches (`data.source=parquet`, `data.parquet`): declared dense, sparse
 and label columns, the same global batches on any world size.
 
@@ -326,6 +327,7 @@ class ParquetSource:
     table. Example: `ParquetSource(cfg.data.parquet, names, rows, 2048, seed=0).batches("train", rank, world)`.
     """
 
+    # long: opens both splits and checks their schemas before any batch is read
     def __init__(
         self,
         cfg: ParquetConfig,
@@ -433,6 +435,7 @@ class ParquetSource:
             )
         return Prefetcher(self._produce(split, rank, world_size, start_step), max(1, self.cfg.prefetch_batches))
 
+    # long: one global batch per pass: its row groups, the slice, the checks, the KJT
     def _produce(self, split: str, rank: int, world_size: int, start_step: int) -> Iterator[Batch]:
         n = self.num_batches(split)
         if n == 0:

@@ -111,6 +111,7 @@ class SyntheticSource:
             first task's labels are the same for any count.
     """
 
+    # long: the source's whole layout (tables, CDFs, multi-hot, tasks) is set up here
     def __init__(
         self,
         cfg: SyntheticConfig,

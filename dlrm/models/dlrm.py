@@ -1,3 +1,4 @@
+# long file: the DLRM and DLRM-DCN models with their shared interaction and initialisation
 """The DLRM network, built on the meta device, and its seed-and-name-determined initial weights.
 
 No process group is touched here: `dlrm.distributed.sharding` distributes the model, then `initialize`

@@ -1,3 +1,4 @@
+# long file: the trainer builds and drives every loop component; split, it would only move wiring
 """The trainer: build (topology -> model -> sharding -> optimizers), then train at each component's
 cadence: the log window (dlrm.trainer.reporter), evaluation (dlrm.trainer.evaluator), checkpoints of the
 train state (dlrm.trainer.train_state, dlrm.checkpoint), the step profiler."""
