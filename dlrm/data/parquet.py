@@ -499,6 +499,7 @@ class ParquetSource:
             labels=torch.from_numpy(labels[:, 0].copy() if labels.shape[1] == 1 else labels),
         )
 
+    # long: one sparse feature of every kind (id, ids, string, strings, weights) in one place
     def _feature(
         self, table: pa.Table, origin: list[tuple], i: int, spec: SparseColumnConfig, rows: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
