@@ -191,15 +191,27 @@ def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, ove
         )
         if done is not None:  # a continuation with nothing to train: the run's records stay as they are
             if is_main:
-                print(
-                    f"already finished at step {done} ({checkpoints[-1]}); nothing to train, nothing changed: "
-                    f"raise trainer.max_steps to train on, or evaluate it with trainer.eval_only=true"
-                )
+                kept = _kept(cfg, run_dir, checkpoints[-1])
+                print(f"already finished at step {done} ({checkpoints[-1]}); nothing to train, {kept}")
             sys.exit(0)
     continuing = bool(checkpoints) and bool(tr.resume)
     changes = check_continuation(run_dir, config, read_manifest(checkpoints[-1])) if continuing else {}
     if is_main:
         record(run_dir, config, continuing, overrides, changes)
+
+
+def _kept(cfg: Config, run_dir: Path, checkpoint: Path) -> str:
+    """What a finished run's re-run did to its records: nothing, or rebuild a summary.json gone missing."""
+    from dlrm.distributed.topology import backend_for
+    from dlrm.trainer.rebuild import rebuild_summary
+
+    hint = "raise trainer.max_steps to train on, or evaluate it with trainer.eval_only=true"
+    if (run_dir / "summary.json").exists() or not (run_dir / "config.yaml").exists():  # kept, or not this run's
+        return f"nothing changed: {hint}"
+    sources = rebuild_summary(
+        run_dir, checkpoint, backend_for(cfg.topology), cfg.topology.name, cfg.data.global_batch_size
+    )
+    return f"summary.json was missing: rebuilt from {sources}; nothing else changed: {hint}"
 
 
 _run_lock: int | None = None  # rank 0's lock on its run directory, held for the process's life

@@ -1,7 +1,8 @@
 """The clock of the training loop's throughput (when components act: `dlrm.cadence`).
 
 `ThroughputWindow` collects the losses of the steps since the last log and their wall time,
-paused while the loop evaluates or saves, so samples/s counts training alone.
+paused while the loop evaluates or saves, so samples/s counts training alone. `RunTime` adds up a
+run's time across its invocations (a continuation carries the time recorded in its checkpoint).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class ThroughputWindow(Generic[T]):
         self.steps = 0
         self._elapsed = 0.0
         self._since = self._clock()
+        self._paused = False
 
     def add(self, loss: T | None) -> None:
         self.steps += 1
@@ -44,14 +46,16 @@ class ThroughputWindow(Generic[T]):
     def paused(self) -> Iterator[None]:
         self._sync()
         self._elapsed += self._clock() - self._since
+        self._paused = True
         try:
             yield
         finally:
+            self._paused = False
             self._since = self._clock()
 
     def seconds(self) -> float:
-        """Wall time of the open window so far, pauses excluded."""
-        return self._elapsed + self._clock() - self._since
+        """Wall time of the open window so far, pauses excluded (also while paused)."""
+        return self._elapsed + (0.0 if self._paused else self._clock() - self._since)
 
     def close(self) -> tuple[list[T], int, float]:
         """(losses, steps, seconds) of this window; the next one opens now."""
@@ -60,3 +64,50 @@ class ThroughputWindow(Generic[T]):
         self.train_seconds += result[2]
         self._open()
         return result
+
+
+class RunTime:
+    """A run's training and wall seconds over all its invocations, as of a step.
+
+    A checkpoint records `record(step)`; the invocation that resumes from it `carry`s that record,
+    so its own `record` (and the summary) covers the whole run: the invocations' time up to the
+    checkpoint each continued from, and this one's. Steps trained after the last checkpoint by an
+    invocation that then stopped are trained again, and only their second time counts.
+    `timed_steps` says how many steps the seconds cover (fewer than `step` after a checkpoint
+    written before runs recorded their time).
+    """
+
+    def __init__(self, window: ThroughputWindow, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.window, self._clock = window, clock
+        self._carried = {"train_seconds": 0.0, "wall_seconds": 0.0, "timed_steps": 0, "invocations": 0}
+        self.first_step = 0
+        self._started = clock()
+
+    def open(self, step: int, window: ThroughputWindow) -> None:
+        """This invocation starts timing at `step` with `window` (the loop's throughput clock)."""
+        self.window, self.first_step, self._started = window, step, self._clock()
+
+    def carry(self, record: object, step: int) -> None:
+        """Continue from a checkpoint at `step` that recorded `record` (None or malformed: not timed)."""
+        keys = ("train_seconds", "wall_seconds", "timed_steps", "invocations")
+        valid = isinstance(record, dict) and all(
+            isinstance(record.get(k), (int, float)) and not isinstance(record.get(k), bool) and 0 <= record[k] < 1e15
+            for k in keys
+        )
+        if valid and isinstance(record, dict) and record["timed_steps"] <= step:
+            self._carried = {k: record[k] for k in keys}
+        else:
+            self._carried = {"train_seconds": 0.0, "wall_seconds": 0.0, "timed_steps": 0, "invocations": 1}
+
+    def record(self, step: int) -> dict:
+        """{train_seconds, wall_seconds, timed_steps, invocations} of the run up to `step` (now): the
+        closed windows' training time, and the open window's if it holds steps."""
+        c = self._carried
+        return {
+            "train_seconds": c["train_seconds"]
+            + self.window.train_seconds
+            + self.window.seconds() * bool(self.window.steps),
+            "wall_seconds": c["wall_seconds"] + self._clock() - self._started,
+            "timed_steps": int(c["timed_steps"]) + step - self.first_step,
+            "invocations": int(c["invocations"]) + 1,
+        }

@@ -97,12 +97,19 @@ def end_lines(
 ) -> list[str]:
     """The console's closing lines: throughput, the per-phase breakdown, comms against the model, outputs."""
     lines = []
-    speed = summary["train_samples_per_s"]
+    speed, invocations = summary["train_samples_per_s"], summary.get("invocations", 1)
     if speed:
+        over = f" over {invocations} invocations" if invocations > 1 else ""
         lines.append(
-            f"trained {summary['steps']} steps: {speed:,.0f} samples/s, "
+            f"trained {summary['steps']} steps{over}: {speed:,.0f} samples/s, "
             f"{global_batch_size / speed * 1e3:.1f} ms/step; loop {summary['wall_time_s']:.1f} s, "
             f"job {summary['job_wall_time_s']:.1f} s"
+        )
+    if invocations > 1:
+        this = summary["this_invocation"]
+        lines.append(
+            f"this invocation: steps {this['first_step'] + 1}..{summary['steps']}, "
+            f"{this['train_samples_per_s'] or 0:,.0f} samples/s, loop {this['wall_time_s']:.1f} s"
         )
     if "target_auc" in summary:
         lines.append(

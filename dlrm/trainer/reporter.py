@@ -18,7 +18,7 @@ from dlrm.distributed.topology import backend_for
 from dlrm.distributed.world import World
 from dlrm.io import disk_full_is_user_error, write_json_atomic
 from dlrm.trainer import console
-from dlrm.trainer.clock import ThroughputWindow
+from dlrm.trainer.clock import RunTime, ThroughputWindow
 from dlrm.trainer.logs import JOB_START
 from dlrm.trainer.metrics import MetricsLog, Progress, peak_rss_mb
 
@@ -49,6 +49,11 @@ def gathered(value: float, device: torch.device, pg: dist.ProcessGroup, world_si
     return torch.cat(parts).cpu().tolist()
 
 
+def samples_per_s(steps: int, batch: int, seconds: float) -> float | None:
+    """Training throughput of `steps` steps of `batch` samples in `seconds` (None if nothing was timed)."""
+    return steps * batch / seconds if steps and seconds else None
+
+
 class Reporter:
     """What one `Trainer.train` call reports: `open` starts the records (a `start` event first: a
     continuation repeats the steps after its checkpoint), `window` and `evaluation` add to them,
@@ -67,6 +72,7 @@ class Reporter:
         self.log = MetricsLog(None)
         self.progress = Progress(0, "none", False)
         self.window: ThroughputWindow = ThroughputWindow()
+        self.run_time = RunTime(self.window)  # the whole run's time: a checkpoint records it, a resume carries it
         self.first_step = 0
         self.started = time.perf_counter()
 
@@ -93,6 +99,7 @@ class Reporter:
         self.log.write("run", step=step, event="start", resumed=step > 0)
         self.progress = Progress(total_steps, tr.progress, self.world.is_main, first_step=step)
         self.window = ThroughputWindow(sync=sync)
+        self.run_time.open(step, self.window)
         self.first_step, self.started = step, time.perf_counter()
 
     def window_record(self, step: int, mean_loss: float, steps: int, seconds: float, lr: float, phases: dict) -> None:
@@ -130,9 +137,11 @@ class Reporter:
 
     def summary(self, step: int, evaluation: dict, skipped_steps: list[int], extras: Callable[[dict], dict]) -> dict:
         """The run's summary.json (written on rank 0) and its closing console lines; a collective
-        (the ranks' peak memory). `extras`: more entries computed from the summary outside the core."""
-        steps, seconds = step - self.first_step, self.window.train_seconds
+        (the ranks' peak memory). Throughput and wall time cover the whole run, every invocation
+        (`this_invocation`: this one's). `extras`: more entries computed outside the core."""
         batch = self.cfg.data.global_batch_size
+        steps, seconds = step - self.first_step, self.window.train_seconds
+        run = self.run_time.record(step)
         summary = {
             "world_size": self.world.world_size,
             "backend": backend_for(self.cfg.topology),
@@ -140,7 +149,9 @@ class Reporter:
             "topology": self.cfg.topology.name,
             "steps": step,
             "global_batch_size": batch,
-            "train_samples_per_s": steps * batch / seconds if steps and seconds else None,
+            "train_samples_per_s": samples_per_s(run["timed_steps"], batch, run["train_seconds"]),
+            "timed_steps": run["timed_steps"],
+            "invocations": run["invocations"],
             "final_loss": self.losses[-1] if self.losses else None,
             "skipped_steps": skipped_steps,
             "eval_auc": evaluation.get("auc"),
@@ -148,7 +159,13 @@ class Reporter:
             "eval_ne": evaluation.get("ne"),
             "eval_calibration": evaluation.get("calibration"),
             **{f"eval_{k}": v for k, v in evaluation.items() if "/" in k},  # per task, with several
-            "wall_time_s": time.perf_counter() - self.started,
+            "wall_time_s": run["wall_seconds"],
+            "this_invocation": {
+                "first_step": self.first_step,
+                "steps": steps,
+                "train_samples_per_s": samples_per_s(steps, batch, seconds),
+                "wall_time_s": time.perf_counter() - self.started,
+            },
             "job_wall_time_s": time.monotonic() - JOB_START,
             "peak_rss_mb_per_rank": gathered(peak_rss_mb(), self.device, self.pg, self.world.world_size),
         }

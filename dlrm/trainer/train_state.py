@@ -12,6 +12,7 @@ import torch
 from dlrm.checkpoint import model_signature, step_tensor
 from dlrm.config import Config
 from dlrm.distributed.sharding import describe_plan
+from dlrm.trainer.clock import RunTime
 
 
 class TrainState:
@@ -31,9 +32,11 @@ class TrainState:
         world_size: int,
         plan,
         run_config_sha256: str | None = None,
+        run_time: RunTime | None = None,
     ) -> None:
         self.cfg, self.model, self.optimizer, self.world_size, self.plan = cfg, model, optimizer, world_size, plan
         self.run_config_sha256 = run_config_sha256  # the run directory's config.yaml as recorded (rank 0)
+        self.run_time = run_time  # the run's time so far, recorded in the manifest
         self.step = 0
 
     def state_dict(self, weights_only: bool = False) -> dict:
@@ -67,5 +70,6 @@ class TrainState:
             "optim": self.optimizer_names(),
             "config_sha256": hashlib.sha256(json.dumps(asdict(self.cfg), sort_keys=True).encode()).hexdigest(),
             **({"run_config_sha256": self.run_config_sha256} if self.run_config_sha256 else {}),
+            **({"run_time": self.run_time.record(self.step)} if self.run_time is not None else {}),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }

@@ -90,14 +90,20 @@ class Trainer:
         self.source = make_source(cfg, self.device)  # data errors before any process group or table exists
         self.pg = init_distributed(cfg.topology, world, self.device, cfg.trainer.collective_timeout_s)
         self._build(model if model is not None else build_model(cfg.model))
-        self.state = TrainState(
-            cfg, self.model, self.optimizer, world.world_size, self.plan, recorded_config_sha256(self.run_dir)
-        )
         tr, ck = cfg.trainer, cfg.checkpoint
         self.stop = StopRequest(world.is_main)  # SIGINT/SIGTERM/SIGHUP: a clean stop at the next log step
         self.skipped_steps: list[int] = []  # steps dropped for a non-finite loss (on_nonfinite=skip)
         self.log_every = Every(tr.log_every_steps)
         self.reporter = Reporter(cfg, world, self.device, self.pg, self.run_dir)
+        self.state = TrainState(
+            cfg,
+            self.model,
+            self.optimizer,
+            world.world_size,
+            self.plan,
+            recorded_config_sha256(self.run_dir),
+            self.reporter.run_time,
+        )
         self.evaluator = Evaluator(
             cfg, self.batches, lambda: self.source.num_batches("eval"), self._forward, self.detached_model,
             self.device, self.pg,
@@ -183,8 +189,9 @@ class Trainer:
         self.optimizer.init_state()  # lazily created state (Adam's) must exist to be loaded into
         weights_only = self.cfg.trainer.eval_only
         state = self.state.state_dict(weights_only)
-        loader.load(path, state, self.state.expected(weights_only), verify=self.cfg.checkpoint.verify)
+        manifest = loader.load(path, state, self.state.expected(weights_only), verify=self.cfg.checkpoint.verify)
         self.state.load_state_dict(state)
+        self.reporter.run_time.carry(manifest.get("run_time"), self.step)
         if self.step > self.total_steps and not weights_only:
             raise CheckpointError(
                 f"checkpoint {path} is at step {self.step}, past trainer.max_steps={self.total_steps}: raise "

@@ -3,7 +3,7 @@
 import pytest
 
 from dlrm.cadence import Every
-from dlrm.trainer.clock import ThroughputWindow
+from dlrm.trainer.clock import RunTime, ThroughputWindow
 
 
 def test_every_n_steps_and_at_the_end():
@@ -63,3 +63,60 @@ def test_the_clock_waits_for_the_device_only_when_it_stops():
     assert (losses, steps) == ([0.5] * 10, 10)
     assert seconds == pytest.approx(11.0)  # 1 s of host, 10 s of device: all of it counted
     assert len(calls) == 2
+
+
+def test_a_window_read_while_paused_holds_no_pause_time():
+    clock = FakeClock()
+    window = ThroughputWindow(clock)
+    clock.now += 2.0
+    with window.paused():  # a checkpoint reads the run's time while the clock is paused
+        clock.now += 30.0
+        assert window.seconds() == 2.0
+    clock.now += 1.0
+    assert window.seconds() == 3.0
+
+
+def test_the_run_time_adds_up_every_invocation_to_the_checkpoint_each_continued_from():
+    """Invocation 1 trains steps 1..6 and checkpoints at step 4; it stops at 6. Invocation 2 resumes
+    at 4 and trains 5..10: the run's time is invocation 1's up to step 4 plus invocation 2's."""
+    clock = FakeClock()
+    first = ThroughputWindow(clock)
+    run = RunTime(first, clock)
+    run.open(0, first)
+    for _ in range(4):
+        clock.now += 1.0
+        first.add(0.5)
+    with first.paused():  # the save at step 4: the open window's steps count, the pause does not
+        clock.now += 100.0
+        at_4 = run.record(4)
+    assert at_4 == {"train_seconds": 4.0, "wall_seconds": 104.0, "timed_steps": 4, "invocations": 1}
+    clock.now += 2.0  # steps 5, 6: trained again by the next invocation, not counted twice
+
+    second = ThroughputWindow(clock)
+    again = RunTime(second, clock)
+    again.carry(at_4, 4)
+    again.open(4, second)
+    for _ in range(6):
+        clock.now += 0.5
+        second.add(0.5)
+    second.close()
+    assert again.record(10) == {"train_seconds": 7.0, "wall_seconds": 107.0, "timed_steps": 10, "invocations": 2}
+
+
+@pytest.mark.parametrize(
+    "record",
+    [None, {}, {"train_seconds": "1", "wall_seconds": 1, "timed_steps": 1, "invocations": 1},
+     {"train_seconds": -1.0, "wall_seconds": 1, "timed_steps": 1, "invocations": 1},
+     {"train_seconds": 1.0, "wall_seconds": 1, "timed_steps": 9, "invocations": 1},  # more steps than the checkpoint's
+     {"train_seconds": float("nan"), "wall_seconds": 1, "timed_steps": 1, "invocations": True}],
+)  # fmt: skip
+def test_a_checkpoint_without_a_valid_time_record_leaves_its_steps_untimed(record):
+    clock = FakeClock()
+    window = ThroughputWindow(clock)
+    run = RunTime(window, clock)
+    run.carry(record, 4)
+    run.open(4, window)
+    clock.now += 3.0
+    window.add(0.5)
+    window.close()
+    assert run.record(5) == {"train_seconds": 3.0, "wall_seconds": 3.0, "timed_steps": 1, "invocations": 2}
