@@ -179,10 +179,18 @@ def disk_full_in(e: BaseException) -> OSError | None:
     return None
 
 
+def tree_bytes(path: Path) -> int:
+    """The bytes of the files under `path` (0 if it is gone)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
 @contextmanager
-def disk_full_is_user_error(path: str | os.PathLike[str], what: str, keep: str = "") -> Iterator[None]:
+def disk_full_is_user_error(
+    path: str | os.PathLike[str], what: str, keep: str = "", like: Path | None = None
+) -> Iterator[None]:
     """Turn a full disk (ENOSPC, EDQUOT) met while writing `what` to `path` into one DiskFullError line
-    naming the path; `keep` says what is kept (e.g. the last good checkpoint)."""
+    naming the path; `keep` says what is kept (e.g. the last good checkpoint); `like`, an earlier
+    output of the same kind, says by its size how much space is needed."""
     try:
         yield
     except BaseException as e:  # DCP's CheckpointException is a BaseException
@@ -190,7 +198,8 @@ def disk_full_is_user_error(path: str | os.PathLike[str], what: str, keep: str =
         if full is None:
             raise
         kept = f"; {keep}" if keep else ""
+        needed = f"about {tree_bytes(like) / 2**20:.1f} MiB (as {like} took)" if like is not None else "space"
         raise DiskFullError(
             f"no space left on the device of {path} while writing {what} ({full.strerror or 'disk full'}){kept}. "
-            "Free space there, or write elsewhere, then continue"
+            f"Free {needed} there, or write elsewhere, then continue"
         ) from None

@@ -116,7 +116,7 @@ class Checkpointer:
         latest = latest_checkpoint(self.root)
         keep = f"checkpoint step {step} not saved, the last good one kept: {latest or 'none'}"
         try:
-            with disk_full_is_user_error(self.root, f"checkpoint step {step}", keep):
+            with disk_full_is_user_error(self.root, f"checkpoint step {step}", keep, like=latest):
                 self._write(step, state, manifest, partial, final)
         except DiskFullError:
             if self.is_main:  # its space back; never a complete checkpoint
