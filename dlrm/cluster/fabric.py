@@ -9,6 +9,7 @@ shutting down its rendezvous."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import shutil
@@ -18,12 +19,25 @@ import sys
 import time
 from pathlib import Path
 
+from dlrm.errors import UsageError
+
 SUBNET = "198.18.0"  # /24 of 198.18.0.0/15 (RFC 2544 benchmarking), node i at .i+1
 STORE_ADDRESS = f"{SUBNET}.254"  # the bridge's own address, in the switch namespace: the rendezvous store
 MAX_NODES = 253  # .1 .. .253
 ETC_NETNS = "/etc/netns"  # per-namespace /etc files of `ip netns exec`
 IFNAME = "eth0"  # each node's interface, inside its namespace
 CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21  # bits of /proc/self/status CapEff
+
+
+# Uplink rates tc's tbf sets faithfully with our bucket (2 ms of the rate): below 1 Mbit/s its queue
+# latency drifts from the 50 ms asked, above 400 Gbit/s the bucket's size in ticks overflows.
+MIN_GBIT, MAX_GBIT = 0.001, 400.0
+
+
+def check_rate(gbit: float, what: str) -> None:
+    """UsageError unless `gbit` is an uplink rate tc can set (MIN_GBIT..MAX_GBIT Gbit/s)."""
+    if not (math.isfinite(gbit) and MIN_GBIT <= gbit <= MAX_GBIT):
+        raise UsageError(f"{what}={gbit}: give an uplink rate from {MIN_GBIT} to {MAX_GBIT:g} Gbit/s (e.g. 1)")
 
 
 class FabricError(RuntimeError):

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import re
 import signal
@@ -40,7 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import FrameType
 
-from dlrm.cluster.fabric import IFNAME, MAX_NODES, STORE_ADDRESS, Fabric, FabricError, missing_right
+from dlrm.cluster.fabric import IFNAME, MAX_NODES, STORE_ADDRESS, Fabric, FabricError, check_rate, missing_right
 from dlrm.cluster.faults import FAILED_GRACE_S, SIGKILL_STATUS, AgentKill, Fault, FaultSchedule, LinkDown
 from dlrm.errors import ArgumentParser, UsageError, UserError
 
@@ -104,6 +103,7 @@ def plan_job(nodes: int | None, ranks: int | None, gbit: float | None, overrides
     validate_world(cfg, nodes * ranks, ranks)  # the trainer's own check (e.g. the batch splits evenly)
     if gbit is None:
         gbit = tp.inter_node.bandwidth_GBps * 8 * ranks
+        check_rate(gbit, f"topology.inter_node.bandwidth_GBps x 8 bit x {ranks} ranks per node")
     else:  # the trainer's topology describes the fabric it runs on
         overrides = [*overrides, f"topology.inter_node.bandwidth_GBps={gbit / 8 / ranks!r}"]
     run_dir = override_value(overrides, "hydra.run.dir")
@@ -290,8 +290,8 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Namespace, list[Fault]]:
         args.max_restarts = len(args.kill_agent)
     elif not 0 <= args.max_restarts <= 100:
         raise UsageError(f"--max-restarts={args.max_restarts}: give an integer from 0 to 100")
-    if args.gbit is not None and not (math.isfinite(args.gbit) and args.gbit > 0):
-        raise UsageError(f"--gbit={args.gbit}: give a positive, finite uplink rate in Gbit/s (e.g. --gbit 1)")
+    if args.gbit is not None:
+        check_rate(args.gbit, "--gbit")
     faults: list[Fault] = [LinkDown.parse(text) for text in args.link_down]
     return args, faults + [AgentKill.parse(text) for text in args.kill_agent]
 

@@ -214,6 +214,8 @@ def test_refuses_root_without_the_capabilities():
     [
         (["--nodes", "0"], "--nodes=0"),
         (["--gbit", "0"], "--gbit=0.0"),
+        (["--gbit", "1e6"], "from 0.001 to 400 Gbit/s"),  # more than tc's tbf sets
+        (["--gbit", "nan"], "--gbit=nan"),
         (["--link-down", "1:soon"], "NODE:AT_S:FOR_S"),
         (["--kill-agent", "1:5"], "NODE@AT_S"),
         (["--max-restarts", "-1"], "--max-restarts=-1"),

@@ -35,7 +35,8 @@ def test_defaults_and_quick_preset(tmp_path):
 @pytest.mark.parametrize(
     "args, says",
     [
-        (["--gbits", "0,1"], "--gbits=0,1"),
+        (["--gbits", "0,1"], "--gbits=0.0"),
+        (["--gbits", "1,1000"], "from 0.001 to 400 Gbit/s"),
         (["--gbits", "fast"], "--gbits=fast"),
         (["--steps", "30"], "multiple of 4"),
         (["--rounds", "0"], "--rounds=0"),

@@ -33,7 +33,6 @@ results back into tables, `dlrm.cluster.bench.findings` answers the questions an
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -55,6 +54,7 @@ from dlrm.cluster.bench.report import (
     train_record,
     train_table,
 )
+from dlrm.cluster.fabric import check_rate
 from dlrm.errors import ArgumentParser, UsageError, UserError
 from dlrm.io import output_dir_problem, write_atomic, write_json_atomic
 
@@ -103,8 +103,10 @@ def _floats(text: str, flag: str) -> tuple[float, ...]:
         values = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
         values = ()
-    if not values or not all(math.isfinite(v) and v > 0 for v in values):
-        raise UsageError(f"{flag}={text}: give positive uplink rates in Gbit/s, comma-separated (e.g. {flag} 0.5,2)")
+    if not values:
+        raise UsageError(f"{flag}={text}: give uplink rates in Gbit/s, comma-separated (e.g. {flag} 0.5,2)")
+    for v in values:
+        check_rate(v, flag)
     return tuple(sorted(set(values)))
 
 
