@@ -27,6 +27,7 @@ from torchrec.distributed.planner.types import (
 )
 
 from dlrm.config import TopologyConfig
+from dlrm.distributed.rendezvous import launcher_store
 from dlrm.distributed.world import World
 from dlrm.errors import UserError
 
@@ -125,28 +126,6 @@ def collective_failure(e: BaseException, timeout_s: float) -> CollectiveFailure 
     return None
 
 
-def _launcher_store(world: World) -> dist.Store:
-    """The rendezvous store at MASTER_ADDR:MASTER_PORT, under a prefix that no earlier attempt used.
-
-    Where torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True, torch's default) it
-    outlives the workers across restarts (--max-restarts), so the prefix carries the attempt
-    (TORCHELASTIC_RESTART_COUNT): restarted ranks would otherwise read the dead attempt's addresses.
-    Otherwise (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, which dlrm.torchrun sets for multi-node launches)
-    rank 0 hosts a new store every round and the prefix is constant: restart counts are per agent, so
-    after a node's agent is started again its ranks count 0 while the others count 1, and a prefix by
-    the count would keep them apart (torch's own `_create_c10d_store` reasons the same way).
-    """
-    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        world.world_size,
-        is_master=world.rank == 0 and not agent_hosts_it,
-    )
-    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"dlrm/attempt_{count}" if agent_hosts_it else "dlrm/job", store)
-
-
 def init_distributed(
     cfg: TopologyConfig, world: World, device: torch.device | None = None, timeout_s: float | None = None
 ) -> dist.ProcessGroup:
@@ -158,7 +137,7 @@ def init_distributed(
     """
     if not dist.is_initialized():
         backend = backend_for(cfg)
-        store = _launcher_store(world) if "MASTER_ADDR" in os.environ else dist.HashStore()
+        store = launcher_store(world, timeout_s) if "MASTER_ADDR" in os.environ else dist.HashStore()
         dist.init_process_group(
             backend=backend,
             store=store,

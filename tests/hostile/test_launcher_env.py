@@ -1,6 +1,7 @@
 """The launcher's variables are user input: a WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR or MASTER_PORT that cannot describe a job is one `error:` line naming the variable and
-its value, exit 2, before torch is imported (`python -m dlrm.train` with them in its environment)."""
+its value, exit 2, before torch is imported (`python -m dlrm.train` with them in its environment); a
+rank whose peers never come says whom it waits for, then fails in one line at the timeout."""
 
 from __future__ import annotations
 
@@ -55,3 +56,33 @@ def test_good_launcher_variables_describe_the_job():
     assert World.from_env({}) == World(0, 1, 0, 1)
     assert World.from_env({**GOOD, "MASTER_ADDR": "node-1.cluster", "MASTER_PORT": "29500"}) == World(1, 4, 1, 2)
     assert World.from_env({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "[::1]"}) == World(1, 2, 0, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("rank", "waits", "fails"),
+    [
+        ("0", "waiting for rank(s) 1 to join at", "rank(s) 1 of WORLD_SIZE=2 never joined at"),
+        ("1", "waiting for rank 0's store at", "nobody answered at"),
+    ],
+)
+def test_a_rank_whose_peers_never_come_says_so_then_fails_in_one_line(rank, waits, fails, tmp_path):
+    """WORLD_SIZE=2 set by hand and one rank started: it says whom it waits for and where after a few
+    seconds, not at the end, then fails in one line at trainer.collective_timeout_s, exit 2."""
+    from tests.helpers.harness import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER}
+    host, port = address.split(":")
+    env |= {"WORLD_SIZE": "2", "RANK": rank, "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": host}
+    env |= {"MASTER_PORT": port, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "dlrm.train", "model=tiny", "topology.nodes=2", "trainer.collective_timeout_s=8",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    line = assert_one_error(done.returncode, done.stdout, done.stderr, fails, address, "trainer.collective_timeout_s")
+    notices = [x for x in done.stderr.splitlines() if waits in x]
+    assert len(notices) == 1 and f"rank {rank} of 2: " in notices[0] and address in notices[0], done.stderr
+    assert done.stderr.index(notices[0]) < done.stderr.index(line)
+    assert "[E" not in done.stderr and "[W" not in done.stderr, done.stderr  # no C++ retry logs

@@ -1,0 +1,111 @@
+"""Meeting the other ranks at the launcher's MASTER_ADDR:MASTER_PORT before the process group forms.
+
+A rank that waits says so (who it waits for, where, until when) after `NOTICE_S`, and gives up in one
+line at the timeout: a hand-set WORLD_SIZE whose other ranks never start, a wrong MASTER_ADDR or a
+rank 0 that died would otherwise wait in silence."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from dlrm.distributed.world import World
+from dlrm.errors import UserError
+
+NOTICE_S = 5.0  # a rendezvous under torchrun takes well under this: past it, say who is missing
+_POLL_S = 0.2
+_DEFAULT_TIMEOUT_S = 1800.0  # torch's default collective timeout
+
+
+class RendezvousTimeout(UserError):
+    """Some ranks never came to the rendezvous within the timeout."""
+
+
+def _say(world: World, text: str) -> None:
+    print(f"rank {world.rank} of {world.world_size}: {text}", file=sys.stderr, flush=True)
+
+
+def _listening(host: str, port: int) -> bool:
+    """Whether something accepts connections at host:port (probed with a plain socket: a TCPStore
+    client that finds nobody logs a C++ stack trace at every retry)."""
+    try:
+        socket.create_connection((host, port), timeout=1.0).close()
+        return True
+    except OSError:
+        return False
+
+
+def _connect(world: World, is_master: bool, address: str, deadline: float, timeout_s: float) -> dist.TCPStore:
+    """The TCPStore at `address`: hosted here (`is_master`), or reached once it listens, until `deadline`."""
+    host, port = address.rsplit(":", 1)
+    noticed = False
+    while not is_master and not _listening(host, int(port)):
+        if time.monotonic() >= deadline:
+            raise RendezvousTimeout(
+                f"nobody answered at {address} (MASTER_ADDR:MASTER_PORT) within {timeout_s:g} s "
+                "(trainer.collective_timeout_s): start rank 0 with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE"
+            )
+        if not noticed:
+            _say(world, f"waiting for rank 0's store at {address}; giving up after {timeout_s:g} s")
+            noticed = True
+        time.sleep(_POLL_S)
+    try:
+        return dist.TCPStore(host, int(port), world.world_size, is_master, wait_for_workers=False)
+    except (RuntimeError, OSError) as e:  # DistNetworkError: the port is taken, the address not this host's
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        role = "host" if is_master else "reach"
+        raise UserError(
+            f"cannot {role} the rendezvous store at {address} (MASTER_ADDR:MASTER_PORT): {why}; "
+            "pick a free MASTER_PORT and an address of this host"
+        ) from None
+
+
+def _join(store: dist.Store, world: World, address: str, deadline: float, timeout_s: float) -> None:
+    """Mark this rank joined in `store` and wait until every rank has."""
+    store.set(f"joined/{world.rank}", os.uname().nodename)
+    started, noticed = time.monotonic(), False
+    while True:
+        missing = [r for r in range(world.world_size) if not store.check([f"joined/{r}"])]
+        if not missing:
+            return
+        now = time.monotonic()
+        listed = ", ".join(map(str, missing[:8])) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        if now >= deadline:
+            raise RendezvousTimeout(
+                f"rank(s) {listed} of WORLD_SIZE={world.world_size} never joined at {address} within {timeout_s:g} s "
+                "(trainer.collective_timeout_s): start every rank with the same MASTER_ADDR, MASTER_PORT and "
+                "WORLD_SIZE, or launch with torchrun"
+            )
+        if not noticed and now - started >= NOTICE_S:
+            _say(world, f"waiting for rank(s) {listed} to join at {address}; giving up after {timeout_s:g} s")
+            noticed = True
+        time.sleep(_POLL_S)
+
+
+def launcher_store(world: World, timeout_s: float | None = None) -> dist.Store:
+    """The rendezvous store at MASTER_ADDR:MASTER_PORT, every rank joined, under a prefix that no
+    earlier attempt used; its operations wait `timeout_s` (None: torch's default).
+
+    Where torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True, torch's default) it
+    outlives the workers across restarts (--max-restarts), so the prefix carries the attempt
+    (TORCHELASTIC_RESTART_COUNT): restarted ranks would otherwise read the dead attempt's addresses.
+    Otherwise (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, which dlrm.torchrun sets for multi-node launches)
+    rank 0 hosts a new store every round and the prefix is constant: restart counts are per agent, so
+    after a node's agent is started again its ranks count 0 while the others count 1, and a prefix by
+    the count would keep them apart (torch's own `_create_c10d_store` reasons the same way).
+    """
+    timeout_s = _DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+    deadline = time.monotonic() + timeout_s
+    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    address = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    store = _connect(world, world.rank == 0 and not agent_hosts_it, address, deadline, timeout_s)
+    store.set_timeout(timedelta(seconds=timeout_s))
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefixed = dist.PrefixStore(f"dlrm/attempt_{count}" if agent_hosts_it else "dlrm/job", store)
+    _join(prefixed, world, address, deadline, timeout_s)
+    return prefixed
