@@ -17,6 +17,8 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 
 class UserError(Exception):
@@ -118,3 +120,16 @@ def exit_on_user_error(e: BaseException, rank: int) -> None:
         sys.stderr.flush()
         os._exit(user.exit_code)
     sys.exit(user.exit_code)
+
+
+T = TypeVar("T")
+
+
+def run_rank_command(main: Callable[[], T], missing_file: type[UserError] = UserError) -> T:
+    """`main()` of a command every rank runs (under torchrun): a UserError, or a missing file as
+    `missing_file`, is one line from rank 0 and exit 2 (`exit_on_user_error`)."""
+    try:
+        return main()
+    except (UserError, FileNotFoundError) as e:
+        exit_on_user_error(e if isinstance(e, UserError) else missing_file(str(e)), int(os.environ.get("RANK", "0")))
+        raise

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from dlrm.comms.costmodel import CommsError, busbw_factor
 from dlrm.config import TopologyConfig
-from dlrm.errors import ArgumentParser, UserError, exit_on_user_error
+from dlrm.errors import ArgumentParser, run_rank_command
 from dlrm.io import figure_png, output_dir_problem, write_atomic
 
 COLLECTIVES = ("allreduce", "alltoall", "alltoall_uneven", "reduce_scatter", "allgather")
@@ -387,7 +387,4 @@ def main(argv: Sequence[str] | None = None) -> list[dict] | None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (UserError, FileNotFoundError) as e:  # one line from rank 0, exit 2 (dlrm.errors)
-        exit_on_user_error(e if isinstance(e, UserError) else CommsError(str(e)), int(os.environ.get("RANK", "0")))
+    run_rank_command(main, CommsError)

@@ -36,7 +36,7 @@ from pathlib import Path
 from dlrm.comms.bench import Request, check_request, format_table, group_layout, measure, parse_size, sweep_sizes
 from dlrm.comms.costmodel import CommsError, Fit, backend_of, fit_points, level_coefficients
 from dlrm.config import CollectiveLinkConfig, LinkConfig, TopologyConfig
-from dlrm.errors import ArgumentParser, UserError, exit_on_user_error
+from dlrm.errors import ArgumentParser, run_rank_command
 from dlrm.io import write_atomic
 
 MIN_SIZES = 4  # distinct message sizes per fit: two unknowns, and two more to see the misfit
@@ -302,7 +302,4 @@ def main(argv: Sequence[str] | None = None) -> TopologyConfig | None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (UserError, FileNotFoundError) as e:  # one line from rank 0, exit 2 (dlrm.errors)
-        exit_on_user_error(e if isinstance(e, UserError) else CommsError(str(e)), int(os.environ.get("RANK", "0")))
+    run_rank_command(main, CommsError)

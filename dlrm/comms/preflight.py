@@ -24,7 +24,7 @@ from pathlib import Path
 from dlrm.comms.bench import Request, group_layout, measure, parse_size
 from dlrm.comms.costmodel import CommsError, Link, backend_of, busbw_factor, level_time, world_time
 from dlrm.config import TopologyConfig
-from dlrm.errors import ArgumentParser, UserError, exit_on_user_error
+from dlrm.errors import ArgumentParser, run_rank_command
 from dlrm.io import output_dir_problem, write_json_atomic
 
 COLLECTIVES = ("allreduce", "alltoall")  # the dense gradients' and the embeddings' collectives
@@ -181,9 +181,5 @@ def main(argv: Sequence[str] | None = None) -> bool | None:
 
 
 if __name__ == "__main__":
-    try:
-        ok = main()
-    except UserError as e:  # one line from rank 0, exit 2 (dlrm.errors)
-        exit_on_user_error(e, int(os.environ.get("RANK", "0")))
-        raise
+    ok = run_rank_command(main)
     raise SystemExit(0 if ok in (True, None) else 3)
