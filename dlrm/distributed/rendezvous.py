@@ -2,11 +2,15 @@
 
 A rank that waits says so (who it waits for, where, until when) after `NOTICE_S`, and gives up in one
 line at the timeout: a hand-set WORLD_SIZE whose other ranks never start, a wrong MASTER_ADDR or a
-rank 0 that died would otherwise wait in silence."""
+rank 0 that died would otherwise wait in silence. A rank started by torchrun also dies with its
+launcher (`end_with_launcher`)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
+import signal
 import socket
 import sys
 import time
@@ -20,6 +24,28 @@ from dlrm.errors import UserError
 NOTICE_S = 5.0  # a rendezvous under torchrun takes well under this: past it, say who is missing
 _POLL_S = 0.2
 _DEFAULT_TIMEOUT_S = 1800.0  # torch's default collective timeout
+_PR_SET_PDEATHSIG = 1  # prctl option, from linux/prctl.h
+
+
+def end_with_launcher() -> bool:
+    """Have the kernel kill this rank when its torchrun agent dies; returns whether it did.
+
+    torchrun starts each rank in a session of its own, so a SIGKILLed agent (the OOM killer, a
+    scheduler's `kill -9`, a test's clean-up) would otherwise leave its ranks training on, holding their
+    GPUs, for as long as their peers answer. They die with it instead, as a job killed as a whole
+    does (its peers elsewhere then fail in one line: a lost rank). SIGKILL, not the clean stop's
+    SIGTERM: a multi-threaded parent's death can deliver the signal once per thread, and a second
+    SIGTERM is an immediate stop anyway (dlrm.trainer.stop). Linux only, and only under torchrun
+    (TORCHELASTIC_RUN_ID), whose agent starts its ranks from its main thread (the signal comes when
+    the thread that started the process ends). A rank whose agent is already gone ends here."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or platform.system() != "Linux":
+        return False
+    parent = os.getppid()
+    if ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return False
+    if parent == 1 or os.getppid() != parent:  # the agent died before the call: nobody will signal
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
 
 
 class RendezvousTimeout(UserError):

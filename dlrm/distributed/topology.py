@@ -27,7 +27,7 @@ from torchrec.distributed.planner.types import (
 )
 
 from dlrm.config import TopologyConfig
-from dlrm.distributed.rendezvous import launcher_store
+from dlrm.distributed.rendezvous import end_with_launcher, launcher_store
 from dlrm.distributed.world import World
 from dlrm.errors import UserError
 
@@ -137,6 +137,7 @@ def init_distributed(
     """
     if not dist.is_initialized():
         backend = backend_for(cfg)
+        end_with_launcher()
         store = launcher_store(world, timeout_s) if "MASTER_ADDR" in os.environ else dist.HashStore()
         dist.init_process_group(
             backend=backend,

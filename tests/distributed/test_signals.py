@@ -96,6 +96,37 @@ def test_sigterm_and_ctrl_c_stop_two_ranks_cleanly_and_the_run_continues(tmp_pat
     assert f"resumed from {saved} at step {step}" in again.stdout + again.stderr
 
 
+def _running(pid: int) -> bool:
+    """Whether process `pid` still runs (an exited one may stay a zombie until someone reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc (Linux)")
+def test_ranks_end_with_a_killed_launcher(tmp_path):
+    """torchrun starts each rank in a session of its own: a SIGKILLed torchrun (the OOM killer, a
+    scheduler's kill -9) must not leave its ranks training on: the kernel kills them with it."""
+    run_dir = tmp_path / "run"
+    job = _start(run_dir)
+    try:
+        _logged(run_dir, job)
+        ranks = [int(p) for t in Path(f"/proc/{job.pid}/task").iterdir() for p in (t / "children").read_text().split()]
+        assert len(ranks) == 2, ranks
+        job.kill()  # torchrun alone
+        job.wait()
+        deadline = time.monotonic() + 120
+        while any(_running(r) for r in ranks):
+            assert time.monotonic() < deadline, Path(f"{run_dir}.log").read_text()[-3000:]
+            time.sleep(0.1)
+    finally:
+        for pid in ranks if "ranks" in locals() else []:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 PAIR.add("stalled_rank", collective_failures_of_a_stalled_rank, 1.0)
 
 
