@@ -200,3 +200,43 @@ def collective_failures_of_a_stalled_rank(timeout_s: float) -> str | None:
         line = None if failure is None else f"{failure.prefix}: {failure}"
     torch.distributed.barrier(group=default_group())
     return line
+
+
+def ranges_ending_after_the_profiler_stops(steps: int) -> int:
+    """`steps` DDP steps on Gloo, each profiled as the trainer profiles one (StepProfiler._profiled):
+    how many profiler ranges ended after the profiler began to stop (a thread still recording then)."""
+    import time
+
+    from torch.profiler import profile
+
+    import dlrm.trainer.profiler as profiler
+    from dlrm.cadence import Every
+    from dlrm.config import TrainerConfig
+    from dlrm.trainer.phases import STEP_RANGE
+
+    group = default_group()
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64), process_group=group)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(32, 64)
+
+    def one_step() -> None:
+        with torch.profiler.record_function(STEP_RANGE):  # the range the breakdown splits
+            opt.zero_grad()
+            model(x).square().sum().backward()
+            opt.step()
+
+    stops: list[int] = []
+    spans: list = []
+    stop, read = profile.stop, profiler.spans_of
+    profile.stop = lambda self: (stops.append(time.time_ns()), stop(self))[1]  # type: ignore[method-assign]
+    profiler.spans_of = lambda prof: spans.append(read(prof)) or spans[-1]  # type: ignore[assignment]
+    try:
+        steps_profiler = profiler.StepProfiler(
+            TrainerConfig(), Every(1), torch.device("cpu"), group, torch.distributed.get_world_size(group), None
+        )
+        for _ in range(steps):
+            steps_profiler._profiled(one_step)
+    finally:
+        profile.stop, profiler.spans_of = stop, read  # type: ignore[method-assign]
+    return sum(1 for at, step in zip(stops, spans, strict=True) for s in step if s.end * 1e9 > at)
