@@ -1,5 +1,6 @@
 """The documentation's links and repository paths resolve, and the README stays short."""
 
+import ast
 import re
 from pathlib import Path
 
@@ -11,6 +12,7 @@ FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CODE = re.compile(r"`([^`\s]+)`")
 PATHLIKE = re.compile(r"[\w.-]+(/[\w.*-]+)*/?")
+DOTTED = re.compile(r"dlrm(\.\w+)+")  # a module or a name in one: `dlrm.trainer.profiler.StepProfiler`
 # Top-level folders that hold files a fresh clone does not have (runs, data, the virtual environment).
 NOT_IN_CLONE = {"outputs", "data", "runs", "build", ".venv"}
 # Paths named in backticks that are not in a checkout on purpose.
@@ -68,7 +70,45 @@ def test_backticked_repo_paths_exist():
     assert not missing, "\n".join(missing)
 
 
+def _top_level_names(module: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(module.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether `dlrm.a.b[.name[.attr]]` names a module of the package, or a top-level name in one
+    (read from its source, nothing imported; what follows the name is not checked)."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:i])
+        module = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+        if module.is_file():
+            rest = parts[i:]
+            return not rest or rest[0] in _top_level_names(module) or (base / f"{rest[0]}.py").is_file()
+    return False
+
+
+def test_backticked_module_names_resolve():
+    stale = []
+    for page in PAGES:
+        for token in CODE.findall(_prose(page)):
+            name = token.removesuffix("()")
+            if DOTTED.fullmatch(name) and not name.endswith(".py") and not _resolves(name):
+                stale.append(f"{page.relative_to(ROOT)}: `{token}`")
+    assert not stale, "\n".join(stale)
+
+
 def test_the_checks_catch_what_they_should():
+    assert _resolves("dlrm.trainer.profiler.StepProfiler") and _resolves("dlrm.cadence.Every")
+    assert not _resolves("dlrm.core.profiling.StepProfiler") and not _resolves("dlrm.trainer.profiler.Nothing")
     assert _repo_path("dlrm/core/nothing.py") == ROOT and not _exists(ROOT, "dlrm/core/nothing.py")
     assert _repo_path("models/dlrm.py") == ROOT / "dlrm" and _exists(ROOT / "dlrm", "models/dlrm.py")
     assert _repo_path("data/loader.py") == ROOT / "dlrm" and not _exists(ROOT / "dlrm", "data/nothing.py")
