@@ -133,6 +133,13 @@ class Config:
         self._check_precisions()
         if self.data.source == DataSource.parquet:
             self._check_parquet()
+        elif self.model.weighted:
+            _fail(
+                "model.weighted",
+                True,
+                f"{self.data.source} data has no per-id weights: use data.source=parquet with weights declared "
+                "(data.parquet.sparse[*].weights), or set model.weighted=false",
+            )
         if self.optim.embedding.name == EmbeddingOptimizer.adam and self.topology.device == Device.cpu:
             sharded = [t.name for t in self.model.tables if self.sharding.pinned(t) != ShardingType.data_parallel]
             if sharded:
@@ -146,7 +153,8 @@ class Config:
                 )
 
     def _check_parquet(self) -> None:
-        """The Parquet columns against the model: its features, its dense width, a label per task, no weights."""
+        """The Parquet columns against the model: its features, its dense width, a label per task, weights
+        declared where the model is weighted and only there."""
         pq = self.data.parquet
         model_features = [f for t in self.model.tables for f in t.features]
         declared = [s.name for s in pq.sparse]
@@ -177,12 +185,19 @@ class Config:
                 "column per task, in the tasks' order, or set model.tasks to one entry per label column",
             )
         weighted = [s.name for s in pq.sparse if s.weights]
-        if weighted:
+        if weighted and not self.model.weighted:
             _fail(
                 "data.parquet.sparse",
                 weighted,
-                "these features declare weights, but the model's tables are unweighted (weights would be "
-                "ignored): drop their `weights`",
+                "these features declare weights, but the model's tables are unweighted (the weights would be "
+                "ignored): set model.weighted=true, or drop their `weights`",
+            )
+        if self.model.weighted and not weighted:
+            _fail(
+                "model.weighted",
+                True,
+                "no feature of data.parquet.sparse declares weights: name a weights column for at least one "
+                "(data.parquet.sparse[i].weights), or set model.weighted=false",
             )
 
     def _check_precisions(self) -> None:

@@ -66,8 +66,8 @@ class SparseColumnConfig:
     (`dlrm.data.parquet.hash_strings`: FNV-1a 64 then splitmix64's finaliser, modulo the rows)."""
     weights: str | None = None
     """A float column (list<float> beside ids/strings, as many per sample) of per-id weights, put in the
-    KeyedJaggedTensor's weights; None: unweighted. The model's tables do not use weights yet, so
-    training refuses them."""
+    KeyedJaggedTensor's weights, which a weighted model (model.weighted=true) multiplies each id's row
+    by; None: 1.0 per id."""
 
 
 @dataclass

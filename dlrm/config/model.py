@@ -96,6 +96,12 @@ class ModelConfig:
     """Rank of each DCN cross layer's low-rank weight (interaction=dcn only)."""
     tables: list[TableConfig] = field(default_factory=list)
     """The embedding tables (model=dlrm_small fills them for the default job)."""
+    weighted: bool = False
+    """Whether the tables take a weight per id (TorchRec's weighted EmbeddingBagCollection,
+    `is_weighted`): a bag is then sum_i w_i * row(id_i), so every table pools by sum (torch's
+    EmbeddingBag takes weights with sum only). The weights come from the data
+    (data.parquet.sparse[*].weights); a feature without declared weights gets 1.0 per id. false: the
+    ids' rows are pooled as they are."""
     embedding_precision: Precision = Precision.fp32
     """The dtype the table weights are stored in (fp32, fp16, bf16): TorchRec's
     `EmbeddingBagConfig.data_type`, which fbgemm's kernels take as `weights_precision` and TorchRec's
@@ -132,6 +138,14 @@ class ModelConfig:
             _require_positive(f"{key}.dcn_low_rank_dim", self.dcn_low_rank_dim)
         if not self.tables:
             _fail(f"{key}.tables", [], "list at least one embedding table")
+        mean = [i for i, t in enumerate(self.tables) if t.pooling_type == PoolingType.mean]
+        if self.weighted and mean:
+            _fail(
+                f"{key}.tables[{mean[0]}].pooling_type",
+                "mean",
+                f"with {key}.weighted=true every table pools by sum (torch's EmbeddingBag takes per-id weights "
+                "with sum only): use pooling_type=sum, or set model.weighted=false",
+            )
         names: set = set()
         features: set = set()
         for i, t in enumerate(self.tables):

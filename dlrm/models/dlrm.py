@@ -129,7 +129,7 @@ def compile_dense(model: DLRMTrain) -> None:
 
 
 def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:
-    ebc = EmbeddingBagCollection(tables=embedding_configs(cfg), device=device)
+    ebc = EmbeddingBagCollection(tables=embedding_configs(cfg), is_weighted=cfg.weighted, device=device)
     # TorchRec's unsharded bags are fp32 for DataType.FP32 and fp16 for any other type; store them in
     # the configured dtype (bf16 included), as the sharded kernels do, so state dicts agree.
     ebc.embedding_bags.to(embedding_dtype(cfg))

@@ -352,13 +352,21 @@ def test_a_bad_value_stops_training_with_one_line(tmp_path):
     assert_one_error(r.returncode, r.stdout, r.stderr, "'user'", "id -4", "row 130")
 
 
+WEIGHTED_SPARSE = "data.parquet.sparse=[{name:user},{name:items,kind:ids,weights:items_w},{name:city,kind:string}]"
+WEIGHTED = ("model.weighted=true", WEIGHTED_SPARSE)
+
+
 @pytest.mark.parametrize(
     ("change", "key"),
     [
         ("data.parquet.sparse=[{name:user},{name:items,kind:ids}]", "data.parquet.sparse"),
         ("data.parquet.dense=[pos]", "data.parquet.dense"),
         ("data.parquet.labels=[label,label2]", "data.parquet.labels"),
-        ("data.parquet.sparse=[{name:user},{name:items,kind:ids,weights:items_w},{name:city,kind:string}]", "weights"),
+        (
+            "data.parquet.sparse=[{name:user},{name:items,kind:ids,weights:items_w},{name:city,kind:string}]",
+            "weighted=true",
+        ),
+        ("model.weighted=true", "model.weighted"),
         ("data.parquet.eval_fraction=1.0", "data.parquet.eval_fraction"),
     ],
 )
@@ -366,6 +374,38 @@ def test_config_refuses_columns_the_model_cannot_take(change, key):
     cfg = compose(["model=tiny", *overrides("/nowhere"), change])
     with pytest.raises(ConfigError, match=key.replace("[", r"\[")):
         validate(cfg)
+
+
+WEIGHTED = (
+    "model.weighted=true",
+    "data.parquet.sparse=[{name:user},{name:items,kind:ids,weights:items_w},{name:city,kind:string}]",
+)
+
+
+def test_a_weighted_model_takes_the_declared_weights_and_only_sums():
+    validate(compose(["model=tiny", *overrides("/nowhere"), *WEIGHTED]))
+    with pytest.raises(ConfigError, match=r"model.tables\[1\].pooling_type.*sum only"):
+        validate(compose(["model=tiny", *overrides("/nowhere"), *WEIGHTED, "model.tables.1.pooling_type=mean"]))
+    with pytest.raises(ConfigError, match="model.weighted.*no per-id weights"):
+        validate(compose(["model=tiny", "model.weighted=true"]))
+
+
+def test_a_weighted_model_pools_each_row_times_its_weight():
+    """The model's bags on a weighted batch: sum_i w_i * row(id_i), against a direct computation."""
+    from torchrec import KeyedJaggedTensor
+
+    from dlrm.models.dlrm import build_model
+
+    cfg = compose(["model=tiny", *overrides("/nowhere"), *WEIGHTED])
+    ebc = build_model(cfg.model, torch.device("cpu")).model.sparse_arch.embedding_bag_collection
+    torch.nn.init.normal_(ebc.embedding_bags["t_items"].weight)
+    ids, weights = torch.tensor([1, 2, 3, 4, 5]), torch.tensor([0.5, 2.0, 1.0, -1.5, 3.0])
+    lengths = torch.tensor([0, 0, 0, 2, 0, 3, 0, 0, 0])  # user, items, city over 3 samples: items only
+    kjt = KeyedJaggedTensor(keys=["user", "items", "city"], values=ids, lengths=lengths, weights=weights)
+    pooled = ebc(kjt)["items"]
+    rows = ebc.embedding_bags["t_items"].weight.detach()
+    expected = torch.stack([0.5 * rows[1] + 2.0 * rows[2], torch.zeros(8), rows[3] - 1.5 * rows[4] + 3.0 * rows[5]])
+    torch.testing.assert_close(pooled.detach(), expected)
 
 
 # -- convert and inspect -----------------------------------------------------------------------------
