@@ -99,13 +99,7 @@ class Config:
         self.trainer.check()
         self.checkpoint.check()
         self.run.check()
-        if self.data.source == DataSource.criteo and len(self.model.tasks) > 1:
-            _fail(
-                "model.tasks",
-                [t.name for t in self.model.tasks],
-                "Criteo data has one label column: use one task with data.source=criteo, or data with a "
-                "label per task (data.source=synthetic makes one per task)",
-            )
+        self._check_source()
         for i, t in enumerate(self.model.tables):
             if t.pooling_type == PoolingType.mean and self.sharding.pinned(t) in ROW_SPLIT:
                 _fail(
@@ -131,15 +125,6 @@ class Config:
                 f"trainer.sync_period={period}",
             )
         self._check_precisions()
-        if self.data.source == DataSource.parquet:
-            self._check_parquet()
-        elif self.model.weighted:
-            _fail(
-                "model.weighted",
-                True,
-                f"{self.data.source} data has no per-id weights: use data.source=parquet with weights declared "
-                "(data.parquet.sparse[*].weights), or set model.weighted=false",
-            )
         if self.optim.embedding.name == EmbeddingOptimizer.adam and self.topology.device == Device.cpu:
             sharded = [t.name for t in self.model.tables if self.sharding.pinned(t) != ShardingType.data_parallel]
             if sharded:
@@ -151,6 +136,25 @@ class Config:
                     "on CPU use optim=rowwise_adagrad (or optim.embedding.name=adagrad|sgd), or replicate every "
                     "table with sharding=data_parallel, where adam runs",
                 )
+
+    def _check_source(self) -> None:
+        """What the data source can feed the model: labels per task, weights per id, Parquet columns."""
+        if self.data.source == DataSource.criteo and len(self.model.tasks) > 1:
+            _fail(
+                "model.tasks",
+                [t.name for t in self.model.tasks],
+                "Criteo data has one label column: use one task with data.source=criteo, or data with a "
+                "label per task (data.source=synthetic makes one per task)",
+            )
+        if self.data.source == DataSource.parquet:
+            self._check_parquet()
+        elif self.model.weighted:
+            _fail(
+                "model.weighted",
+                True,
+                f"{self.data.source} data has no per-id weights: use data.source=parquet with weights declared "
+                "(data.parquet.sparse[*].weights), or set model.weighted=false",
+            )
 
     def _check_parquet(self) -> None:
         """The Parquet columns against the model: its features, its dense width, a label per task, weights

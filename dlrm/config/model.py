@@ -136,6 +136,26 @@ class ModelConfig:
         if self.interaction == Interaction.dcn:
             _require_positive(f"{key}.dcn_num_layers", self.dcn_num_layers)
             _require_positive(f"{key}.dcn_low_rank_dim", self.dcn_low_rank_dim)
+        self._check_tables(key)
+        if self.interaction == Interaction.dcn:
+            return  # the cross net takes the concatenation: any widths
+        dims = {t.dim for t in self.tables}
+        if len(dims) > 1:
+            _fail(
+                f"{key}.tables[*].dim",
+                sorted(dims),
+                "the dot interaction needs one embedding dim for all tables: give every table the same dim, "
+                "or use model.interaction=dcn, whose cross net takes tables of different dims",
+            )
+        if self.bottom_mlp[-1] != self.tables[0].dim:
+            _fail(
+                f"{key}.bottom_mlp",
+                list(self.bottom_mlp),
+                f"its last size must equal the embedding dim {self.tables[0].dim}, since the interaction combines them",
+            )
+
+    def _check_tables(self, key: str) -> None:
+        """At least one table; unique table names; each feature in one table; sum pooling when weighted."""
         if not self.tables:
             _fail(f"{key}.tables", [], "list at least one embedding table")
         mean = [i for i, t in enumerate(self.tables) if t.pooling_type == PoolingType.mean]
@@ -157,19 +177,3 @@ class ModelConfig:
                 if f in features:
                     _fail(f"{key}.tables[{i}].features", f, "a feature may be looked up in one table only")
                 features.add(f)
-        if self.interaction == Interaction.dcn:
-            return  # the cross net takes the concatenation: any widths
-        dims = {t.dim for t in self.tables}
-        if len(dims) > 1:
-            _fail(
-                f"{key}.tables[*].dim",
-                sorted(dims),
-                "the dot interaction needs one embedding dim for all tables: give every table the same dim, "
-                "or use model.interaction=dcn, whose cross net takes tables of different dims",
-            )
-        if self.bottom_mlp[-1] != self.tables[0].dim:
-            _fail(
-                f"{key}.bottom_mlp",
-                list(self.bottom_mlp),
-                f"its last size must equal the embedding dim {self.tables[0].dim}, since the interaction combines them",
-            )
