@@ -87,13 +87,13 @@ class StepProfiler:
             result = self._profiled(one_step)
         else:
             result = one_step()
-        if self._traced(step) and (last or not self._traced(step + 1)):
-            end_gloo_ranges(self.pg)  # on every rank: the trace (rank 0's) stops now
-        if self.tracing and self.trace is not None and (last or not self._traced(step + 1)):
-            with kineto_quiet():
-                self.trace.stop()
-            self.trace, self.tracing = None, False
-            log.info(f"profiler trace of steps {self.cfg.profile}: {self.trace_dir}")
+        if self._traced(step) and (last or not self._traced(step + 1)):  # the traced steps end here
+            end_gloo_ranges(self.pg)  # on every rank; the trace is rank 0's
+            if self.tracing and self.trace is not None:
+                with kineto_quiet():
+                    self.trace.stop()
+                self.trace, self.tracing = None, False
+                log.info(f"profiler trace of steps {self.cfg.profile}: {self.trace_dir}")
         return result
 
     def stop_trace(self) -> None:
