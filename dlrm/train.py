@@ -1,12 +1,11 @@
 """Entry point: `python -m dlrm.train [overrides]` or `torchrun --nproc_per_node=N -m dlrm.train [overrides]`.
 
-The overrides are checked against the schema and conf/ (an unknown key or option gets a "did you
-mean"), Hydra composes the config once, and `check` refuses bad values, a config that does not match
-the launcher's world and unusable output places, all before torch is imported or a run directory is
-made. Then Hydra's `run_job` runs the job in the run directory (as `@hydra.main` would: `.hydra/`,
-`HydraConfig`): `run` checks that the model can fit, then builds and runs the trainer. Under torchrun
-all ranks agree on one run directory, and only rank 0 writes into it. Hydra's own flags (--help,
---cfg, -cp...) go to Hydra's `@main`.
+`main` reads the command line with Hydra's parser, composes the config once (conf/, plus `-cd DIR`),
+and `check` refuses bad values, a config that does not match the launcher's world and unusable output
+places, all before torch is imported or a run directory is made. Then Hydra's `run_job` runs the job
+in the run directory (as `@hydra.main` would: `.hydra/`, `HydraConfig`): `run` checks that the model
+can fit, then builds and runs the trainer. Under torchrun all ranks agree on one run directory, and
+only rank 0 writes into it. `--cfg` prints the composed config; --help and --info go to Hydra's `@main`.
 
 A user error (`dlrm.errors.UserError`, also when DCP wraps one) prints `error: <message>` once and
 exits with status 2, without a traceback: see `exit_on_user_error`. Launch through
@@ -20,12 +19,14 @@ import gc
 import os
 import sys
 import time
+from argparse import Namespace
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from dlrm.config import Config, ConfigError, register_configs, to_config, validate, validate_world
 from dlrm.config.compose import CONF_DIR, compose_job, hydra_session, override_value, task_part
@@ -143,16 +144,9 @@ def _launcher_world() -> World:
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def hydra_main(dcfg: DictConfig) -> None:
-    """The job when Hydra's flags compose the config from elsewhere (-cp, -cn, -cd)."""
-    world = _launcher_world()
-    try:
-        cfg = to_config(dcfg)
-        check(cfg, world, None)
-    except UserError as e:
-        exit_on_user_error(e, world.rank)
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    _start(cfg, dcfg, run_dir, world, list(HydraConfig.get().overrides.task))
-    _job(cfg, world)
+    """Hydra's `@main`, for the flags that only print (--help, --hydra-help, --info, --shell-completion):
+    it never calls this function then; a run goes through `main`."""
+    raise AssertionError("dlrm.train runs its jobs through main(), not Hydra's @main")
 
 
 def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, overrides: list[str]) -> None:
@@ -255,67 +249,63 @@ def _check_output_places(cfg: Config, run_dir: str | None) -> None:
             raise ConfigError(problem)
 
 
-# Hydra's flags: those that only print (help, version, info) are Hydra's business; those naming another
-# config place compose from elsewhere than conf/, so main() cannot compose as Hydra will (see _refuse_flags).
-_HYDRA_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--info", "-i", "--shell-completion", "-sc"}
-_HYDRA_ELSEWHERE_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"}
-_HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", *_HYDRA_ELSEWHERE_FLAGS}  # flags followed by a value
+def command_line(argv: list[str]) -> Namespace:
+    """The command line as Hydra's `@main` reads it (Hydra's own parser; overrides and flags in any
+    order); a bad flag or a flag dlrm.train does not take is a UsageError."""
+    from hydra._internal.utils import get_args_parser  # Hydra's parser: private, tested in test_cli_errors
 
+    parser = get_args_parser()
 
-def _split_flags(args: list[str]) -> tuple[set[str], list[str]]:
-    """Hydra's flags (names only, `--cfg=job` as `--cfg`) and the overrides among the command-line args."""
-    flags: set[str] = set()
-    overrides: list[str] = []
-    values = iter(args)
-    for a in values:
-        if not a.startswith("-"):
-            overrides.append(a)
-            continue
-        name = a.split("=", 1)[0]
-        flags.add(name)
-        if name in _HYDRA_VALUE_FLAGS and "=" not in a:
-            next(values, None)
-    return flags, overrides
+    def refuse(message: str) -> NoReturn:
+        raise UsageError(f"{message.strip()} (see python -m dlrm.train --help)")
+
+    parser.error = refuse  # type: ignore[method-assign]  # one error line, not argparse's usage + exit
+    args = parser.parse_intermixed_args(argv)
+    if args.multirun:
+        raise UsageError(
+            "dlrm.train runs one training per command; -m/--multirun (a Hydra sweep) is not supported: "
+            "run one command per setting (e.g. a shell loop over the values)"
+        )
+    if args.experimental_rerun is not None:
+        raise UsageError(
+            "dlrm.train does not rerun from a pickled config (--experimental-rerun: loading it can run code); "
+            "rerun with the overrides in RUN_DIR/.hydra/overrides.yaml, or continue a named run with "
+            "run.name=NAME trainer.resume=auto"
+        )
+    if args.config_path is not None:
+        raise UsageError(
+            f"-cp/--config-path {args.config_path}: dlrm.train composes its own conf/; add your config "
+            "groups with -cd DIR (--config-dir) instead"
+        )
+    return args
 
 
 def main() -> None:
-    """Compose the command line's config once, check it, then run the job in its run directory; with
-    Hydra's own flags (--help, --cfg, -cp...), hand the command line to Hydra's `@main`."""
+    """Compose the command line's config once, check it, place the run, then run the job in its run
+    directory (or print the config: --cfg). Hydra's printing flags (--help, --info...) go to its `@main`."""
     _enable_fault_handler()
     world = _launcher_world()
-    flags, overrides = _split_flags(sys.argv[1:])
+    try:
+        args = command_line(sys.argv[1:])
+    except UserError as e:
+        exit_on_user_error(e, world.rank)
+    if args.help or args.hydra_help or args.info is not None or args.shell_completion:
+        hydra_main()  # prints only, from sys.argv
+        return
     with hydra_session():
-        cfg = None
         try:  # fail fast, before torch is imported and a run directory is made
-            _refuse_flags(flags)
-            if not flags & (_HYDRA_INFO_FLAGS | _HYDRA_ELSEWHERE_FLAGS):
-                composed = compose_job(overrides)
-                if composed.hydra.job.chdir:  # the run is taken (checkpoints found) from where it starts
-                    raise ConfigError(
-                        "hydra.job.chdir=true is not supported: dlrm.train reads relative paths (data, "
-                        "checkpoint.dir, trainer.resume) from the directory it starts in; leave it false"
-                    )
-                cfg = to_config(task_part(composed))
-                check(cfg, world, override_value(overrides, "hydra.run.dir"))
+            composed = compose_job(args.overrides, config_dir=args.config_dir, config_name=args.config_name or "config")
+            _refuse_chdir(composed)
+            cfg = to_config(task_part(composed))
+            check(cfg, world, override_value(args.overrides, "hydra.run.dir"))
         except UserError as e:
             exit_on_user_error(e, world.rank)
-        if not flags:
-            assert cfg is not None
-            for key, value in _placement(world, cfg.run.name, override_value(overrides, "hydra.run.dir")).items():
-                OmegaConf.update(composed, key, value, force_add=True)
+        for key, value in _placement(world, cfg.run.name, override_value(args.overrides, "hydra.run.dir")).items():
+            OmegaConf.update(composed, key, value, force_add=True)
+        if not args.cfg:
             _run_job(composed, cfg, world)
-            return
-    try:  # not composed above (Hydra's flags): a parse error is then Hydra's to report
-        run_dir, name = override_value(overrides, "hydra.run.dir"), override_value(overrides, "run.name")
-    except ConfigError:
-        run_dir, name = None, None
-    help_only = bool(flags & _HYDRA_INFO_FLAGS)
-    placed = {} if help_only else _placement(world, cfg.run.name if cfg else name, run_dir)
-    # first: argparse wants the overrides together, before any flag
-    sys.argv[1:1] = [f"{key}={'null' if value is None else value}" for key, value in placed.items()]
-    if "hydra.output_subdir" in placed:  # not rank 0: no Hydra logging (dlrm.trainer.logs sets it up)
-        sys.argv[1:1] = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
-    hydra_main()  # Hydra's @main initializes Hydra itself, outside the session above
+        elif world.is_main:
+            _show(composed, args)
 
 
 def _enable_fault_handler() -> None:
@@ -344,18 +334,33 @@ def _placement(world: World, name: str | None, run_dir: str | None) -> dict[str,
     return placed
 
 
-def _refuse_flags(flags: set[str]) -> None:
-    """Hydra's flags dlrm.train does not take: a sweep, and a rerun from a pickled config (code from a file)."""
-    if flags & {"-m", "--multirun"}:
-        raise UsageError(
-            "dlrm.train runs one training per command; -m/--multirun (a Hydra sweep) is not supported: "
-            "run one command per setting (e.g. a shell loop over the values)"
-        )
-    if "--experimental-rerun" in flags:
-        raise UsageError(
-            "dlrm.train does not rerun from a pickled config (--experimental-rerun: loading it can run code); "
-            "rerun with the overrides in RUN_DIR/.hydra/overrides.yaml, or continue a named run with "
-            "run.name=NAME trainer.resume=auto"
+def _show(composed: DictConfig, args: Namespace) -> None:
+    """--cfg job|hydra|all [--package P] [--resolve]: print the composed config as Hydra's would."""
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().set_config(composed)  # for ${hydra:...} when resolving
+    OmegaConf.set_readonly(composed.hydra, None)  # as Hydra's own --cfg: resolving writes into it
+    shown = {"job": task_part(composed), "hydra": OmegaConf.masked_copy(composed, ["hydra"]), "all": composed}[args.cfg]
+    package = None if args.package in (None, "_global_") else args.package
+    if package is not None:
+        shown = OmegaConf.select(shown, package)
+        if shown is None:
+            exit_on_user_error(UsageError(f"--package {package}: no such key in the {args.cfg} config"), 0)
+        print(f"# @package {package}")
+    if not isinstance(shown, DictConfig | ListConfig):
+        print(shown)
+        return
+    if args.resolve:
+        OmegaConf.resolve(shown)
+    sys.stdout.write(OmegaConf.to_yaml(shown))
+
+
+def _refuse_chdir(composed: DictConfig) -> None:
+    """hydra.job.chdir=true: refused (the run's relative paths are read from where it starts)."""
+    if composed.hydra.job.chdir:
+        raise ConfigError(
+            "hydra.job.chdir=true is not supported: dlrm.train reads relative paths (data, "
+            "checkpoint.dir, trainer.resume) from the directory it starts in; leave it false"
         )
 
 

@@ -45,9 +45,14 @@ def _schema_keys(cls: type = Config, prefix: str = "") -> dict[str, object]:
     return keys
 
 
-def group_options(group: str) -> list[str]:
-    """The options of a config group: the names of conf/<group>/*.yaml."""
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+def config_dirs(extra: str | None = None) -> list[Path]:
+    """Where the config groups are found: conf/, then `extra` (a user's directory: `-cd DIR`)."""
+    return [CONF_DIR, *([Path(extra).absolute()] if extra else [])]
+
+
+def group_options(group: str, dirs: Sequence[Path] = (CONF_DIR,)) -> list[str]:
+    """The options of a config group: the names of <dir>/<group>/*.yaml in any of `dirs`."""
+    return sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
 
 
 def _did_you_mean(word: str, choices: Sequence[str]) -> str:
@@ -55,8 +60,9 @@ def _did_you_mean(word: str, choices: Sequence[str]) -> str:
     return f"did you mean '{close[0]}'?" if close else ""
 
 
-def check_overrides(overrides: Sequence[str]) -> None:
-    """Refuse an unknown key or group option among Hydra overrides, with a "did you mean".
+def check_overrides(overrides: Sequence[str], dirs: Sequence[Path] = (CONF_DIR,)) -> None:
+    """Refuse an unknown key or group option among Hydra overrides, with a "did you mean"; the
+    groups and their options are those of the config directories `dirs`.
 
     Hydra would refuse them too, but advises `+key=value`, which the closed schema refuses in turn.
     Keys under hydra, `~key` deletions and dict entries (sharding.per_table.NAME) are left to Hydra.
@@ -76,7 +82,7 @@ def check_overrides(overrides: Sequence[str]) -> None:
                 "(e.g. trainer.max_steps=50; quote values with spaces or brackets)"
             ) from None
     keys = _schema_keys()
-    groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+    groups = sorted({p.name for d in dirs for p in d.iterdir() if p.is_dir()})
     for o in parsed:
         key = o.key_or_group
         if key == "hydra" or key.startswith(("hydra.", "hydra/")) or o.is_delete() or o.package is not None:
@@ -85,13 +91,14 @@ def check_overrides(overrides: Sequence[str]) -> None:
             value = o.value()
             if value is None or not isinstance(value, str):  # experiment=null; a list is Hydra's business
                 continue
-            choices = group_options(key)
+            choices = group_options(key, dirs)
             if value not in choices:
                 hint = _did_you_mean(value, choices)
+                places = " or ".join(f"{'conf' if d == CONF_DIR else d}/{key}/" for d in dirs)
                 raise ConfigError(
                     f"unknown option '{value}' for config group '{key}'; "
                     + (hint + " " if hint else "")
-                    + f"choose one of: {', '.join(choices)} (files in conf/{key}/)"
+                    + f"choose one of: {', '.join(choices)} (files in {places})"
                 )
             continue
         parent = key.rpartition(".")[0]
@@ -168,17 +175,32 @@ def hydra_session() -> Iterator[None]:
         yield
 
 
-def compose_job(overrides: Sequence[str], with_hydra: bool = True) -> DictConfig:
+def compose_job(
+    overrides: Sequence[str], with_hydra: bool = True, config_dir: str | None = None, config_name: str = "config"
+) -> DictConfig:
     """The composed config for these overrides, with Hydra's node (run dir, job, overrides) unless
-    with_hydra=False; inside `hydra_session`. ConfigError as `compose`."""
+    with_hydra=False; inside `hydra_session`. `config_dir` (Hydra's `-cd`) adds a directory of config
+    groups where Hydra's `--config-dir` puts it, through the public `hydra.searchpath`; `config_name`
+    (`-cn`) is the primary config. ConfigError as `compose`."""
     from hydra import compose as hydra_compose
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    check_overrides(overrides)
+    dirs = config_dirs(config_dir)
+    if config_dir is not None and not dirs[-1].is_dir():
+        raise ConfigError(
+            f"config directory {dirs[-1]} (-cd/--config-dir) not found: give a directory of config groups"
+        )
+    check_overrides(overrides, dirs)
+    overrides = list(overrides)
+    if config_dir is not None:
+        if override_value(overrides, "hydra.searchpath") is not None:
+            raise ConfigError("give either -cd/--config-dir or hydra.searchpath, not both: -cd DIR adds DIR")
+        escaped = str(dirs[-1]).replace("\\", "\\\\").replace("'", "\\'")
+        overrides.append(f"hydra.searchpath=['file://{escaped}']")  # where -cd puts it: before the schema
     register_configs()
     try:
-        return hydra_compose(config_name="config", overrides=list(overrides), return_hydra_config=with_hydra)
+        return hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=with_hydra)
     except (HydraException, OmegaConfBaseException) as e:
         raise _composition_error(e) from None
 

@@ -105,6 +105,15 @@ CASES = {
         ["'sharding.prefetch_pipeline'", "trainer.pipeline=true"],
     ),
     "bad run.name after a good one": (["run.name=a", "run.name=a/b"], ["'run.name' = 'a/b'", "letters, digits"]),
+    "unknown flag": (["--colour", "model=tiny"], ["unrecognized arguments: --colour", "--help"]),
+    "cfg of another kind": (["--cfg", "everything"], ["--cfg", "'everything'", "--help"]),
+    "config path": (["-cp", "elsewhere"], ["-cp/--config-path elsewhere", "-cd DIR"]),
+    "missing config dir": (["-cd", "/nonexistent/conf"], ["/nonexistent/conf (-cd/--config-dir) not found"]),
+    "config dir and searchpath": (
+        ["-cd", str(ROOT / "conf"), "hydra.searchpath=[pkg://x]"],
+        ["either -cd/--config-dir or hydra.searchpath"],
+    ),
+    "unknown package for --cfg": (["--cfg", "job", "--package", "trainr"], ["--package trainr", "no such key"]),
 }
 
 
@@ -137,15 +146,57 @@ def test_named_run_directory_is_the_name_hydra_reads(monkeypatch, capsys, args, 
     assert seen == [run_dir]
 
 
-def test_hydra_flags_go_to_hydra_with_the_named_run_directory(monkeypatch, capsys):
-    """With Hydra's flags, the named run's directory is added before them (argparse takes the overrides together)."""
-    seen = []
-    monkeypatch.setattr(train, "hydra_main", lambda: seen.append(list(sys.argv[1:])))
-    monkeypatch.setattr(sys, "argv", ["dlrm.train", "run.name=n", "--cfg", "job"])
+def test_cfg_prints_the_config_the_run_would_use(monkeypatch, capsys):
+    """--cfg job|hydra prints the config composed and placed as a run would be (a named run's directory
+    included), the overrides before or after the flags, and trains nothing."""
+    monkeypatch.setattr(train, "_run_job", lambda *a: pytest.fail("--cfg must not run the job"))
     for name in TORCHRUN_VARS:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "argv", ["dlrm.train", "run.name=n", "--cfg", "hydra", "--resolve", "model=tiny"])
     train.main()
-    assert seen == [["hydra.run.dir=outputs/n", "run.name=n", "--cfg", "job"]]
+    out = capsys.readouterr().out
+    assert "hydra:" in out and "dir: outputs/n" in out and "model: tiny" in out, out
+    monkeypatch.setattr(sys, "argv", ["dlrm.train", "--cfg=job", "--package", "trainer", "trainer.max_steps=7"])
+    train.main()
+    out = capsys.readouterr().out
+    assert out.startswith("# @package trainer\n") and "max_steps: 7" in out, out
+
+
+def _user_config_dir(tmp_path: Path) -> Path:
+    """A user's config directory for -cd: conf/model/tiny.yaml with a wider bottom MLP, as model=mine."""
+    (tmp_path / "myconf" / "model").mkdir(parents=True)
+    tiny = (ROOT / "conf" / "model" / "tiny.yaml").read_text()
+    assert "bottom_mlp: [16, 8]" in tiny
+    (tmp_path / "myconf" / "model" / "mine.yaml").write_text(tiny.replace("bottom_mlp: [16, 8]", "bottom_mlp: [32, 8]"))
+    return tmp_path / "myconf"
+
+
+def test_config_dir_adds_groups_and_is_checked_like_conf(monkeypatch, capsys, tmp_path):
+    """-cd DIR (Hydra's --config-dir) composes DIR's options with conf/'s before anything starts: a
+    typo gets the "did you mean" among both, a bad value is refused before a run directory exists,
+    and a good command runs the job on DIR's option."""
+    conf = _user_config_dir(tmp_path)
+    run_dir = tmp_path / "run"
+    code, out, err = main_in_process(monkeypatch, capsys, "-cd", str(conf), "model=mne", f"hydra.run.dir={run_dir}")
+    assert_one_error(code, out, err, "'mne'", "did you mean 'mine'?", f"{conf}/model/")
+    args = ("-cd", str(conf), "model=mine", "trainer.max_steps=-1", f"hydra.run.dir={run_dir}")
+    code, out, err = main_in_process(monkeypatch, capsys, *args)
+    assert_one_error(code, out, err, "'trainer.max_steps' = -1")
+    assert not run_dir.exists()  # refused before Hydra made a run directory
+    seen = []
+    monkeypatch.setattr(train, "_run_job", lambda composed, cfg, world: seen.append(cfg.model.bottom_mlp))
+    monkeypatch.setattr(sys, "argv", ["dlrm.train", "model=mine", "-cd", str(conf), f"hydra.run.dir={run_dir}"])
+    train.main()
+    assert seen == [[32, 8]]
+
+
+def test_hydra_parser_reads_what_dlrm_train_relies_on():
+    """dlrm.train reads its command line with Hydra's own (private) parser: the flags' names and
+    overrides mixed with flags, as this Hydra version parses them."""
+    args = train.command_line(["a=1", "-cd", "d", "--cfg", "job", "b=2", "-cn", "c", "--resolve", "--package", "p"])
+    assert (args.overrides, args.config_dir, args.config_name, args.cfg) == (["a=1", "b=2"], "d", "c", "job")
+    assert args.resolve and args.package == "p" and not (args.help or args.hydra_help or args.shell_completion)
+    assert args.info is None and args.multirun is False and args.experimental_rerun is None
 
 
 def test_a_run_writes_hydra_records(monkeypatch, capsys, tmp_path):
