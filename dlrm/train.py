@@ -18,22 +18,26 @@ import faulthandler
 import gc
 import os
 import sys
-import time
-from argparse import Namespace
-from datetime import timedelta
 from pathlib import Path
-from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from dlrm.config import Config, ConfigError, register_configs, to_config, validate, validate_world
-from dlrm.config.compose import CONF_DIR, compose_job, hydra_session, override_value, task_part
+from dlrm.config import Config, register_configs, to_config, validate, validate_world
+from dlrm.config.compose import (
+    CONF_DIR,
+    command_line,
+    compose_job,
+    hydra_session,
+    override_value,
+    show_config,
+    task_part,
+)
 from dlrm.distributed.world import World
-from dlrm.errors import UsageError, UserError, exit_on_user_error
-from dlrm.io import output_dir_problem
+from dlrm.errors import UserError, exit_on_user_error
 from dlrm.trainer.logs import setup_logging
+from dlrm.trainer.start import check_output_places, placement, take_run
 
 register_configs()
 # torch (seconds to import) is imported where needed: a bad command line fails before it.
@@ -67,15 +71,15 @@ def check(cfg: Config, world: World, run_dir: str | None) -> None:
     the launcher's world, and the places it writes to (`run_dir`: hydra.run.dir as given, if given)."""
     validate(cfg)
     validate_world(cfg, world.world_size, world.local_world_size)
-    _check_output_places(cfg, run_dir)
+    check_output_places(cfg, run_dir)
 
 
-def _start(cfg: Config, task: DictConfig, run_dir: Path, world: World, overrides: list[str]) -> None:
-    """Logging (console, train.log; library noise off), then the run's records: rank 0 locks the run
-    directory, a start over another run's outputs is refused, config.yaml is written (see `_record_run`)."""
+def _start(cfg: Config, task: DictConfig, run_dir: Path, world: World, overrides: list[str]) -> list[int]:
+    """Logging (console, train.log; library noise off), then the run taken (`take_run`): rank 0 locks the
+    run directory, a start over another run's outputs is refused, config.yaml is written. The locks."""
     setup_logging(world.rank, run_dir if world.is_main else None)
     try:
-        _record_run(cfg, task, run_dir, world.is_main, overrides)
+        return take_run(cfg, task, run_dir, world.is_main, overrides)
     except Exception as e:
         exit_on_user_error(e, world.rank)
         raise
@@ -124,13 +128,17 @@ def _run_job(composed: DictConfig, cfg: Config, world: World) -> None:
     with open_dict(composed.hydra):
         composed.hydra.mode = RunMode.RUN
         composed.hydra.run.dir = str(run_dir)  # resolved once (${now:...}): where the run started
-    _start(cfg, task_part(composed), run_dir, world, list(composed.hydra.overrides.task))
-    callbacks = Callbacks(composed)
-    callbacks.on_run_start(config=composed, config_name="config")
-    context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
-    done = run_job(lambda _: _job(cfg, world), composed, "hydra.run.dir", None, context, configure_logging=False)
-    callbacks.on_run_end(config=composed, config_name="config", job_return=done)
-    _ = done.return_value  # raises the job's exception, if it failed
+    locks = _start(cfg, task_part(composed), run_dir, world, list(composed.hydra.overrides.task))
+    try:
+        callbacks = Callbacks(composed)
+        callbacks.on_run_start(config=composed, config_name="config")
+        context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
+        done = run_job(lambda _: _job(cfg, world), composed, "hydra.run.dir", None, context, configure_logging=False)
+        callbacks.on_run_end(config=composed, config_name="config", job_return=done)
+        _ = done.return_value  # raises the job's exception, if it failed
+    finally:
+        for fd in locks:
+            os.close(fd)
 
 
 def _launcher_world() -> World:
@@ -149,137 +157,6 @@ def hydra_main(dcfg: DictConfig) -> None:
     raise AssertionError("dlrm.train runs its jobs through main(), not Hydra's @main")
 
 
-def _record_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, overrides: list[str]) -> None:
-    """Own the run directory and checkpoint.dir (rank 0 locks them), refuse to start over another run's outputs, then
-    write the run's config.yaml, or, continuing a run with a checkpoint, compare with it (see dlrm.trainer.run_dir)."""
-    from dlrm.checkpoint import complete_checkpoints, read_manifest
-    from dlrm.trainer.run_dir import (
-        check_continuation,
-        check_fresh_start,
-        check_resume_point,
-        finished_at,
-        lock_checkpoint_dir,
-        lock_run_dir,
-        planned_steps,
-        record,
-    )
-
-    global _run_lock, _checkpoint_lock
-    tr = cfg.trainer
-    if is_main:
-        _run_lock = lock_run_dir(run_dir)
-        own = Path(cfg.checkpoint.dir).absolute() if cfg.checkpoint.dir else None
-        if _checkpoint_lock is not None:  # an earlier run in this process (in-process callers) is over
-            os.close(_checkpoint_lock)
-            _checkpoint_lock = None
-        if own is not None and own != run_dir.absolute() and not tr.eval_only:  # another run may share it
-            _checkpoint_lock = lock_checkpoint_dir(own)
-    config = OmegaConf.to_container(dcfg, resolve=True, enum_to_str=True)
-    assert isinstance(config, dict)
-    checkpoints = complete_checkpoints(Path(cfg.checkpoint.dir or run_dir / "checkpoints"))
-    check_fresh_start(run_dir, checkpoints, tr.resume, look_at_config=is_main)
-    if tr.resume and not tr.eval_only:
-        check_resume_point(checkpoints, tr.resume, tr.max_steps)
-        done = finished_at(
-            checkpoints, tr.resume, planned_steps(tr.max_steps, tr.max_samples, cfg.data.global_batch_size)
-        )
-        if done is not None:  # a continuation with nothing to train: the run's records stay as they are
-            if is_main:
-                kept = _kept(cfg, run_dir, checkpoints[-1])
-                print(f"already finished at step {done} ({checkpoints[-1]}); nothing to train, {kept}")
-            sys.exit(0)
-    continuing = bool(checkpoints) and bool(tr.resume)
-    changes = check_continuation(run_dir, config, read_manifest(checkpoints[-1])) if continuing else {}
-    if is_main:
-        record(run_dir, config, continuing, overrides, changes)
-
-
-def _kept(cfg: Config, run_dir: Path, checkpoint: Path) -> str:
-    """What a finished run's re-run did to its records: nothing, or rebuild a summary.json gone missing."""
-    from dlrm.distributed.topology import backend_for
-    from dlrm.trainer.rebuild import rebuild_summary
-
-    hint = "raise trainer.max_steps to train on, or evaluate it with trainer.eval_only=true"
-    if (run_dir / "summary.json").exists() or not (run_dir / "config.yaml").exists():  # kept, or not this run's
-        return f"nothing changed: {hint}"
-    sources = rebuild_summary(
-        run_dir, checkpoint, backend_for(cfg.topology), cfg.topology.name, cfg.data.global_batch_size
-    )
-    return f"summary.json was missing: rebuilt from {sources}; nothing else changed: {hint}"
-
-
-_run_lock: int | None = None  # rank 0's lock on its run directory, held for the process's life
-_checkpoint_lock: int | None = None  # and on its checkpoint.dir, if set elsewhere
-
-
-def _shared_run_dir() -> str:
-    """One run directory for all ranks of a torchrun job, agreed through torchrun's own store.
-
-    The first rank to ask proposes outputs/<timestamp>; every rank reads back the same value.
-    """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        raise SystemExit(
-            "error: several ranks but no torchrun store to agree on a run directory; "
-            "pass hydra.run.dir=DIR (the same on every rank)"
-        )
-    import torch.distributed as dist
-
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60)
-    )
-    key = f"dlrm/run_dir/{os.environ.get('TORCHELASTIC_RUN_ID', '')}"
-    proposal = time.strftime("outputs/%Y-%m-%d_%H-%M-%S")
-    return store.compare_set(key, "", proposal).decode()
-
-
-def _check_output_places(cfg: Config, run_dir: str | None) -> None:
-    """Where the run will write, checked before anything starts: hydra.run.dir and checkpoint.dir must
-    be directories this process can create or write; trainer.resume=auto needs a run that another
-    invocation can find again (run.name, hydra.run.dir or checkpoint.dir), not a new timestamped one."""
-    if cfg.trainer.resume == "auto" and not (cfg.run.name or run_dir or cfg.checkpoint.dir):
-        raise ConfigError(
-            "trainer.resume=auto continues a run from its own checkpoints, but without run.name (or "
-            "hydra.run.dir / checkpoint.dir) every invocation starts in a new timestamped directory and "
-            "would never find one: name the run, e.g. run.name=my_run trainer.resume=auto"
-        )
-    named = f"outputs/{cfg.run.name}" if cfg.run.name and run_dir is None else None
-    for key, value in (("hydra.run.dir", run_dir), ("run.name", named), ("checkpoint.dir", cfg.checkpoint.dir)):
-        problem = None if value is None else output_dir_problem(value, key)
-        if problem:
-            raise ConfigError(problem)
-
-
-def command_line(argv: list[str]) -> Namespace:
-    """The command line as Hydra's `@main` reads it (Hydra's own parser; overrides and flags in any
-    order); a bad flag or a flag dlrm.train does not take is a UsageError."""
-    from hydra._internal.utils import get_args_parser  # Hydra's parser: private, tested in test_cli_errors
-
-    parser = get_args_parser()
-
-    def refuse(message: str) -> NoReturn:
-        raise UsageError(f"{message.strip()} (see python -m dlrm.train --help)")
-
-    parser.error = refuse  # type: ignore[method-assign]  # one error line, not argparse's usage + exit
-    args = parser.parse_intermixed_args(argv)
-    if args.multirun:
-        raise UsageError(
-            "dlrm.train runs one training per command; -m/--multirun (a Hydra sweep) is not supported: "
-            "run one command per setting (e.g. a shell loop over the values)"
-        )
-    if args.experimental_rerun is not None:
-        raise UsageError(
-            "dlrm.train does not rerun from a pickled config (--experimental-rerun: loading it can run code); "
-            "rerun with the overrides in RUN_DIR/.hydra/overrides.yaml, or continue a named run with "
-            "run.name=NAME trainer.resume=auto"
-        )
-    if args.config_path is not None:
-        raise UsageError(
-            f"-cp/--config-path {args.config_path}: dlrm.train composes its own conf/; add your config "
-            "groups with -cd DIR (--config-dir) instead"
-        )
-    return args
-
-
 def main() -> None:
     """Compose the command line's config once, check it, place the run, then run the job in its run
     directory (or print the config: --cfg). Hydra's printing flags (--help, --info...) go to its `@main`."""
@@ -295,17 +172,16 @@ def main() -> None:
     with hydra_session():
         try:  # fail fast, before torch is imported and a run directory is made
             composed = compose_job(args.overrides, config_dir=args.config_dir, config_name=args.config_name or "config")
-            _refuse_chdir(composed)
             cfg = to_config(task_part(composed))
-            check(cfg, world, override_value(args.overrides, "hydra.run.dir"))
+            run_dir = override_value(args.overrides, "hydra.run.dir")
+            check(cfg, world, run_dir)
+            for key, value in placement(world, cfg.run.name, run_dir).items():
+                OmegaConf.update(composed, key, value, force_add=True)
+            if args.cfg:
+                return show_config(composed, args) if world.is_main else None
         except UserError as e:
             exit_on_user_error(e, world.rank)
-        for key, value in _placement(world, cfg.run.name, override_value(args.overrides, "hydra.run.dir")).items():
-            OmegaConf.update(composed, key, value, force_add=True)
-        if not args.cfg:
-            _run_job(composed, cfg, world)
-        elif world.is_main:
-            _show(composed, args)
+        _run_job(composed, cfg, world)
 
 
 def _enable_fault_handler() -> None:
@@ -319,49 +195,6 @@ def _enable_fault_handler() -> None:
         faulthandler.enable(file=stderr)
     except (ValueError, OSError):  # io.UnsupportedOperation is an OSError: no fileno()
         return
-
-
-def _placement(world: World, name: str | None, run_dir: str | None) -> dict[str, str | None]:
-    """The Hydra settings that place this rank's run: the directory all ranks share (a named run's, or
-    one agreed under torchrun) unless hydra.run.dir was given; Hydra's records on rank 0 only."""
-    placed: dict[str, str | None] = {}
-    if run_dir is None and name:  # a named run: the same directory for every rank and every invocation
-        placed["hydra.run.dir"] = f"outputs/{name}"
-    elif run_dir is None and world.world_size > 1:
-        placed["hydra.run.dir"] = _shared_run_dir()
-    if not world.is_main:
-        placed["hydra.output_subdir"] = None
-    return placed
-
-
-def _show(composed: DictConfig, args: Namespace) -> None:
-    """--cfg job|hydra|all [--package P] [--resolve]: print the composed config as Hydra's would."""
-    from hydra.core.hydra_config import HydraConfig
-
-    HydraConfig.instance().set_config(composed)  # for ${hydra:...} when resolving
-    OmegaConf.set_readonly(composed.hydra, None)  # as Hydra's own --cfg: resolving writes into it
-    shown = {"job": task_part(composed), "hydra": OmegaConf.masked_copy(composed, ["hydra"]), "all": composed}[args.cfg]
-    package = None if args.package in (None, "_global_") else args.package
-    if package is not None:
-        shown = OmegaConf.select(shown, package)
-        if shown is None:
-            exit_on_user_error(UsageError(f"--package {package}: no such key in the {args.cfg} config"), 0)
-        print(f"# @package {package}")
-    if not isinstance(shown, DictConfig | ListConfig):
-        print(shown)
-        return
-    if args.resolve:
-        OmegaConf.resolve(shown)
-    sys.stdout.write(OmegaConf.to_yaml(shown))
-
-
-def _refuse_chdir(composed: DictConfig) -> None:
-    """hydra.job.chdir=true: refused (the run's relative paths are read from where it starts)."""
-    if composed.hydra.job.chdir:
-        raise ConfigError(
-            "hydra.job.chdir=true is not supported: dlrm.train reads relative paths (data, "
-            "checkpoint.dir, trainer.resume) from the directory it starts in; leave it false"
-        )
 
 
 if __name__ == "__main__":

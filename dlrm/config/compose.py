@@ -13,13 +13,17 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import sys
+from argparse import Namespace
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from dlrm.config import Config, ConfigError, register_configs, to_config
+from dlrm.errors import UsageError
 
 
 def _conf_dir() -> Path:
@@ -179,9 +183,9 @@ def compose_job(
     overrides: Sequence[str], with_hydra: bool = True, config_dir: str | None = None, config_name: str = "config"
 ) -> DictConfig:
     """The composed config for these overrides, with Hydra's node (run dir, job, overrides) unless
-    with_hydra=False; inside `hydra_session`. `config_dir` (Hydra's `-cd`) adds a directory of config
-    groups where Hydra's `--config-dir` puts it, through the public `hydra.searchpath`; `config_name`
-    (`-cn`) is the primary config. ConfigError as `compose`."""
+    with_hydra=False (with it, hydra.job.chdir=true is refused); inside `hydra_session`. `config_dir`
+    (Hydra's `-cd`) adds a directory of config groups where Hydra's `--config-dir` puts it, through the
+    public `hydra.searchpath`; `config_name` (`-cn`) is the primary config. ConfigError as `compose`."""
     from hydra import compose as hydra_compose
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -200,11 +204,69 @@ def compose_job(
         overrides.append(f"hydra.searchpath=['file://{escaped}']")  # where -cd puts it: before the schema
     register_configs()
     try:
-        return hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=with_hydra)
+        composed = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=with_hydra)
     except (HydraException, OmegaConfBaseException) as e:
         raise _composition_error(e) from None
+    if with_hydra and composed.hydra.job.chdir:  # the run's relative paths are read from where it starts
+        raise ConfigError(
+            "hydra.job.chdir=true is not supported: dlrm.train reads relative paths (data, "
+            "checkpoint.dir, trainer.resume) from the directory it starts in; leave it false"
+        )
+    return composed
 
 
 def task_part(composed: DictConfig) -> DictConfig:
     """A composed config without Hydra's node: what the job sees (`to_config` makes it typed)."""
     return OmegaConf.masked_copy(composed, [str(k) for k in composed if k != "hydra"])
+
+
+def command_line(argv: list[str]) -> Namespace:
+    """The command line as Hydra's `@main` reads it (Hydra's own parser; overrides and flags in any
+    order); a bad flag or a flag dlrm.train does not take is a UsageError."""
+    from hydra._internal.utils import get_args_parser  # Hydra's parser: private, tested in test_cli_errors
+
+    parser = get_args_parser()
+
+    def refuse(message: str) -> NoReturn:
+        raise UsageError(f"{message.strip()} (see python -m dlrm.train --help)")
+
+    parser.error = refuse  # type: ignore[method-assign]  # one error line, not argparse's usage + exit
+    args = parser.parse_intermixed_args(argv)
+    if args.multirun:
+        raise UsageError(
+            "dlrm.train runs one training per command; -m/--multirun (a Hydra sweep) is not supported: "
+            "run one command per setting (e.g. a shell loop over the values)"
+        )
+    if args.experimental_rerun is not None:
+        raise UsageError(
+            "dlrm.train does not rerun from a pickled config (--experimental-rerun: loading it can run code); "
+            "rerun with the overrides in RUN_DIR/.hydra/overrides.yaml, or continue a named run with "
+            "run.name=NAME trainer.resume=auto"
+        )
+    if args.config_path is not None:
+        raise UsageError(
+            f"-cp/--config-path {args.config_path}: dlrm.train composes its own conf/; add your config "
+            "groups with -cd DIR (--config-dir) instead"
+        )
+    return args
+
+
+def show_config(composed: DictConfig, args: Namespace) -> None:
+    """--cfg job|hydra|all [--package P] [--resolve]: print the composed config as Hydra's would."""
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().set_config(composed)  # for ${hydra:...} when resolving
+    OmegaConf.set_readonly(composed.hydra, None)  # as Hydra's own --cfg: resolving writes into it
+    shown = {"job": task_part(composed), "hydra": OmegaConf.masked_copy(composed, ["hydra"]), "all": composed}[args.cfg]
+    package = None if args.package in (None, "_global_") else args.package
+    if package is not None:
+        shown = OmegaConf.select(shown, package)
+        if shown is None:
+            raise UsageError(f"--package {package}: no such key in the {args.cfg} config")
+        print(f"# @package {package}")
+    if not isinstance(shown, DictConfig | ListConfig):
+        print(shown)
+        return
+    if args.resolve:
+        OmegaConf.resolve(shown)
+    sys.stdout.write(OmegaConf.to_yaml(shown))
