@@ -3,7 +3,7 @@ stop at a target AUC."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
@@ -13,53 +13,44 @@ from dlrm.config import Config
 from dlrm.trainer.metrics import score_on_rank0
 
 
+def eval_batch_count(cfg: Config, available: int | None) -> int:
+    """The batches an evaluation scores: data.eval_batches, or fewer if the eval split holds fewer
+    (`available`; None: unbounded; 0: no eval split)."""
+    n = cfg.data.eval_batches
+    return n if available is None else min(n, available)
+
+
 class Evaluator:
-    """Scores the model on the eval split every trainer.eval_every_steps (and at the last step), and
+    """Scores a model on eval batches when due (trainer.eval_every_steps, and the last step), and
     tells when an evaluation first reaches trainer.target_auc.
 
     Args:
-        cfg: the run's config (data.eval_batches, trainer.eval_every_steps, trainer.target_auc).
-        batches: (split, start_step, count) -> this rank's batches (the trainer's, so an injected
-            source is used); `num_batches` the eval split's size (None: unbounded).
-        forward: batch -> (loss, (loss, logits, labels)), as the training step's: logits and labels
-            [B] for one task, [B, T] for T.
-        model: -> the module whose train/eval mode is switched around the evaluation.
+        cfg: the run's config (trainer.eval_every_steps, trainer.target_auc, trainer.dense_precision,
+            model.tasks).
         device, pg: where the scores are computed, and the training process group.
     """
 
-    def __init__(
-        self,
-        cfg: Config,
-        batches: Callable[[str, int, int | None], Iterator],
-        num_batches: Callable[[], int | None],
-        forward: Callable,
-        model: Callable[[], torch.nn.Module],
-        device: torch.device,
-        pg: dist.ProcessGroup,
-    ) -> None:
+    def __init__(self, cfg: Config, device: torch.device, pg: dist.ProcessGroup) -> None:
         self.cfg, self.device, self.pg = cfg, device, pg
-        self._batches, self._num_batches, self._forward, self._model = batches, num_batches, forward, model
         self.every = Every(cfg.trainer.eval_every_steps)
         self.target_step: int | None = None  # the step whose evaluation first reached trainer.target_auc
 
-    def batch_count(self) -> int:
-        """The batches an evaluation scores: data.eval_batches, or fewer if the eval split holds fewer (0: none)."""
-        available = self._num_batches()
-        n = self.cfg.data.eval_batches
-        return n if available is None else min(n, available)
+    def should_eval(self, step: int, last: bool) -> bool:
+        """Whether an evaluation is due after `step` (`last`: the run's last step)."""
+        return self.every.due(step, last)
 
     @torch.no_grad()
-    def evaluate(self) -> dict:
-        """The figures of `score_on_rank0` over the eval split ({} if there is none): every rank scores
-        its slice, rank 0 computes them on the training device, every rank returns them."""
-        n = self.batch_count()
-        if not n:
-            return {}
-        model = self._model()
+    def evaluate(self, model: torch.nn.Module, batches: Iterable) -> dict:
+        """The figures of `score_on_rank0` over `batches` (this rank's slice of the eval split, at
+        least one batch on every rank): `model(batch)` -> (loss, (loss, logits, labels)), logits and labels [B] for
+        one task, [B, T] for T, under bf16 autocast as in training. Rank 0 computes the figures on the
+        training device; every rank returns them. `model` is back in train mode after."""
+        bf16 = self.cfg.trainer.dense_precision == "bf16"
         model.eval()
         logits, labels = [], []
-        for batch in self._batches("eval", 0, n):
-            _, (_, batch_logits, batch_labels) = self._forward(batch.to(self.device, non_blocking=True))
+        for batch in batches:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
+                _, (_, batch_logits, batch_labels) = model(batch.to(self.device, non_blocking=True))
             logits.append(batch_logits.reshape(batch_logits.shape[0], -1))  # [B, T]
             labels.append(batch_labels.reshape(batch_labels.shape[0], -1))
         model.train()

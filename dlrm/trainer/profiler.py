@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -24,7 +24,6 @@ from dlrm.trainer.phases import PHASES, Waits, collective_spans, kineto_quiet, s
 
 log = logging.getLogger(__name__)
 COMM_KINDS = ("alltoall", "reduce_scatter", "allgather", "allreduce")
-T = TypeVar("T")
 
 
 def end_gloo_ranges(pg) -> None:
@@ -77,16 +76,18 @@ class StepProfiler:
     def _traced(self, step: int) -> bool:
         return self.cfg.profile is not None and self.cfg.profile[0] <= step <= self.cfg.profile[1]
 
-    def step(self, step: int, last: bool, one_step: Callable[[], T]) -> T:
-        """Run training step `step` (1-based) by `one_step()`: traced, profiled or plainly, as due."""
+    @contextmanager
+    def step(self, step: int, last: bool) -> Iterator[None]:
+        """Around training step `step` (1-based; `last`: the run's last): traced, profiled or plain, as due."""
         if self.trace is not None and not self.tracing and self._traced(step):
             with kineto_quiet():
                 self.trace.start()
             self.tracing = True
         if self.cfg.breakdown and self.log_every.due(step, last) and not self._traced(step):
-            result = self._profiled(one_step)
+            with self._profiled():
+                yield
         else:
-            result = one_step()
+            yield
         if self._traced(step) and (last or not self._traced(step + 1)):  # the traced steps end here
             end_gloo_ranges(self.pg)  # on every rank; the trace is rank 0's
             if self.tracing and self.trace is not None:
@@ -94,7 +95,6 @@ class StepProfiler:
                     self.trace.stop()
                 self.trace, self.tracing = None, False
                 log.info(f"profiler trace of steps {self.cfg.profile}: {self.trace_dir}")
-        return result
 
     def stop_trace(self) -> None:
         """End a trace still open (a run stopped early, at trainer.target_auc), writing what it holds.
@@ -107,14 +107,16 @@ class StepProfiler:
             self.trace, self.tracing = None, False
             log.info(f"profiler trace of steps {self.cfg.profile}, stopped with the run: {self.trace_dir}")
 
-    def _profiled(self, one_step: Callable[[], T]) -> T:
+    @contextmanager
+    def _profiled(self) -> Iterator[None]:
+        """Around one step: under torch.profiler, its figures added to the window's (on success)."""
         begin = time.perf_counter()
         prof = profile(activities=self.activities)
         with kineto_quiet():
             prof.start()
         try:
             start = time.perf_counter()
-            result = one_step()
+            yield
             self.sync()
             wall = time.perf_counter() - start
             end_gloo_ranges(self.pg)
@@ -134,7 +136,6 @@ class StepProfiler:
             + waits.late_s
         )
         self.window += torch.tensor(figures, dtype=self.window.dtype)
-        return result
 
     def _waits(self, own: dict[str, list[tuple[float, float]]]) -> Waits:
         """Every rank's collective entry times, gathered (two collectives of the training group, on the

@@ -38,7 +38,7 @@ from dlrm.distributed.world import World
 from dlrm.errors import UserError
 from dlrm.models.dlrm import DLRMTrain, build_model, compile_dense, initialize
 from dlrm.optim.optimizers import build_optimizer, fuse_embedding_optimizer, lr_factor, lr_schedule
-from dlrm.trainer.evaluator import Evaluator
+from dlrm.trainer.evaluator import Evaluator, eval_batch_count
 from dlrm.trainer.malloc import keep_freed_memory
 from dlrm.trainer.phases import STEP_RANGE
 from dlrm.trainer.profiler import StepProfiler
@@ -104,10 +104,7 @@ class Trainer:
             recorded_config_sha256(self.run_dir),
             self.reporter.run_time,
         )
-        self.evaluator = Evaluator(
-            cfg, self.batches, lambda: self.source.num_batches("eval"), self._forward, self.detached_model,
-            self.device, self.pg,
-        )  # fmt: skip
+        self.evaluator = Evaluator(cfg, self.device, self.pg)
         trace_dir = self.run_dir / "profile" if self.run_dir is not None else None  # rank 0 traces
         self.profiler = StepProfiler(tr, self.log_every, self.device, self.pg, world.world_size, trace_dir, self.sync)
         root = ck.dir or (run_dir / "checkpoints" if run_dir is not None else None)
@@ -307,14 +304,16 @@ class Trainer:
         feed = self._until_next_eval(batches)
         while self.step < self.total_steps:
             last = self.step + 1 == self.total_steps
-            window.add(self.profiler.step(self.step + 1, last, lambda feed=feed: self.step_once(feed)))
+            with self.profiler.step(self.step + 1, last):
+                loss = self.step_once(feed)
+            window.add(loss)
             self.step += 1
             if last and self.local_sgd is not None and not self.local_sgd.averaged(self.step):
                 self.local_sgd.average()  # the run's model: the ranks' average
             if self.log_every.due(self.step, last) and window.losses:
                 self._log_window(last, first_step)
             reached = False
-            if self.evaluator.every.due(self.step, last):
+            if self.evaluator.should_eval(self.step, last):
                 with window.paused():
                     evaluation = self.evaluate()
                     self.reporter.evaluation(self.step, evaluation)
@@ -413,15 +412,18 @@ class Trainer:
         return self.pipeline.detach() if self.pipeline is not None else self.model
 
     def eval_batches(self) -> int:
-        """The batches an evaluation scores (see `Evaluator.batch_count`)."""
-        return self.evaluator.batch_count()
+        """The batches an evaluation scores (`eval_batch_count`: data.eval_batches, or all the eval split has)."""
+        return eval_batch_count(self.cfg, self.source.num_batches("eval"))
 
     def evaluate(self) -> dict:
         """AUC and log loss over the eval split ({} if there is none), the same on every rank. The
         pipeline's model, detached for the evaluation's direct calls, is attached again after it
         (TorchRec's public `attach`; PrefetchTrainPipelineSparseDist.progress does not re-attach)."""
+        n = self.eval_batches()
+        if not n:
+            return {}
         try:
-            return self.evaluator.evaluate()
+            return self.evaluator.evaluate(self.detached_model(), self.batches("eval", 0, n))
         finally:
             if self.pipeline is not None:
                 self.pipeline.attach()

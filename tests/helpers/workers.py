@@ -236,7 +236,8 @@ def ranges_ending_after_the_profiler_stops(steps: int) -> int:
             TrainerConfig(), Every(1), torch.device("cpu"), group, torch.distributed.get_world_size(group), None
         )
         for _ in range(steps):
-            steps_profiler._profiled(one_step)
+            with steps_profiler._profiled():
+                one_step()
     finally:
         profile.stop, profiler.spans_of = stop, read  # type: ignore[method-assign]
     return sum(1 for at, step in zip(stops, spans, strict=True) for s in step if s.end * 1e9 > at)

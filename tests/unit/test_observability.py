@@ -385,12 +385,11 @@ def test_console_names_the_eval_batches_that_run(available, expected):
     split's all when it holds fewer (a small Criteo file), never the 1600 asked for when 6 run."""
     from dlrm.config import Config
     from dlrm.trainer import console
-    from dlrm.trainer.evaluator import Evaluator
+    from dlrm.trainer.evaluator import eval_batch_count
 
     cfg = Config()
     cfg.data.eval_batches = 1600
-    unused = None  # batch_count reads the config and the eval split's size only
-    n = Evaluator(cfg, unused, lambda: available, unused, unused, unused, unused).batch_count()  # type: ignore[arg-type]
+    n = eval_batch_count(cfg, available)
     assert n == expected
     line = console.config_lines(cfg, 1, 2, "gloo", "cpu", 1000, 10, n)[1]
     assert f"eval {expected} batches" in line if expected else "no eval (the data has no eval split" in line
