@@ -70,9 +70,7 @@ def device_for(cfg: TopologyConfig, world: World, tf32: bool = False) -> torch.d
     """
     if cfg.device == "cuda":
         if not torch.cuda.is_available():
-            raise DeviceError(
-                f"topology={cfg.name} wants device=cuda but torch sees no GPU here; use topology=cpu on this machine"
-            )
+            raise DeviceError(f"topology={cfg.name} wants device=cuda but torch sees no GPU here: {no_gpu_reason()}")
         if world.local_rank >= torch.cuda.device_count():
             raise NoGPUForRankError(
                 f"local rank {world.local_rank} has no GPU: torch sees {torch.cuda.device_count()} on this node; "
@@ -83,6 +81,28 @@ def device_for(cfg: TopologyConfig, world: World, tf32: bool = False) -> torch.d
         torch.backends.cudnn.allow_tf32 = tf32
         return torch.device("cuda", world.local_rank)
     return torch.device("cpu")
+
+
+def no_gpu_reason() -> str:
+    """Why torch sees no GPU, and the fix: a CPU-only build of torch, or CUDA's own reason (no driver,
+    a driver too old for this build's CUDA, no device), as `torch.cuda.init` raises it."""
+    if torch.version.cuda is None and torch.version.hip is None:
+        build = f"this torch ({torch.__version__}) is a CPU-only build"
+        return f"{build}: install a CUDA build (docs/gpu.md), or use topology=cpu"
+    try:
+        torch.cuda.init()
+    except Exception as e:  # CUDA's reason, e.g. "The NVIDIA driver on your system is too old (found version 12040)"
+        reason = str(e).strip().split(". ")[0].rstrip(".")
+    else:
+        reason = "CUDA initialised but reports no device"
+    too_old = "too old" in reason
+    fix = (
+        f"this torch is built for CUDA {torch.version.cuda}: update the driver (CUDA 13 needs >= 580), "
+        "or install a torch built for your driver's CUDA"
+        if too_old
+        else "check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES, or use topology=cpu"
+    )
+    return f"{reason}; {fix}"
 
 
 class CollectiveFailure(UserError):

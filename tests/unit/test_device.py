@@ -22,6 +22,37 @@ def test_a_gpu_topology_without_a_gpu_is_one_line_printed_once(make_config, monk
     assert user_error_message(e.value, 5) is None  # every rank meets it: rank 0 alone prints it
 
 
+@pytest.mark.parametrize(
+    "cuda, init_error, words",
+    [
+        (None, None, ["CPU-only build", "topology=cpu"]),
+        (
+            "13.0",
+            "The NVIDIA driver on your system is too old (found version 12040). Please update",
+            ["too old (found version 12040)", "CUDA 13.0", ">= 580"],
+        ),
+        ("13.0", "Found no NVIDIA driver on your system. Please check", ["Found no NVIDIA driver", "nvidia-smi"]),
+        ("13.0", None, ["reports no device", "CUDA_VISIBLE_DEVICES"]),
+    ],
+)  # fmt: skip
+def test_no_gpu_says_why(make_config, monkeypatch, cuda, init_error, words):
+    """The reason is the build (CPU-only torch) or CUDA's own (no driver, a driver too old), with its fix."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.version, "hip", None)
+
+    def init():
+        if init_error is not None:
+            raise RuntimeError(init_error)
+
+    monkeypatch.setattr(torch.cuda, "init", init)
+    with pytest.raises(DeviceError) as e:
+        device_for(make_config("topology=dgx_h100").topology, World())
+    message = user_error_message(e.value, 0)
+    assert message is not None and message.count("\n") == 0, message
+    assert all(w in message for w in words), message
+
+
 def test_a_local_rank_past_the_gpu_count_names_itself(make_config, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
