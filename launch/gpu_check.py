@@ -5,22 +5,22 @@
 
 Each step is one `python -m dlrm.train` process (one rank: `topology=dgx_h100 topology.ranks_per_node=1`
 on cuda, `topology=cpu` on cpu) with its own timeout; no step starts once --budget-s seconds are spent.
-The steps:
+The steps, in this order (`ORDER`: what a first GPU user needs first; their timeouts fit the default budget):
 
 - train: the default model, the per-phase breakdown on (trainer.breakdown=true), several log steps,
   evaluations on the training device, periodic checkpoints, a named run directory;
+- per_step_sync: on cuda, train's run again with trainer.sync_every_step=true (the host waits for the GPU
+  after every step): its samples/s beside train's (sync off, the default) and their ratio; on cpu there
+  is nothing to wait for, so it is listed under not_available;
+- uvm_caching: only where this version has the option (sharding.compute_kernel=fused_uvm_caching) and on
+  cuda, with a mid-run evaluation; else listed under not_available with the reason;
 - resume: the same run continued (trainer.resume=auto) to more steps: the console must say it resumed;
 - eval_only_reshard: train's last checkpoint evaluated with sharding=row_wise (train used table_wise):
   eval AUC and log loss equal to train's final evaluation within 1e-5 relative (same data and seed);
 - big_tables: the MLPerf DCNv2 model (model=mlperf_dcnv2, optim=rowwise_adagrad) at full size on cuda
   (104.5 GB of fp32 tables in one H200's HBM: topology.hbm_GB=141), a few steps: step time, peak GPU
   memory; or the memory check's refusal line. With --quick every table is capped at QUICK_TABLE_ROWS rows
-  by Hydra overrides (model.tables.I.rows=N), as `dlrm.bench.training --max-table-rows` caps them;
-- uvm_caching: only where this version has the option (sharding.compute_kernel=fused_uvm_caching) and on
-  cuda; else listed under not_available with the reason;
-- per_step_sync: on cuda, train's run again with trainer.sync_every_step=true (the host waits for the GPU
-  after every step): its samples/s beside train's (sync off, the default) and their ratio; on cpu there
-  is nothing to wait for, so it is listed under not_available.
+  by Hydra overrides (model.tables.I.rows=N), as `dlrm.bench.training --max-table-rows` caps them.
 
 The report (<out>/report.json, rewritten atomically after every step, so a run cut short leaves what it
 did) holds per step: the command, exit code, wall seconds, the figures of the run's summary.json and
@@ -75,6 +75,10 @@ class Sizes:
     min_start_s: int = 20  # a step is not started with less budget left than this
 
 
+# What a first GPU user needs first: training that runs ahead of the GPU (and the cost of waiting for it
+# every step), tables in host memory behind a cache through a mid-run evaluation, save -> resume ->
+# eval-only on another plan, then the full-size tables, which take the longest.
+ORDER = ("train", "per_step_sync", "uvm_caching", "resume", "eval_only_reshard", "big_tables")
 FULL = Sizes(
     batch=4096,
     steps=200,
@@ -86,13 +90,13 @@ FULL = Sizes(
     big_batch=8192,
     big_steps=30,
     big_log_every=10,
-    timeout_s={
-        "train": 240,
-        "resume": 180,
-        "eval_only_reshard": 150,
-        "big_tables": 420,
-        "uvm_caching": 180,
-        "per_step_sync": 240,
+    timeout_s={  # in ORDER; together within the default --budget-s (480), so none is starved by another
+        "train": 100,
+        "per_step_sync": 60,
+        "uvm_caching": 60,
+        "resume": 60,
+        "eval_only_reshard": 45,
+        "big_tables": 150,
     },
     min_start_s=45,
 )
@@ -109,11 +113,11 @@ QUICK = Sizes(
     big_log_every=2,
     timeout_s={
         "train": 120,
+        "per_step_sync": 120,
+        "uvm_caching": 120,
         "resume": 120,
         "eval_only_reshard": 120,
         "big_tables": 180,
-        "uvm_caching": 120,
-        "per_step_sync": 120,
     },
     min_start_s=20,
 )
@@ -673,6 +677,8 @@ class Check:
             flush=True,
         )
         train = self.train()
+        self.per_step_sync(train)
+        self.uvm_caching()
         if train is not None and train.get("passed"):
             self.resume()
             self.eval_only(train)  # train's final checkpoint, kept by checkpoint.keep=100
@@ -681,9 +687,7 @@ class Check:
                 res = {"name": name}
                 self.steps.append(res)
                 self.skip(res, "train did not pass")
-        self.big_tables()
-        self.uvm_caching()
-        self.per_step_sync(train)
+        self.big_tables()  # in ORDER
         ran = [s for s in self.steps if s.get("status") != "skipped"]
         failed = [s["name"] for s in self.steps if not s.get("passed")]
         passed = not failed and bool(ran)

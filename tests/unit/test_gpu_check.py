@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -84,6 +85,25 @@ def test_dry_run_big_tables_and_not_available(dry_run):
     assert all(n["reason"].startswith(("not available", "not run")) for n in names.values())
     assert names["per_step_sync_on_off"]["train_samples_per_s"] > 0
     assert set(report["verdict"]["not_available"]) == set(names)
+
+
+def test_the_steps_a_first_gpu_user_needs_come_first_and_fit_the_budget(monkeypatch):
+    """On a GPU every step's limit fits the default budget together (none is skipped for another's
+    overrun), in ORDER: training and its per-step wait, UVM caching, resume and eval-only, big tables."""
+    spec = importlib.util.spec_from_file_location("gpu_check", LAUNCH / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    gpu_check = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_check", gpu_check)  # its dataclasses look their module up
+    spec.loader.exec_module(gpu_check)
+    assert gpu_check.ORDER[:3] == ("train", "per_step_sync", "uvm_caching") and gpu_check.ORDER[-1] == "big_tables"
+    for sizes in (gpu_check.FULL, gpu_check.QUICK):
+        assert tuple(sizes.timeout_s) == gpu_check.ORDER
+    default_budget = gpu_check.parse_args([]).budget_s
+    assert sum(gpu_check.FULL.timeout_s.values()) <= default_budget
+    source = (LAUNCH / "gpu_check.py").read_text()
+    calls = [source.index(f"        self.{m}(", source.index("def run(self)")) for m in
+             ("train", "per_step_sync", "uvm_caching", "resume", "eval_only", "big_tables")]  # fmt: skip
+    assert calls == sorted(calls)
 
 
 def test_no_step_starts_past_the_budget(tmp_path):
