@@ -101,7 +101,7 @@ def test_the_steps_a_first_gpu_user_needs_come_first_and_fit_the_budget(monkeypa
     default_budget = gpu_check.parse_args([]).budget_s
     assert sum(gpu_check.FULL.timeout_s.values()) <= default_budget
     source = (LAUNCH / "gpu_check.py").read_text()
-    calls = [source.index(f"        self.{m}(", source.index("def run(self)")) for m in
+    calls = [source.index(f"self.{m}(", source.index("def run(self)")) for m in
              ("train", "per_step_sync", "uvm_caching", "resume", "eval_only", "big_tables")]  # fmt: skip
     assert calls == sorted(calls)
 
