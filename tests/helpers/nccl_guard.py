@@ -51,6 +51,12 @@ COLLECTIVES = (
     "gather",
     "scatter",
     "reduce",
+    "all_to_all",
+    "reduce_scatter",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
 )
 
 
@@ -87,11 +93,14 @@ class HostTensorGuard(TorchFunctionMode):
             host = self._all_host((args, kwargs))
         for t in outputs:
             if host:
-                key = id(t)
-                self._host[key] = weakref.ref(t, lambda _, key=key: self._host.pop(key, None))
+                self._mark_host(t)
             else:
                 self._host.pop(id(t), None)
         return result
+
+    def _mark_host(self, t: torch.Tensor) -> None:
+        key = id(t)  # forgotten when t dies, unless the id is another tensor's by then
+        self._host[key] = weakref.ref(t, lambda r, key=key: self._host.get(key) is r and self._host.pop(key))
 
     def is_host_made(self, t: torch.Tensor) -> bool:
         ref = self._host.get(id(t))
@@ -116,14 +125,23 @@ class HostTensorGuard(TorchFunctionMode):
 
         return checked
 
+    def _from_numpy(self, array):
+        """torch.from_numpy, which torch function modes do not see: a numpy array's memory is the host's."""
+        t = self._real_from_numpy(array)
+        self._mark_host(t)
+        return t
+
     def __enter__(self) -> HostTensorGuard:
         for name in COLLECTIVES:
             self._originals[name] = getattr(dist, name)
             setattr(dist, name, self._wrap(name))
+        self._real_from_numpy = torch.from_numpy
+        torch.from_numpy = self._from_numpy  # type: ignore[assignment]
         super().__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         super().__exit__(*exc)
+        torch.from_numpy = self._real_from_numpy  # type: ignore[assignment]
         for name, original in self._originals.items():
             setattr(dist, name, original)

@@ -46,3 +46,15 @@ def test_collectives_of_other_modules_are_not_checked(group):
     with HostTensorGuard(checked_prefix="dlrm.") as guard:
         dist.all_reduce(torch.zeros(3), group=group)  # called from tests/: not dlrm code
     assert guard.violations == [] and guard.checked == 0
+
+
+def test_numpy_made_tensors_and_list_collectives_are_checked(group):
+    """A tensor over a numpy array's memory is on the host; the list forms of the collectives are wrapped too."""
+    import numpy as np
+
+    with HostTensorGuard(checked_prefix="tests.") as guard:
+        dist.all_reduce(torch.from_numpy(np.zeros(3, dtype=np.float32)), group=group)
+        out = [torch.empty(3, device=torch.device("cpu"))]
+        dist.all_to_all(out, [torch.ones(3)], group=group)  # the input made without a device
+        dist.reduce_scatter(torch.empty(3, device=torch.device("cpu")), [torch.ones(3)], group=group)
+    assert [v[0] for v in guard.violations] == ["all_reduce", "all_to_all", "reduce_scatter"], guard.violations
