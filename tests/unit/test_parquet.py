@@ -146,6 +146,18 @@ def test_shuffled_epochs_cover_the_train_rows_once_each_and_differ(data):
     assert len(list(src.batches("eval", 0, 1))) == 2  # one pass
 
 
+def test_rows_in_order_reads_every_row_once_in_file_order(data):
+    """The scorer's read (dlrm.predict): every row in file order even with shuffle on, the last batch
+    partial, and --max-rows' first N."""
+    src = source(data, batch=1, shuffle=True)
+    batches = list(src.rows_in_order(100))
+    assert [len(b.labels) for b in batches] == [100] * 9 + [ROWS - 900]
+    np.testing.assert_array_equal(np.concatenate([rows_of(b) for b in batches]), np.arange(ROWS))
+    first = list(src.rows_in_order(64, max_rows=150))
+    assert [len(b.labels) for b in first] == [64, 64, 22]
+    np.testing.assert_array_equal(np.concatenate([rows_of(b) for b in first]), np.arange(150))
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_same_global_batches_on_any_world_size(data, world):
     """Rank slices concatenated equal the one-rank batches, across an epoch boundary."""
