@@ -3,13 +3,18 @@
 Runs in one process, no process group: the model described by the checkpoint's manifest is built
 whole on the CPU, DCP fills it from the shards, and one file is written atomically with torch.save:
 
-    {"format": "dlrm-export", "version": 1, "step": int,
+    {"format": "dlrm-export", "version": 2, "step": int,
      "model": ModelConfig as a dict of primitives,
      "tables": [{"name", "rows", "dim", "features"}, ...],
+     "data": {"source": "synthetic" | "criteo" | "parquet",
+              "parquet": {"dense", "sparse", "labels", "id_policy"}  # with source parquet: how rows
+             } or None,                                               # become the model's inputs
      "state_dict": {name: tensor},   # the unsharded DLRMTrain state dict
      "sha256": digest of all the above (canonical JSON of the metadata, then each tensor's name, dtype,
                shape and bytes), so a damaged byte anywhere in the content is detected}
 
+"data" comes from the checkpoint's manifest (None for a checkpoint written before the manifest
+recorded it); version 1 files (no "data") are still read, as Criteo-shaped models.
 Only tensors, dicts, lists, str, int, float, bool and None: `torch.load(OUT, weights_only=True)` reads
 it anywhere, and `load_exported(OUT)` rebuilds the model from it alone (checking keys, shapes and
 finite values). The checkpoint is verified first (see dlrm.checkpoint; `--no-verify` skips the data
@@ -21,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -29,12 +35,23 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dlrm.checkpoint import CheckpointError, load_checkpoint, read_manifest, step_tensor
-from dlrm.config import ModelConfig
+from dlrm.config import ModelConfig, ParquetConfig
 from dlrm.errors import ArgumentParser, UserError
 from dlrm.io import atomic_path, refuse_alias
 from dlrm.models.dlrm import build_model
 
-FORMAT, VERSION = "dlrm-export", 1
+FORMAT, VERSION = "dlrm-export", 2
+READS = (1, 2)  # version 1: no "data" (a Criteo-shaped model)
+
+
+@dataclass(frozen=True)
+class ExportedData:
+    """How an exported model read its rows: `source` (synthetic, criteo or parquet; None when the
+    export does not say: version 1, or a checkpoint older than the record) and, with source parquet,
+    the data.parquet columns (`path` unset: the files to score are given to the scorer)."""
+
+    source: str | None
+    parquet: ParquetConfig | None = None
 
 
 def model_config_of(checkpoint: Path) -> ModelConfig:
@@ -57,7 +74,8 @@ def table_metadata(cfg: ModelConfig) -> list:
 def content_sha256(payload: dict) -> str:
     """sha256 of an export's metadata (canonical JSON) and every tensor (name, dtype, shape, bytes), in name order."""
     h = hashlib.sha256()
-    meta = {k: payload.get(k) for k in ("format", "version", "step", "model", "tables")}
+    keys = ("format", "version", "step", "model", "tables") + (("data",) if payload.get("version") != 1 else ())
+    meta = {k: payload.get(k) for k in keys}
     h.update(json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
     for name in sorted(payload["state_dict"]):
         t = payload["state_dict"][name].detach().contiguous().cpu()
@@ -84,6 +102,7 @@ def export(checkpoint: Path, out: Path, verify: bool = True) -> dict:
         "step": int(state["progress"]["step"].item()),
         "model": OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True),
         "tables": table_metadata(cfg),
+        "data": read_manifest(checkpoint).get("data"),
         "state_dict": state["model"],
     }
     payload["sha256"] = content_sha256(payload)
@@ -102,9 +121,8 @@ def _refuse(path: Path, what: str) -> UserError:
     )
 
 
-def read_exported(path: Path) -> tuple[ModelConfig, dict]:
-    """(model config, state dict) of an exported file, its structure checked; UserError naming the file and the fix."""
-    path = Path(path)
+def _load(path: Path) -> dict:
+    """The exported file's content (weights-only torch.load), its format and version checked."""
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
@@ -125,8 +143,43 @@ def read_exported(path: Path) -> tuple[ModelConfig, dict]:
             if old and data
             else f"no 'format': {FORMAT!r} entry",
         )
-    if data.get("version") != VERSION:
-        raise _refuse(path, f"format version {data.get('version')!r}, this program reads {VERSION}")
+    if data.get("version") not in READS:
+        raise _refuse(
+            path, f"format version {data.get('version')!r}, this program reads {' and '.join(map(str, READS))}"
+        )
+    return data
+
+
+def _data_of(path: Path, record, cfg: ModelConfig) -> ExportedData:
+    """The export's "data" entry, checked against its model config."""
+    if record is None:
+        return ExportedData(None)
+    if not isinstance(record, dict) or not isinstance(record.get("source"), str):
+        raise _refuse(path, "its 'data' is not a {'source': ...} record")
+    if record["source"] != "parquet":
+        return ExportedData(record["source"])
+    try:
+        columns = OmegaConf.merge(OmegaConf.structured(ParquetConfig), record.get("parquet"))
+        parquet = cast(ParquetConfig, OmegaConf.to_object(columns))
+    except (OmegaConfBaseException, ValueError, TypeError) as e:
+        raise _refuse(
+            path, f"its 'data.parquet' is not a valid data.parquet section ({str(e).splitlines()[0]})"
+        ) from None
+    features = [f for t in cfg.tables for f in t.features]
+    if (
+        sorted(s.name for s in parquet.sparse) != sorted(features)
+        or len(parquet.dense) != cfg.dense_in_features
+        or len(parquet.labels) != len(cfg.tasks)
+    ):
+        raise _refuse(path, "its 'data.parquet' columns disagree with its model config")
+    return ExportedData("parquet", parquet)
+
+
+def read_exported(path: Path) -> tuple[ModelConfig, dict, ExportedData]:
+    """(model config, state dict, how it read its rows) of an exported file, its structure checked;
+    UserError naming the file and the fix."""
+    path = Path(path)
+    data = _load(path)
     try:
         cfg = cast(
             ModelConfig, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), data.get("model")))
@@ -143,6 +196,12 @@ def read_exported(path: Path) -> tuple[ModelConfig, dict]:
         raise _refuse(path, f"'{odd}' is a {state[odd].layout} tensor, not a dense one")
     if data.get("sha256") != content_sha256(data):
         raise _refuse(path, "its content differs from its sha256 (a damaged or edited file)")
+    _check_state(path, cfg, state)
+    return cfg, state, _data_of(path, data.get("data"), cfg)
+
+
+def _check_state(path: Path, cfg: ModelConfig, state: dict) -> None:
+    """The state dict's names, shapes and dtypes are the model config's, its values finite."""
     expected = build_model(cfg).state_dict()  # on the meta device: names and shapes, no memory
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
@@ -158,12 +217,11 @@ def read_exported(path: Path) -> tuple[ModelConfig, dict]:
             )
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise _refuse(path, f"'{name}' holds NaN or infinite values")
-    return cfg, state
 
 
 def load_exported(path: Path) -> torch.nn.Module:
     """The unsharded model (DLRMTrain, eval mode) rebuilt from an exported file alone."""
-    cfg, state = read_exported(path)
+    cfg, state, _ = read_exported(path)
     model = build_model(cfg)  # meta: the file's tensors become the parameters
     model.load_state_dict(state, assign=True)
     return model.eval()

@@ -1,19 +1,25 @@
-"""Score Criteo rows with an exported model: `python -m dlrm.predict MODEL.pt --data DIR|FILE.tsv`.
+# long file: the command line and its two Criteo inputs (a directory, a TSV); Parquet is dlrm.predict_parquet
+"""Score rows with an exported model: `python -m dlrm.predict MODEL.pt --data DIR|FILE|GLOB`.
 
-One process, no torchrun. MODEL is a file written by `python -m dlrm.export`. DATA is either
+One process, no torchrun. MODEL is a file written by `python -m dlrm.export`. DATA is, for a model
+trained on Criteo-shaped data (data.source=criteo or synthetic),
 - a directory written by `python -m dlrm.data.criteo.preprocess` (verified like the trainer's loader:
   headers, row counts, ids within the model's tables, finite values, sha256): the rows of `--days`
   (default all, in order) seen as one array, or its held-out last `--eval-fraction` (the rule of
   `data.criteo.eval_fraction`), or
 - a raw Criteo TSV (plain or .gz; with a label column, or without one like Kaggle's test.txt),
   parsed with the options recorded in `--options-from DIR`'s manifest.json or given by
-  `--table-sizes` (ids hashed `int(hex, 16) % size`, as preprocessing does).
+  `--table-sizes` (ids hashed `int(hex, 16) % size`, as preprocessing does);
+and for a model trained on Parquet (data.source=parquet)
+- Parquet files (a file, a directory, a glob or a URI, as data.parquet.path takes them), read with the
+  columns its export recorded, every row in file order (`dlrm.predict_parquet`); label columns are
+  optional (unlabeled rows are scored only).
 `--max-rows N` keeps the first N selected rows: the trainer's eval covers
 `data.eval_batches * data.global_batch_size` rows (the last partial batch is dropped).
 Writes the click probabilities, float32 [N] in row order ([N, T] for a model of T tasks, one column
-per task of model.tasks), to `--out` (atomically); prints AUC and log loss when the rows have labels
-and the model one task (AUC is missing when they hold one class; Criteo rows have one label, so a
-model of several tasks gets its scores only).
+per task of model.tasks), to `--out` (atomically); prints AUC and log loss when the rows have labels,
+per task when they have one per task (AUC is missing when they hold one class; Criteo rows have one
+label, so a model of several tasks scoring them gets its scores only).
 """
 
 from __future__ import annotations
@@ -41,9 +47,10 @@ from dlrm.data.criteo.loader import CriteoSource
 from dlrm.data.criteo.preprocess import parse_table_sizes
 from dlrm.data.criteo.verify import load_manifest
 from dlrm.errors import ArgumentParser, UserError
-from dlrm.export import read_exported
+from dlrm.export import ExportedData, read_exported
 from dlrm.io import atomic_path, refuse_alias
 from dlrm.models.dlrm import build_model
+from dlrm.predict_parquet import check_source, is_parquet, parquet_batches
 from dlrm.trainer.logs import QUIET_LOGGERS
 from dlrm.trainer.metrics import auc_and_logloss
 
@@ -220,15 +227,19 @@ def tsv_batches(
 # ---------------------------------------------------------------- scoring
 @torch.inference_mode()
 def score(model: torch.nn.Module, batches: Iterator[Batch], tasks: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits [N] for one task, [N, T] for `tasks` T; labels [N]) of every batch, in order (float32).
+    """(logits [N] for one task, [N, T] for `tasks` T; labels [N] for one label a row, [N, L] for L
+    (L = 0: unlabeled rows)) of every batch, in order (float32).
     `model`: the exported DLRMTrain, whose network (`model.model`) gives the logits: no loss."""
-    logits, labels = [torch.zeros(0, tasks)], [torch.zeros(0)]
+    logits, labels = [torch.zeros(0, tasks)], []
     net = cast(torch.nn.Module, model.model)
     for batch in batches:
         logits.append(net(batch.dense_features, batch.sparse_features).float().reshape(-1, tasks))
-        labels.append(batch.labels.float().reshape(-1))
-    everything = torch.cat(logits)
-    return (everything.squeeze(1) if tasks == 1 else everything), torch.cat(labels)
+        labels.append(batch.labels.float().reshape(len(batch.dense_features), -1))
+    everything, label_columns = torch.cat(logits), torch.cat(labels) if labels else torch.zeros(0, 1)
+    return (
+        everything.squeeze(1) if tasks == 1 else everything,
+        label_columns.squeeze(1) if label_columns.shape[1] == 1 else label_columns,
+    )
 
 
 def save_atomic(path: Path, scores: np.ndarray) -> None:
@@ -254,13 +265,16 @@ def _parser() -> ArgumentParser:
     )
     ap.add_argument("model", type=Path, help="a file written by `python -m dlrm.export`")
     ap.add_argument(
-        "--data", required=True, help="a dlrm.data.criteo.preprocess directory, or a Criteo TSV (plain or .gz)"
+        "--data",
+        required=True,
+        help="a dlrm.data.criteo.preprocess directory or a Criteo TSV (plain or .gz); for a model trained on "
+        "Parquet: a Parquet file, directory, glob or URI",
     )
     ap.add_argument(
         "--out",
         type=Path,
         default=None,
-        help="write the probabilities here (float32 [N] .npy); default: print the metrics only",
+        help="write the probabilities here (float32 [N], or [N, T] for T tasks, .npy); default: print the metrics only",
     )
     ap.add_argument("--batch-size", type=int, default=4096, help="rows per forward pass")
     ap.add_argument(
@@ -305,9 +319,12 @@ def _check_args(a: argparse.Namespace) -> None:
             f"--batch-size {a.batch_size} / --max-rows {a.max_rows} / --eval-fraction "
             f"{a.eval_fraction}: give a batch size >= 1, rows >= 0 and a finite fraction"
         )
-    if not os.path.exists(a.data):
-        raise UserError(f"--data {a.data} does not exist; give a dlrm.data.criteo.preprocess directory or a Criteo TSV")
-    if not os.path.isdir(a.data) and not os.path.isfile(a.data):  # a FIFO or /dev/zero: a hang, or no end
+    if not os.path.exists(a.data) and not is_parquet(a.data):  # a glob or URI: dlrm.data.parquet lists it
+        raise UserError(
+            f"--data {a.data} does not exist; give a dlrm.data.criteo.preprocess directory, a Criteo TSV or "
+            "Parquet files"
+        )
+    if os.path.exists(a.data) and not os.path.isdir(a.data) and not os.path.isfile(a.data):  # a FIFO: a hang
         raise UserError(
             f"--data {a.data} is not a regular file; give a dlrm.data.criteo.preprocess directory or a Criteo TSV"
         )
@@ -322,7 +339,19 @@ def _check_args(a: argparse.Namespace) -> None:
         refuse_alias(a.out, "--out", inputs)
 
 
-def _batches(a: argparse.Namespace, names: list[str], rows: list[int], counts: dict[str, int]) -> Iterator:
+def _batches(a: argparse.Namespace, cfg: ModelConfig, data: ExportedData, counts: dict[str, int]) -> Iterator:
+    """The batches of --data, read as the model's training data was: Parquet with its recorded columns,
+    or Criteo rows."""
+    parquet = is_parquet(a.data)
+    check_source(a, data, parquet)
+    if parquet:
+        assert data.parquet is not None
+        return parquet_batches(a.data, data.parquet, cfg, a.batch_size, a.max_rows, counts)
+    names, rows = feature_layout(cfg)
+    return _criteo_batches(a, names, rows, counts)
+
+
+def _criteo_batches(a: argparse.Namespace, names: list[str], rows: list[int], counts: dict[str, int]) -> Iterator:
     """The batches of --data: a preprocessed directory's, or a TSV's parsed as the options say."""
     if os.path.isdir(a.data):
         if a.options_from or a.table_sizes or a.policy:
@@ -344,45 +373,58 @@ def _batches(a: argparse.Namespace, names: list[str], rows: list[int], counts: d
     return tsv_batches(a.data, opts, vocabs, names, rows, a.batch_size, counts, a.max_rows)
 
 
+def _run(a: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, torch.Tensor, dict[str, int], float]:
+    """Score --data with the model: (its config, logits, labels, counts, seconds); writes --out."""
+    _check_args(a)
+    cfg, state, data = read_exported(a.model)
+    counts: dict[str, int] = {"labeled": 1}
+    batches = _batches(a, cfg, data, counts)
+    model = build_model(cfg)
+    model.load_state_dict(state, assign=True)
+    if a.quantize != "none":  # TorchRec's serving tables: row-wise quantized weights, fbgemm's inference kernels
+        from torchrec.inference.modules import quantize_embeddings
+
+        quantize_embeddings(model, dtype=QUANTIZE[a.quantize], inplace=True)
+    t0 = time.perf_counter()
+    logits, labels = score(model.eval(), batches, len(cfg.tasks))
+    seconds = time.perf_counter() - t0
+    if not len(logits):
+        skipped = f" ({counts['skipped']:,} bad lines skipped)" if counts.get("skipped") else ""
+        raise UserError(f"--data {a.data}: no rows to score{skipped}; give a file with rows")
+    if a.out is not None:
+        save_atomic(a.out, torch.sigmoid(logits).numpy().astype(np.float32))
+    return cfg, logits, labels, counts, seconds
+
+
+def _print_metrics(cfg: ModelConfig, logits: torch.Tensor, labels: torch.Tensor) -> None:
+    """AUC and log loss: of the one task, or of each task when the rows have a label per task."""
+    tasks = [t.name for t in cfg.tasks]
+    if len(tasks) > 1 and labels.dim() == 1:
+        print(f"no auc: the rows have one label, the model {len(tasks)} tasks; the scores have a column each")
+        return
+    for t, task in enumerate(tasks):
+        auc, logloss = auc_and_logloss(*((logits, labels) if len(tasks) == 1 else (logits[:, t], labels[:, t])))
+        figures = f"auc {'n/a (one class)' if auc is None else f'{auc:.6f}'} logloss {logloss:.6f}"
+        print(figures if len(tasks) == 1 else f"{task}: {figures}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = _parser()
     for name, level in QUIET_LOGGERS.items():  # library notices that do not concern scoring
         logging.getLogger(name).setLevel(level)
     try:
         a = ap.parse_args(argv)
-        _check_args(a)
-        cfg, state = read_exported(a.model)
-        names, rows = feature_layout(cfg)
-        counts: dict[str, int] = {"labeled": 1}
-        batches = _batches(a, names, rows, counts)
-        model = build_model(cfg)
-        model.load_state_dict(state, assign=True)
-        if a.quantize != "none":  # TorchRec's serving tables: row-wise quantized weights, fbgemm's inference kernels
-            from torchrec.inference.modules import quantize_embeddings
-
-            quantize_embeddings(model, dtype=QUANTIZE[a.quantize], inplace=True)
-        t0 = time.perf_counter()
-        logits, labels = score(model.eval(), batches, len(cfg.tasks))
-        seconds = time.perf_counter() - t0
-        scores = torch.sigmoid(logits).numpy().astype(np.float32)
-        if not len(scores):
-            skipped = f" ({counts['skipped']:,} bad lines skipped)" if counts.get("skipped") else ""
-            raise UserError(f"--data {a.data}: no rows to score{skipped}; give a file with Criteo rows")
-        if a.out is not None:
-            save_atomic(a.out, scores)
+        cfg, logits, labels, counts, seconds = _run(a)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    n = len(scores)
+    n = len(logits)
     line = f"scored {n:,} rows of {a.data} in {seconds:.1f}s ({n / max(seconds, 1e-9):,.0f} rows/s)"
     if counts.get("skipped"):
         line += f", {counts['skipped']:,} bad lines skipped"
     print(line + (f"; wrote {a.out}" if a.out else ""))
-    if counts["labeled"] and n and len(cfg.tasks) > 1:
-        print(f"no auc: the rows have one label, the model {len(cfg.tasks)} tasks; the scores have a column each")
-    elif counts["labeled"] and n:
-        auc, logloss = auc_and_logloss(logits, labels)
-        print(f"auc {'n/a (one class)' if auc is None else f'{auc:.6f}'} logloss {logloss:.6f}")
+    if counts["labeled"]:
+        _print_metrics(cfg, logits, labels)
     return 0
 
 

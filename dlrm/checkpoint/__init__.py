@@ -22,6 +22,7 @@ from dlrm.checkpoint.layout import (
 )
 from dlrm.checkpoint.manifest import (
     MANIFEST_LIMIT,
+    data_signature,
     file_digest,
     model_signature,
     read_manifest,
@@ -40,6 +41,7 @@ __all__ = [
     "SafeFileSystemReader",
     "checkpoint_dirname",
     "complete_checkpoints",
+    "data_signature",
     "file_digest",
     "latest_checkpoint",
     "load_checkpoint",

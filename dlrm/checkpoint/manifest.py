@@ -1,5 +1,6 @@
 """A checkpoint's manifest.json: canonical JSON carrying its own sha256, the size and sha256 of every
-file of the checkpoint, and the model signature a checkpoint must match to load."""
+file of the checkpoint, the model signature a checkpoint must match to load, and how the model read
+its data (`data_signature`, for `dlrm.export`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from dlrm.checkpoint.layout import MANIFEST, METADATA, CheckpointError, another_checkpoint
-from dlrm.config import ModelConfig
+from dlrm.config import DataConfig, ModelConfig
+from dlrm.config.choices import DataSource
 from dlrm.io import UnreadableFileError, parse_json, read_bounded, size_and_sha256, write_atomic
 
 MANIFEST_LIMIT = 64 << 20  # a file list with digests: kilobytes per rank
@@ -19,6 +21,17 @@ MANIFEST_LIMIT = 64 << 20  # a file list with digests: kilobytes per rank
 def model_signature(cfg: ModelConfig) -> dict:
     """What must match for a checkpoint to load into a model: architecture and table shapes."""
     return asdict(cfg)
+
+
+def data_signature(cfg: DataConfig) -> dict:
+    """How the model's inputs are read: {"source"} and, for Parquet, {"parquet": its columns (dense,
+    sparse with kinds and weights, labels) and id_policy}, what turns rows into the model's inputs;
+    not the paths, split or order, which belong to one dataset."""
+    signature: dict[str, Any] = {"source": str(cfg.source)}
+    if cfg.source == DataSource.parquet:
+        p = asdict(cfg.parquet)
+        signature["parquet"] = {k: p[k] for k in ("dense", "sparse", "labels", "id_policy")}
+    return json.loads(json.dumps(signature))  # plain str for the enums
 
 
 def signature_differences(saved: dict, current: dict) -> list[str]:

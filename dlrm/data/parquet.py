@@ -435,6 +435,16 @@ class ParquetSource:
             )
         return Prefetcher(self._produce(split, rank, world_size, start_step), max(1, self.cfg.prefetch_batches))
 
+    def rows_in_order(self, batch_size: int, max_rows: int | None = None) -> Iterator[Batch]:
+        """Every row of the train split (or its first `max_rows`) in file order, `batch_size` at a time,
+        the last batch partial; checked as training's batches are (the scorer's read: dlrm.predict)."""
+        split = self.splits["train"]
+        n = split.rows if max_rows is None else min(max_rows, split.rows)
+        reader = _Reader(split.dataset, self.columns)
+        starts = np.concatenate([[0], np.cumsum([split.dataset.row_groups[g].rows for g in split.groups])])
+        for start in range(0, n, batch_size):
+            yield self.make_batch(*reader.read(split.groups, starts, start, min(batch_size, n - start)))
+
     # long: one global batch per pass: its row groups, the slice, the checks, the KJT
     def _produce(self, split: str, rank: int, world_size: int, start_step: int) -> Iterator[Batch]:
         n = self.num_batches(split)

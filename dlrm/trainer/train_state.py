@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 import torch
 
-from dlrm.checkpoint import model_signature, step_tensor
+from dlrm.checkpoint import data_signature, model_signature, step_tensor
 from dlrm.config import Config
 from dlrm.distributed.sharding import describe_plan
 from dlrm.trainer.clock import RunTime
@@ -67,6 +67,7 @@ class TrainState:
             "world_size": self.world_size,
             "sharding_plan": describe_plan(self.plan),
             "model": model_signature(self.cfg.model),
+            "data": data_signature(self.cfg.data),  # how the model reads rows: dlrm.export records it
             "optim": self.optimizer_names(),
             "config_sha256": hashlib.sha256(json.dumps(asdict(self.cfg), sort_keys=True).encode()).hexdigest(),
             **({"run_config_sha256": self.run_config_sha256} if self.run_config_sha256 else {}),

@@ -146,6 +146,18 @@ def test_shuffled_epochs_cover_the_train_rows_once_each_and_differ(data):
     assert len(list(src.batches("eval", 0, 1))) == 2  # one pass
 
 
+def test_rows_in_order_reads_every_row_once_in_file_order(data):
+    """The scorer's read (dlrm.predict): every row in file order even with shuffle on, the last batch
+    partial, and --max-rows' first N."""
+    src = source(data, batch=1, shuffle=True)
+    batches = list(src.rows_in_order(100))
+    assert [len(b.labels) for b in batches] == [100] * 9 + [ROWS - 900]
+    np.testing.assert_array_equal(np.concatenate([rows_of(b) for b in batches]), np.arange(ROWS))
+    first = list(src.rows_in_order(64, max_rows=150))
+    assert [len(b.labels) for b in first] == [64, 64, 22]
+    np.testing.assert_array_equal(np.concatenate([rows_of(b) for b in first]), np.arange(150))
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_same_global_batches_on_any_world_size(data, world):
     """Rank slices concatenated equal the one-rank batches, across an epoch boundary."""
@@ -485,8 +497,9 @@ def test_inspect_profiles_columns_and_writes_a_config_that_composes(tmp_path, ca
 
 
 @pytest.mark.slow
-def test_the_your_data_page_trains_as_written(tmp_path):
-    """docs/your-data.md: its CSV's columns (its rows, then more of the kind), then its commands as they are."""
+def test_the_your_data_page_runs_as_written(tmp_path):
+    """docs/your-data.md: its CSV's columns (its rows, then more of the kind), then its commands as they
+    are: convert, inspect, train, export, predict."""
     page = (ROOT / "docs" / "your-data.md").read_text()
     csv_lines = page.split("```text\n", 1)[1].split("```", 1)[0].strip().splitlines()
     commands = page.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
@@ -503,9 +516,7 @@ def test_the_your_data_page_trains_as_written(tmp_path):
         argv = command.split()
         assert argv[:2] == ["python", "-m"], command
         r = subprocess.run(
-            [sys.executable, *argv[1:], "hydra.run.dir=run"]
-            if "dlrm.train" in command
-            else [sys.executable, *argv[1:]],
+            [sys.executable, *argv[1:]],
             env=env,
             capture_output=True,
             text=True,
@@ -515,3 +526,7 @@ def test_the_your_data_page_trains_as_written(tmp_path):
         outputs.append(r.stdout + r.stderr)
     assert "items" in outputs[1] and "ids" in outputs[1]
     assert "done: 20 steps" in outputs[2] and "eval auc" in outputs[2]
+    assert "exported" in outputs[3] and (tmp_path / "clicks.pt").is_file()
+    assert "scored 403 rows" in outputs[4] and "clicked: auc" in outputs[4] and "converted: auc" in outputs[4]
+    scores = np.load(tmp_path / "scores.npy", allow_pickle=False)
+    assert scores.shape == (403, 2) and ((scores > 0) & (scores < 1)).all()
