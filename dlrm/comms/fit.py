@@ -112,7 +112,7 @@ def fitted_topology(base: TopologyConfig, name: str, fits: Sequence[LinkFit]) ->
         key = LINK_OF_SCOPE[f.scope]
         old: LinkConfig = getattr(topo, key)
         own = {c: CollectiveLinkConfig(**_figures(x)) for c, x in f.own.items()} if f.per_collective else {}
-        topo = replace(topo, **{key: replace(old, **_figures(f.joint), collectives=own)})
+        topo = replace(topo, **{key: replace(old, **_figures(f.joint), collectives=own, placeholder=False)})
     return topo
 
 
@@ -151,6 +151,7 @@ def topology_yaml(topo: TopologyConfig, fits: Sequence[LinkFit], header: Sequenc
             )
         lines.append(f"  bandwidth_GBps: {_scalar(link.bandwidth_GBps)}{note}")
         lines.append(f"  latency_us: {_scalar(link.latency_us)}")
+        lines.append(f"  placeholder: {_scalar(link.placeholder)}")
         if link.collectives:
             lines.append("  collectives:  # each one's own fit: the joint one misses them by more (--material)")
             for c, own in link.collectives.items():

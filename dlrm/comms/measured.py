@@ -43,7 +43,9 @@ def fitted_topology(topology, bench: dict, collective: str, ranks_per_node: int)
         [r["bytes"] for r in rows],
         [r["median_us"] * 1e-6 for r in rows],
     )
-    link = replace(topology.intra_node, latency_us=fit.alpha_s * 1e6, bandwidth_GBps=fit.bandwidth_Bps / 1e9)
+    link = replace(
+        topology.intra_node, latency_us=fit.alpha_s * 1e6, bandwidth_GBps=fit.bandwidth_Bps / 1e9, placeholder=False
+    )
     return replace(topology, intra_node=link)
 
 
@@ -70,7 +72,8 @@ def comm_vs_model(
     them spent waiting for the last rank to enter (the breakdown's comm_wait_s; a kind missing from it
     could not be told apart), or None when not measured. Per row: total_s, wait_s, measured_s (the
     transfer: total less waiting), model_s, ratio = measured_s / model_s, and `compared`: False, with
-    `why`, where the ratio would mean nothing (no model figure, nothing ran, waiting not told apart);
+    `why`, where the ratio would mean nothing (the topology's figures are placeholders and no comms
+    bench replaces them, no model figure, nothing ran, waiting not told apart);
     ratio is then None."""
 
     def model(collective: str) -> dict:
@@ -80,6 +83,7 @@ def comm_vs_model(
         return comm_summary(run_cfg, tables, world_size, local_world_size, dense_params)["time_s"]
 
     out: dict = {}
+    unmeasured = None if comms_bench is not None else placeholder_links(cfg.topology, local_world_size)
     for name, kinds, modelled in (
         ("embedding_exchange", EXCHANGE, model("alltoall")["alltoall_s"]),
         ("dense_allreduce", ("allreduce",), model("allreduce")["allreduce_s"]),
@@ -90,7 +94,13 @@ def comm_vs_model(
         wait = None if waits is None or lost else sum(waits.get(k, 0.0) for k in ran)
         transfer = total if wait is None else max(0.0, total - wait)
         why = None
-        if not modelled:
+        if unmeasured:
+            why = (
+                f"topology {cfg.topology.name}'s {' and '.join(unmeasured)} figures are placeholders: fit them on "
+                "these machines with `python -m dlrm.comms.fit` (or mark measured ones placeholder: false), "
+                "or give trainer.comms_bench"
+            )
+        elif not modelled:
             why = "the model sends nothing for this plan"
         elif not total:
             why = "no such collective ran in the profiled steps"
@@ -110,6 +120,13 @@ def comm_vs_model(
             out[name]["why"] = why
     out["model"] = f"fitted to {cfg.trainer.comms_bench}" if comms_bench is not None else "topology config"
     return out
+
+
+def placeholder_links(topology, local_world_size: int) -> list[str]:
+    """The links this run's collectives cross whose figures are placeholders (LinkConfig.placeholder):
+    intra_node with several ranks per node, inter_node with several nodes."""
+    used = [("intra_node", local_world_size > 1), ("inter_node", topology.nodes > 1)]
+    return [key for key, crossed in used if crossed and getattr(topology, key).placeholder]
 
 
 def summary_extras(cfg: Config, local_world_size: int) -> Callable[..., dict]:

@@ -37,6 +37,11 @@ class LinkConfig:
     """Per collective (allreduce, alltoall, reduce_scatter, allgather): its own latency and bandwidth,
     used by the cost model for it instead of the two above ({}: the two above for every collective).
     `python -m dlrm.comms.fit` writes them when the collectives' fits differ materially."""
+    placeholder: bool = True
+    """True (as the defaults above are): the figures are placeholders, an order of magnitude neither
+    measured nor from a datasheet, so a run does not compare its measured communication with a model
+    built on them (comm_vs_model says why). A topology file with measured or published figures says
+    `placeholder: false`; `python -m dlrm.comms.fit` writes that."""
 
     def check(self, key: str) -> None:
         _check_link(key, self.bandwidth_GBps, self.latency_us)

@@ -164,16 +164,20 @@ def comm_lines(breakdown: dict, versus: dict | None) -> list[str]:
             )
         )
     if versus:
-        compared = []
-        for k, v in versus.items():
-            if not isinstance(v, dict):
-                continue
-            if v.get("compared", v["ratio"] is not None):
-                compared.append(
-                    f"{k} transfer {v['measured_s'] * 1e3:.2f} vs {v['model_s'] * 1e3:.2f} ms (x{v['ratio']:.2f})"
-                )
-            else:
-                compared.append(f"{k} not compared ({v.get('why', 'no model figure')})")
-        source = versus.get("model", "topology config")
-        lines.append("comms per step, measured vs model: " + "; ".join(compared) + f" (model: {source})")
+        lines.append("comms per step, measured vs model: " + _versus_text(versus))
     return lines
+
+
+def _versus_text(versus: dict) -> str:
+    """comm_vs_model's rows on one line: each row's ratio or why not; one reason for all said once."""
+    rows = {k: v for k, v in versus.items() if isinstance(v, dict)}
+    why = {k: v.get("why", "no model figure") for k, v in rows.items() if not v.get("compared", v["ratio"] is not None)}
+    if rows and len(why) == len(rows) and len(set(why.values())) == 1:
+        return f"not compared ({next(iter(why.values()))})"
+    parts = [
+        f"{k} not compared ({why[k]})"
+        if k in why
+        else f"{k} transfer {v['measured_s'] * 1e3:.2f} vs {v['model_s'] * 1e3:.2f} ms (x{v['ratio']:.2f})"
+        for k, v in rows.items()
+    ]
+    return "; ".join(parts) + f" (model: {versus.get('model', 'topology config')})"

@@ -230,6 +230,25 @@ def test_fitted_topology_recovers_the_bench_links(make_config):
         assert fitted.intra_node.latency_us == pytest.approx(30.0, rel=1e-6)
         assert fitted.intra_node.bandwidth_GBps == pytest.approx(2.0, rel=1e-6)
         assert fitted.inter_node == topology.inter_node
+        assert not fitted.intra_node.placeholder  # measured now
+
+
+def test_placeholder_figures_are_not_compared(make_config):
+    """topology=cpu's links are placeholders: the measured communication is not put beside a model
+    built on them (compared False, why naming the link and the fix); figures marked measured are."""
+    from dlrm.comms.measured import comm_vs_model
+
+    measured, waits = {"alltoall": 4e-3, "allreduce": 3e-3}, {"alltoall": 1e-3, "allreduce": 0.0}
+    args = ([], 2, 2, 10_000, None, measured, waits)  # no tables: the dense allreduce alone is modelled
+    placeholder = comm_vs_model(make_config("topology=cpu"), *args)
+    for kind in ("embedding_exchange", "dense_allreduce"):
+        row = placeholder[kind]
+        assert not row["compared"] and row["ratio"] is None, row
+        assert "topology cpu's intra_node figures are placeholders" in row["why"] and "dlrm.comms.fit" in row["why"]
+    measured_links = comm_vs_model(make_config("topology=cpu", "topology.intra_node.placeholder=false"), *args)
+    row = measured_links["dense_allreduce"]
+    assert row["compared"] and row["ratio"] == pytest.approx(3e-3 / row["model_s"])
+    assert measured_links["embedding_exchange"]["why"] == "the model sends nothing for this plan"
 
 
 def test_fitted_topology_needs_the_collective_at_this_size(make_config):
@@ -394,3 +413,19 @@ def test_console_names_the_eval_batches_that_run(available, expected):
     line = console.config_lines(cfg, 1, 2, "gloo", "cpu", 1000, 10, n)[1]
     assert f"eval {expected} batches" in line if expected else "no eval (the data has no eval split" in line
     assert ("data.eval_batches=1600" in line) == (expected < 1600), line
+
+
+def test_the_console_says_one_reason_once():
+    """comm_vs_model on the console: each row's ratio or reason, and a reason that holds for every row
+    (placeholder figures) said once, without a model source that nothing was compared with."""
+    from dlrm.trainer.console import comm_lines
+
+    breakdown = {"comm_s": {}, "comm_wait_s": {}}
+    why = "topology cpu's intra_node figures are placeholders"
+    rows = {k: {"compared": False, "ratio": None, "why": why} for k in ("embedding_exchange", "dense_allreduce")}
+    (line,) = [x for x in comm_lines(breakdown, {**rows, "model": "topology config"}) if "measured vs model" in x]
+    assert line == f"comms per step, measured vs model: not compared ({why})"
+    rows["dense_allreduce"] = {"compared": True, "ratio": 2.0, "measured_s": 2e-3, "model_s": 1e-3}
+    (line,) = [x for x in comm_lines(breakdown, {**rows, "model": "topology config"}) if "measured vs model" in x]
+    tail = "dense_allreduce transfer 2.00 vs 1.00 ms (x2.00) (model: topology config)"
+    assert line.endswith(f"embedding_exchange not compared ({why}); {tail}"), line
