@@ -249,7 +249,7 @@ def test_ranks_per_node_flag_plans_a_launcher_topology(capsys):
 def test_cheaper_proposer(capsys):
     """--proposer uniform is TorchRec's UniformProposer: one sharding type for every table (the default
     proposers mix types on this model), and the plan is still complete and consistent."""
-    args = ("topology=cpu_2x2", "model=tiny", "data.global_batch_size=64")
+    args = ("topology=emu_2x2", "model=tiny", "data.global_batch_size=64")
     uniform = report_of(capsys, "--proposer", "uniform", *args)
     default = report_of(capsys, *args)
     assert uniform["proposer"] == "uniform"
@@ -293,3 +293,31 @@ def test_uvm_caching_is_an_option_and_its_cache_holds_weights_only(capsys, load_
         assert m["uvm_cache"] == pytest.approx(used * m["sharded_weights"], rel=1e-3)
         assert m["ddr"] == m["sharded_weights"] + m["sharded_optimizer"]
         assert m["hbm"] == m["uvm_cache"] + m["dense_weights"] + m["dense_grads"] + m["dense_optimizer"]
+
+
+def test_a_slow_intra_node_link_prices_replicated_tables_on_it(capsys):
+    """With the intra-node link fitted on a loopback (0.18 GB/s, the inter-node link untouched at 2 GB/s),
+    replicating dlrm_small's tables means allreducing their gradients over that slow link each step: the
+    planner keeps them sharded. TorchRec's own pricing (inter-node NICs, even on one node) replicated
+    them all, for steps about twice as slow as table-wise."""
+    slow = ("topology.intra_node.bandwidth_GBps=0.1825", "topology.intra_node.latency_us=1967")
+    report = report_of(capsys, "topology=cpu", "model=dlrm_small", "--ranks-per-node", "2", *slow)
+    assert "data_parallel" not in {t["sharding_type"] for t in report["plan"]}, report["plan"]
+
+
+def test_allreduce_bandwidth_is_the_links_it_crosses():
+    """The planner's allreduce bandwidth: the intra-node link on one node, the slower of it and the
+    node's NICs on several; the other collectives as TorchRec prices them. And TorchRec's own prices a
+    one-node allreduce at the inter-node NICs: when a release stops doing so, LinkBandwidths can go."""
+    from torchrec.distributed.planner.types import BasicCommsBandwidths, CollectiveType
+
+    from dlrm.distributed.topology import LinkBandwidths
+
+    ours, torchrec = LinkBandwidths(inter_host_bw=10.0, intra_host_bw=3.0), BasicCommsBandwidths(10.0, 3.0)
+    assert ours.get_bw(2, 2, CollectiveType.ALL_REDUCE) == 3.0  # one node
+    assert ours.get_bw(2, 4, CollectiveType.ALL_REDUCE) == 3.0  # min(3, 10 x 2)
+    assert LinkBandwidths(inter_host_bw=1.0, intra_host_bw=3.0).get_bw(2, 4, CollectiveType.ALL_REDUCE) == 2.0
+    for collective in (CollectiveType.ALL_TO_ALL, CollectiveType.REDUCE_SCATTER, CollectiveType.ALL_GATHER):
+        for local, world in ((2, 2), (2, 4)):
+            assert ours.get_bw(local, world, collective) == torchrec.get_bw(local, world, collective)
+    assert torchrec.get_bw(2, 2, CollectiveType.ALL_REDUCE) == 20.0  # TorchRec's: 1 NIC per GPU, on one node too
