@@ -141,7 +141,7 @@ def comm_summary(cfg: Config, tables: list[TablePlan], world: int, ranks_per_nod
         alltoall_bytes_inter=busiest_inter if cfg.topology.nodes > 1 else 0.0,
         allreduce_bytes=allreduce,
         ranks_per_node=g,
-        alltoall_count=3,  # ids, pooled embeddings forward, their gradients backward
+        alltoall_count=alltoalls_per_step(cfg),
         dense_allreduce=str(cfg.trainer.dense_allreduce),
     )
     by_kind = {
@@ -170,3 +170,11 @@ def comm_summary(cfg: Config, tables: list[TablePlan], world: int, ranks_per_nod
         ],
         "time_s": times,
     }
+
+
+def alltoalls_per_step(cfg: Config) -> int:
+    """The alltoalls a training step issues, each paying its latency: TorchRec's input distribution
+    sends the KJT's splits, lengths and values (and per-id weights) in one collective each, then the
+    pooled embeddings go forward and their gradients backward (5 a step, counted in a profiled trace
+    of the main job; 6 weighted)."""
+    return 5 + int(cfg.model.weighted)

@@ -72,8 +72,11 @@ class TopologyConfig:
     """The training device: cpu or cuda (one GPU per rank)."""
     backend: Backend = Backend.auto
     """The process groups' backend: auto (NCCL on cuda, Gloo on cpu), gloo or nccl (cuda only)."""
-    intra_node: LinkConfig = field(default_factory=LinkConfig)
-    """The links between the ranks of one node."""
+    intra_node: LinkConfig = field(
+        default_factory=lambda: LinkConfig(bandwidth_GBps=1.284, latency_us=162.23, placeholder=False)
+    )
+    """The links between the ranks of one node. The defaults: Gloo over one machine's loopback, fitted by
+    `python -m dlrm.comms.fit` on this project's 2-core CPU machines (conf/topology/cpu.yaml says when)."""
     inter_node: LinkConfig = field(default_factory=LinkConfig)
     """The links between nodes, as seen by one rank."""
     hbm_GB: float = 0.0

@@ -39,7 +39,6 @@ PAIR.add(
     Overrides(
         "model=tiny",
         "sharding=table_wise",  # an embedding exchange whatever the cpu topology's fitted figures plan
-        "topology.intra_node.placeholder=false",  # compared with the cpu topology's figures: the mechanics
         "data.global_batch_size=32",
         "data.eval_batches=1",
         "trainer.max_steps=6",

@@ -36,7 +36,6 @@ def test_two_ranks_breakdown_comm_vs_model_and_trace(tmp_path):
             "-m",
             "dlrm.train",
             "sharding=table_wise",  # the embedding exchange to observe, whatever the planner makes of topology=cpu
-            "topology.intra_node.placeholder=false",  # compare with its figures anyway: the comparison's mechanics
             "trainer.max_steps=12",
             "trainer.log_every_steps=4",
             "data.eval_batches=2",

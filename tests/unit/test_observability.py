@@ -234,18 +234,19 @@ def test_fitted_topology_recovers_the_bench_links(make_config):
 
 
 def test_placeholder_figures_are_not_compared(make_config):
-    """topology=cpu's links are placeholders: the measured communication is not put beside a model
-    built on them (compared False, why naming the link and the fix); figures marked measured are."""
+    """Links marked as placeholders (cpu_2x2's; here cpu's intra-node link marked so): the measured
+    communication is not put beside a model built on them (compared False, why naming the link and the
+    fix); measured figures (topology=cpu's fitted intra-node link) are."""
     from dlrm.comms.measured import comm_vs_model
 
     measured, waits = {"alltoall": 4e-3, "allreduce": 3e-3}, {"alltoall": 1e-3, "allreduce": 0.0}
     args = ([], 2, 2, 10_000, None, measured, waits)  # no tables: the dense allreduce alone is modelled
-    placeholder = comm_vs_model(make_config("topology=cpu"), *args)
+    placeholder = comm_vs_model(make_config("topology=cpu", "topology.intra_node.placeholder=true"), *args)
     for kind in ("embedding_exchange", "dense_allreduce"):
         row = placeholder[kind]
         assert not row["compared"] and row["ratio"] is None, row
         assert "topology cpu's intra_node figures are placeholders" in row["why"] and "dlrm.comms.fit" in row["why"]
-    measured_links = comm_vs_model(make_config("topology=cpu", "topology.intra_node.placeholder=false"), *args)
+    measured_links = comm_vs_model(make_config("topology=cpu"), *args)
     row = measured_links["dense_allreduce"]
     assert row["compared"] and row["ratio"] == pytest.approx(3e-3 / row["model_s"])
     assert measured_links["embedding_exchange"]["why"] == "the model sends nothing for this plan"
