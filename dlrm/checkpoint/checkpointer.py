@@ -52,7 +52,7 @@ def _tensor_leaves_only(state: Any, prefix: str = "") -> None:
         raise TypeError(f"checkpoint state {prefix[:-1]} is a {type(state).__name__}, not a tensor")
 
 
-WRITER_THREADS = 4  # DCP writer threads per rank: benchmarks/RESULTS.md, "Checkpoints"
+WRITER_THREADS = 2  # DCP writer threads per rank (torch: 1); each holds one cloned item: benchmarks/RESULTS.md
 
 
 class _FileSystem(FileSystem):
