@@ -7,7 +7,6 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Generator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -56,13 +55,18 @@ WRITER_THREADS = 2  # DCP writer threads per rank (torch: 1); each holds one clo
 
 
 class _FileSystem(FileSystem):
-    """DCP's file system, noting the exceptions raised while a file is open: torch's extra writer threads
-    (`thread_count` > 1) drop theirs (the thread ends, its files are left out of the metadata and
-    `dcp.save` succeeds). tests/unit/test_checkpoint_writer.py shows both, so a torch that fixes it is
-    noticed."""
+    """DCP's file system, hashing each file it wrote once it is closed (on the writer thread that wrote
+    it, overlapping the other threads' writes; the bytes are read back from this rank's page cache),
+    and noting the exceptions raised meanwhile: torch's extra writer threads (`thread_count` > 1)
+    drop theirs (the thread ends, its files are left out of the metadata and `dcp.save` succeeds).
+    tests/unit/test_checkpoint_writer.py shows both, so a torch that fixes it is noticed.
+
+    Hashing the stream as it is written would save the read back, but depend on how DCP and
+    torch.save call the stream (tell, fileno for fsync, the zip writer's writes)."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.digests: dict[str, dict] = {}  # file name -> {size, sha256}; the metadata's .tmp too
         self.failures: list[BaseException] = []
 
     @contextmanager
@@ -70,14 +74,17 @@ class _FileSystem(FileSystem):
         try:
             with super().create_stream(path, mode) as stream:
                 yield stream
+            if "w" in mode:
+                self.digests[Path(path).name] = file_digest(Path(path))
         except BaseException as e:
             self.failures.append(e)
             raise
 
 
 class RankWriter(FileSystemWriter):
-    """DCP's file writer with one file per tensor item, `WRITER_THREADS` threads, and the names of the
-    files this rank wrote (`written`, from its WriteResults: each `storage_data.relative_path`).
+    """DCP's file writer with one file per tensor item, `WRITER_THREADS` threads, and the digest of each
+    file this rank wrote (`digests`: the files of its WriteResults, each `storage_data.relative_path`;
+    None for one that `_FileSystem` did not hash).
 
     With one file per rank, torch's FileSystemWriter keeps every tensor it wrote alive until the
     rank's file is complete (pytorch/pytorch#195982: `_write_files_from_queue` fills a dict that only
@@ -91,7 +98,7 @@ class RankWriter(FileSystemWriter):
     def __init__(self, path: Path) -> None:
         super().__init__(str(path), single_file_per_rank=False, thread_count=WRITER_THREADS)
         self.fs = _FileSystem()
-        self.written: list[str] = []
+        self.digests: dict[str, dict | None] = {}
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         done = super().write_data(plan, planner)
@@ -100,24 +107,13 @@ class RankWriter(FileSystemWriter):
             raise self.fs.failures[0]
         if len(results) != len(plan.items):
             raise RuntimeError(f"DCP wrote {len(results)} of {len(plan.items)} checkpoint items to {self.path}")
-        self.written = [result.storage_data.relative_path for result in results]
+        self.digests = {name: self.fs.digests.get(name) for name in (r.storage_data.relative_path for r in results)}
         return done
 
 
 def storage_writer(path: Path) -> RankWriter:
     """The writer of one save (a function: the tests replace it to inject failures)."""
     return RankWriter(path)
-
-
-def _digest(file: Path) -> dict | None:
-    """`file_digest` of `file`, or None where this rank does not see it."""
-    return file_digest(file) if file.is_file() else None
-
-
-def _digests(directory: Path, names: list[str]) -> dict[str, dict | None]:
-    """{name: `_digest`} of files of `directory`, on `WRITER_THREADS` threads (reads and hashlib release the GIL)."""
-    with ThreadPoolExecutor(WRITER_THREADS) as pool:
-        return dict(zip(names, pool.map(_digest, [directory / name for name in names]), strict=True))
 
 
 def saved_files(metadata: Metadata) -> list[str]:
@@ -196,9 +192,10 @@ class Checkpointer:
         dist.barrier(group=self.pg)
         writer = storage_writer(partial)
         names = saved_files(dcp.save(state, storage_writer=writer, process_group=self.pg))
-        # dcp.save returns once rank 0 has written .metadata, after every rank's write_data
-        seen = _digest(partial / METADATA)  # a rank that sees another .metadata is on another filesystem
-        mine = _digests(partial, writer.written)  # this rank's own files, in its page cache
+        # dcp.save returns once rank 0 has written .metadata, after every rank's write_data;
+        # a rank that sees no .metadata, or another one (rank 0's holds a new save_id), is on another filesystem
+        seen = file_digest(partial / METADATA) if (partial / METADATA).is_file() else None
+        mine = dict(writer.digests)  # this rank's own files, hashed as they were written
         if dist.get_rank(self.pg) == 0:  # DCP's coordinator: it wrote .metadata
             mine[METADATA] = seen
         shares: list[Any] = [None] * dist.get_world_size(self.pg)

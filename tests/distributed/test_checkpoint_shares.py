@@ -21,9 +21,10 @@ def test_digests_by_writer_and_load_checks_by_share(tmp_path):
     for rank, result in enumerate(ranks):
         own = {name for name in data if name.startswith(f"__{rank}_")}  # DCP names a rank's files __RANK_*
         assert own, "each rank wrote files of its own"
-        assert sorted(result["hashed"]) == sorted(own | {METADATA}), rank  # its own files, each once
+        hashed = sorted(name for name in result["hashed"] if name != f"{METADATA}.tmp")  # DCP's, before its rename
+        assert hashed == sorted(own | {METADATA}), rank  # its own files, each once
         assert result["loaded"]
-    assert set(ranks[0]["hashed"]) | set(ranks[1]["hashed"]) == files
+    assert set(ranks[0]["hashed"]) | set(ranks[1]["hashed"]) == files | {f"{METADATA}.tmp"}
     checked = [set(r["checked"]) - {METADATA} for r in ranks]
     assert not checked[0] & checked[1] and checked[0] | checked[1] == data  # a share each, all covered
     assert all(r["checked"].count(METADATA) == 1 for r in ranks)  # stat before reading it

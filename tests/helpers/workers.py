@@ -256,7 +256,7 @@ def checkpoint_shares(root: str) -> dict:
     pg, rank = default_group(), dist.get_rank()
     hashed, checked = [], []
     real_digest, real_check = checkpointer.file_digest, safe_load.check_file
-    checkpointer.file_digest = lambda file: hashed.append(file.name) or real_digest(file)
+    checkpointer.file_digest = lambda file: hashed.append(file.name) or real_digest(file)  # rank 0: .metadata.tmp too
     safe_load.check_file = lambda path, name, *a, **k: checked.append(name) or real_check(path, name, *a, **k)
 
     def state(value: float) -> dict:

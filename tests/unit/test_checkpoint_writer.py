@@ -1,5 +1,5 @@
 """The checkpointer's DCP writer (dlrm.checkpoint.checkpointer.storage_writer): it frees each tensor once
-written, records the files it wrote, writes on WRITER_THREADS threads, and a failure in one of those
+written, hashes the files it wrote, writes on WRITER_THREADS threads, and a failure in one of those
 threads fails the save (torch's own writer drops it).
 
 DCP clones a view whose storage is larger than itself (TorchRec's fused tables are views of one
@@ -20,7 +20,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
 
-from dlrm.checkpoint import METADATA
+from dlrm.checkpoint import METADATA, file_digest
 from dlrm.checkpoint.checkpointer import WRITER_THREADS, storage_writer
 from dlrm.io import disk_full_in
 
@@ -61,12 +61,12 @@ def test_torchs_single_file_writer_still_keeps_them_all(tmp_path, monkeypatch):
     assert kept == VIEWS
 
 
-def test_the_writer_records_the_files_it_wrote_on_its_threads(tmp_path):
+def test_the_writer_digests_the_files_it_wrote_on_its_threads(tmp_path):
     writer = storage_writer(tmp_path)
     assert writer.thread_count == WRITER_THREADS > 1 and not writer.single_file_per_rank
     dcp.save({f"t{i}": torch.full((5,), float(i)) for i in range(VIEWS)}, storage_writer=writer, no_dist=True)
-    on_disk = sorted(p.name for p in tmp_path.iterdir() if p.name != METADATA)
-    assert sorted(writer.written) == on_disk and len(on_disk) == VIEWS
+    on_disk = {p.name: file_digest(p) for p in tmp_path.iterdir() if p.name != METADATA}
+    assert writer.digests == on_disk and len(on_disk) == VIEWS
 
 
 def save_failing_off_the_main_thread(writer, monkeypatch) -> Metadata:
