@@ -6,6 +6,7 @@ import io
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from pathlib import Path
@@ -58,8 +59,11 @@ class _FileSystem(FileSystem):
     """DCP's file system, hashing each file it wrote once it is closed (on the writer thread that wrote
     it, overlapping the other threads' writes; the bytes are read back from this rank's page cache),
     and noting the exceptions raised meanwhile: torch's extra writer threads (`thread_count` > 1)
-    drop theirs (the thread ends, its files are left out of the metadata and `dcp.save` succeeds).
-    tests/unit/test_checkpoint_writer.py shows both, so a torch that fixes it is noticed.
+    drop theirs (the thread ends printing a traceback, its files are left out of the metadata and
+    `dcp.save` succeeds), so on those threads an exception is noted and not raised (the thread goes on
+    to the next file), and `RankWriter.write_data` raises the first; on the calling thread it
+    propagates as DCP expects. tests/unit/test_checkpoint_writer.py shows both, so a torch that
+    fixes it is noticed.
 
     Hashing the stream as it is written would save the read back, but depend on how DCP and
     torch.save call the stream (tell, fileno for fsync, the zip writer's writes)."""
@@ -67,7 +71,8 @@ class _FileSystem(FileSystem):
     def __init__(self) -> None:
         super().__init__()
         self.digests: dict[str, dict] = {}  # file name -> {size, sha256}; the metadata's .tmp too
-        self.failures: list[BaseException] = []
+        self.failures: list[Exception] = []
+        self.caller: int | None = None  # the thread that calls write_data
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
@@ -76,9 +81,10 @@ class _FileSystem(FileSystem):
                 yield stream
             if "w" in mode:
                 self.digests[Path(path).name] = file_digest(Path(path))
-        except BaseException as e:
+        except Exception as e:
             self.failures.append(e)
-            raise
+            if threading.get_ident() == self.caller:
+                raise
 
 
 class RankWriter(FileSystemWriter):
@@ -101,6 +107,7 @@ class RankWriter(FileSystemWriter):
         self.digests: dict[str, dict | None] = {}
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        self.fs.caller = threading.get_ident()
         done = super().write_data(plan, planner)
         results = done.wait()
         if self.fs.failures:  # a writer thread's, which torch dropped
