@@ -159,9 +159,9 @@ class Checkpointer:
     def save(self, step: int, state: dict, manifest: dict) -> Path:
         """Write `state` (nested dicts of tensors) as checkpoint `step`, visible only when complete.
 
-        After DCP has written every rank's files, each rank hashes the files it wrote (still in its
-        page cache; rank 0 also `.metadata`), and rank 0 writes the manifest with every file's size
-        and sha256, then renames the directory.
+        Each rank hashes the files it writes as DCP closes them (`RankWriter`; rank 0 also
+        `.metadata`), and rank 0 writes the manifest with every file's size and sha256, then renames
+        the directory.
         """
         _tensor_leaves_only(state)
         bad = everyones(nonfinite_tensors(state), self.pg)
