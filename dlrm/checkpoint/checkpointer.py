@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import shutil
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
 
 from dlrm.cadence import Every
 from dlrm.checkpoint.finite import everyones, listed, nonfinite_tensors
@@ -45,17 +52,75 @@ def _tensor_leaves_only(state: Any, prefix: str = "") -> None:
         raise TypeError(f"checkpoint state {prefix[:-1]} is a {type(state).__name__}, not a tensor")
 
 
-def storage_writer(path: Path) -> FileSystemWriter:
-    """DCP's file writer with one file per tensor item, not one per rank.
+WRITER_THREADS = 2  # DCP writer threads per rank (torch: 1); each holds one cloned item: benchmarks/RESULTS.md
+
+
+class _FileSystem(FileSystem):
+    """DCP's file system, hashing each file it wrote once it is closed (on the writer thread that wrote
+    it, overlapping the other threads' writes; the bytes are read back from this rank's page cache),
+    and noting the exceptions raised meanwhile: torch's extra writer threads (`thread_count` > 1)
+    drop theirs (the thread ends printing a traceback, its files are left out of the metadata and
+    `dcp.save` succeeds), so on those threads an exception is noted and not raised (the thread goes on
+    to the next file), and `RankWriter.write_data` raises the first; on the calling thread it
+    propagates as DCP expects. tests/unit/test_checkpoint_writer.py shows both, so a torch that
+    fixes it is noticed.
+
+    Hashing the stream as it is written would save the read back, but depend on how DCP and
+    torch.save call the stream (tell, fileno for fsync, the zip writer's writes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.digests: dict[str, dict] = {}  # file name -> {size, sha256}; the metadata's .tmp too
+        self.failures: list[Exception] = []
+        self.caller: int | None = None  # the thread that calls write_data
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
+        try:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            if "w" in mode:
+                self.digests[Path(path).name] = file_digest(Path(path))
+        except Exception as e:
+            self.failures.append(e)
+            if threading.get_ident() == self.caller:
+                raise
+
+
+class RankWriter(FileSystemWriter):
+    """DCP's file writer with one file per tensor item, `WRITER_THREADS` threads, and the digest of each
+    file this rank wrote (`digests`: the files of its WriteResults, each `storage_data.relative_path`;
+    None for one that `_FileSystem` did not hash).
 
     With one file per rank, torch's FileSystemWriter keeps every tensor it wrote alive until the
     rank's file is complete (pytorch/pytorch#195982: `_write_files_from_queue` fills a dict that only
     its safetensors path reads). TorchRec's fused tables are views of one buffer, which DCP clones
     before writing, so a save held a copy of the rank's tables at once: +150 MB of peak RSS for
-    bench_cpu's 166 MB on one rank. A file per item frees each clone once written.
-    tests/unit/test_checkpoint_writer.py shows the retention, so a torch that fixes it is noticed.
+    bench_cpu's 166 MB on one rank. A file per item frees each clone once written (one per thread
+    alive at once). tests/unit/test_checkpoint_writer.py shows the retention, so a torch that fixes
+    it is noticed.
     """
-    return FileSystemWriter(str(path), single_file_per_rank=False)
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path), single_file_per_rank=False, thread_count=WRITER_THREADS)
+        self.fs = _FileSystem()
+        self.digests: dict[str, dict | None] = {}
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        self.fs.caller = threading.get_ident()
+        done = super().write_data(plan, planner)
+        results = done.wait()
+        if self.fs.failures:  # a writer thread's, which torch dropped
+            raise self.fs.failures[0]
+        if len(results) != len(plan.items):
+            raise RuntimeError(f"DCP wrote {len(results)} of {len(plan.items)} checkpoint items to {self.path}")
+        self.digests = {name: self.fs.digests.get(name) for name in (r.storage_data.relative_path for r in results)}
+        return done
+
+
+def storage_writer(path: Path) -> RankWriter:
+    """The writer of one save (a function: the tests replace it to inject failures)."""
+    return RankWriter(path)
 
 
 def saved_files(metadata: Metadata) -> list[str]:
@@ -94,8 +159,9 @@ class Checkpointer:
     def save(self, step: int, state: dict, manifest: dict) -> Path:
         """Write `state` (nested dicts of tensors) as checkpoint `step`, visible only when complete.
 
-        After DCP has written every rank's files, the ranks hash them (each a share), and rank 0
-        writes the manifest with every file's size and sha256, then renames the directory.
+        Each rank hashes the files it writes as DCP closes them (`RankWriter`; rank 0 also
+        `.metadata`), and rank 0 writes the manifest with every file's size and sha256, then renames
+        the directory.
         """
         _tensor_leaves_only(state)
         bad = everyones(nonfinite_tensors(state), self.pg)
@@ -131,19 +197,24 @@ class Checkpointer:
             for stale in self.root.glob(".*.partial"):
                 shutil.rmtree(stale, ignore_errors=True)
         dist.barrier(group=self.pg)
-        written = dcp.save(state, storage_writer=storage_writer(partial), process_group=self.pg)
-        dist.barrier(group=self.pg)
-        names = saved_files(written)
-        rank, world = dist.get_rank(self.pg), dist.get_world_size(self.pg)
-        shares: list[dict[str, dict | None]] = [{} for _ in range(world)]
-        mine = {n: file_digest(partial / n) if (partial / n).is_file() else None for n in names[rank::world]}
-        dist.all_gather_object(shares, mine, group=self.pg)
-        files = {name: digest for share in shares for name, digest in share.items() if digest is not None}
+        writer = storage_writer(partial)
+        names = saved_files(dcp.save(state, storage_writer=writer, process_group=self.pg))
+        # dcp.save returns once rank 0 has written .metadata, after every rank's write_data;
+        # a rank that sees no .metadata, or another one (rank 0's holds a new save_id), is on another filesystem
+        seen = file_digest(partial / METADATA) if (partial / METADATA).is_file() else None
+        mine = dict(writer.digests)  # this rank's own files, hashed as they were written
+        if dist.get_rank(self.pg) == 0:  # DCP's coordinator: it wrote .metadata
+            mine[METADATA] = seen
+        shares: list[Any] = [None] * dist.get_world_size(self.pg)
+        dist.all_gather_object(shares, (mine, seen), group=self.pg)
+        files = {name: digest for share, _ in shares for name, digest in share.items() if digest is not None}
         unseen = sorted(set(names) - set(files))
-        if unseen:  # every rank holds every share: all raise alike
+        blind = [str(rank) for rank, (_, theirs) in enumerate(shares) if theirs != files.get(METADATA)]
+        if unseen or blind:  # every rank holds every share: all raise alike
+            what = f"files DCP wrote are missing ({listed(unseen)})" if unseen else f"ranks {listed(blind)} miss"
             raise RuntimeError(
-                f"files DCP wrote are missing from {partial} on some rank ({listed(unseen)}): is checkpoint.dir "
-                "on a shared filesystem?"
+                f"{what} in {partial}{'' if unseen else ': the .metadata rank 0 wrote'}: is checkpoint.dir on a "
+                "shared filesystem?"
             )
         if self.is_main:
             write_manifest(partial, {**manifest, "step": step, "files": files})

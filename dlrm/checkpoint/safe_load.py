@@ -2,7 +2,8 @@
 
 - manifest.json is byte-for-byte its canonical JSON and matches its own sha256 (`manifest_sha256`);
 - every file the manifest lists (`files`: name -> size, sha256) exists with that size, and, unless
-  `checkpoint.verify=false`, that sha256 (the ranks share the hashing); `.metadata` is always hashed;
+  `checkpoint.verify=false`, that sha256: each rank checks a share of the files (every world-th by
+  name), not all of them; `.metadata` is always hashed, by every rank;
 - `.metadata` (DCP's pickle) is unpickled from the verified bytes with memo indices bounded and an
   exact (module, name) allowlist of DCP's metadata classes; every entry must be a tensor (DCP would
   `torch.load(weights_only=False)` a non-tensor entry) stored in a listed file, untransformed.
@@ -143,16 +144,15 @@ class SafeFileSystemReader(FileSystemReader):
 def open_checkpoint(path: Path, verify: bool = True, pg: dist.ProcessGroup | None = None) -> tuple[dict, Metadata]:
     """Verify checkpoint `path` (see the module docstring); return its manifest and DCP metadata.
 
-    With a process group, every rank checks the manifest and `.metadata`, the ranks share the
-    hashing of the data files, and all raise the same CheckpointError if any check fails.
+    With a process group, every rank checks the manifest and `.metadata`, each rank a share of the
+    data files (stat, and sha256 if `verify`), and all raise the same CheckpointError if any check fails.
     """
     rank, world = (dist.get_rank(pg), dist.get_world_size(pg)) if pg is not None else (0, 1)
     result: Any = None
     try:
         manifest = read_manifest(path)
         files = manifest["files"]
-        for name in sorted(files):
-            check_file(path, name, files[name], hash_it=False)
+        check_file(path, METADATA, files[METADATA], hash_it=False)
         data = (path / METADATA).read_bytes()
         if hashlib.sha256(data).hexdigest() != files[METADATA]["sha256"]:
             raise CheckpointError(
@@ -160,9 +160,8 @@ def open_checkpoint(path: Path, verify: bool = True, pg: dist.ProcessGroup | Non
                 f"manifest's): {another_checkpoint(path)}"
             )
         metadata = _load_metadata(path, data, files)
-        if verify:
-            for name in sorted(set(files) - {METADATA})[rank::world]:
-                check_file(path, name, files[name], hash_it=True)
+        for name in sorted(set(files) - {METADATA})[rank::world]:  # this rank's share; errors are gathered
+            check_file(path, name, files[name], hash_it=verify)
         result = (manifest, metadata)
     except CheckpointError as e:
         result = e
