@@ -7,7 +7,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -139,7 +139,7 @@ class Checkpointer:
             a successful save (an earlier invocation's, e.g. the run a continuation resumes, never).
         pg: the process group of all ranks.
         is_main: whether this is rank 0 (it renames, writes the manifest and prunes).
-        every: when `maybe_save` saves (default: never; `save` always does).
+        every: when `should_save` says a save is due (default: never).
     """
 
     def __init__(self, root: Path, keep: int, pg: dist.ProcessGroup, is_main: bool, every: Every | None = None) -> None:
@@ -150,11 +150,9 @@ class Checkpointer:
         self.every = every or Every(0, at_end=False)
         self.written: set[Path] = set()  # by this Checkpointer: the only ones retention deletes
 
-    def maybe_save(self, step: int, last: bool, state: Callable[[], dict], manifest: Callable[[], dict]) -> Path | None:
-        """Save checkpoint `step` of `state()` if `every` is due (all ranks call it); its directory, or None."""
-        if not self.every.due(step, last):
-            return None
-        return self.save(step, state(), manifest())
+    def should_save(self, step: int, last: bool) -> bool:
+        """Whether a checkpoint is due after `step` (`every`; `last`: the run's last step)."""
+        return self.every.due(step, last)
 
     def save(self, step: int, state: dict, manifest: dict) -> Path:
         """Write `state` (nested dicts of tensors) as checkpoint `step`, visible only when complete.

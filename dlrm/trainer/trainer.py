@@ -323,10 +323,9 @@ class Trainer:
                 last = True
                 if window.losses:
                     self._log_window(last, first_step)
-            if self.checkpointer is not None and self.checkpointer.every.due(self.step, last):
+            if self.checkpointer is not None and self.checkpointer.should_save(self.step, last):
                 with window.paused():
-                    saved = self.checkpointer.maybe_save(self.step, last, self.state.state_dict, self.state.manifest)
-                    self.reporter.message(f"checkpoint: {saved}")
+                    self.reporter.message(f"checkpoint: {self.save_checkpoint()}")
             if reached:
                 self.profiler.stop_trace()
                 break
@@ -378,7 +377,7 @@ class Trainer:
         the logs, raise TrainingStopped naming the step, the last checkpoint and how to continue."""
         self.stop.stopping = True
         ck = self.cfg.checkpoint
-        if self.checkpointer is not None and (ck.on_signal or self.checkpointer.every.due(self.step, False)):
+        if self.checkpointer is not None and (ck.on_signal or self.checkpointer.should_save(self.step, False)):
             self.reporter.message(f"checkpoint: {self.save_checkpoint()}")
         self.profiler.stop_trace()
         self.reporter.close(self.step, None)
