@@ -16,7 +16,8 @@ class ShardingConfig:
 
     strategy: ShardingStrategy = ShardingStrategy.auto
     """The sharding type of every table not pinned otherwise; `auto` lets TorchRec's planner choose
-    among every type the device can run (on one rank: table_wise)."""
+    (on one rank: table_wise; on CPU one of data_parallel, table_wise, column_wise for every table;
+    on GPUs any type per table)."""
     per_table: dict[str, ShardingType] = field(default_factory=dict)
     """{table name: sharding type}: overrides both the table's own `sharding` and `strategy`."""
     qcomms_forward: Precision = Precision.fp32

@@ -249,7 +249,7 @@ def test_ranks_per_node_flag_plans_a_launcher_topology(capsys):
 def test_cheaper_proposer(capsys):
     """--proposer uniform is TorchRec's UniformProposer: one sharding type for every table (the default
     proposers mix types on this model), and the plan is still complete and consistent."""
-    args = ("topology=emu_2x2", "model=tiny", "data.global_batch_size=64")
+    args = ("topology=dgx_h100_multinode", "model=tiny", "data.global_batch_size=64")
     uniform = report_of(capsys, "--proposer", "uniform", *args)
     default = report_of(capsys, *args)
     assert uniform["proposer"] == "uniform"
@@ -321,3 +321,25 @@ def test_allreduce_bandwidth_is_the_links_it_crosses():
         for local, world in ((2, 2), (2, 4)):
             assert ours.get_bw(local, world, collective) == torchrec.get_bw(local, world, collective)
     assert torchrec.get_bw(2, 2, CollectiveType.ALL_REDUCE) == 20.0  # TorchRec's: 1 NIC per GPU, on one node too
+
+
+def test_auto_on_gloo_plans_every_table_alike_among_the_one_alltoall_types(make_config, capsys):
+    """sharding=auto on CPU: one type for every table (TorchRec's UniformProposer), replicated, table- or
+    column-wise; a pinned type is still any (and then the default proposers mix types); on GPUs auto
+    offers every type (None), a mean-pooled table none that splits rows."""
+    from dlrm.distributed.sharding import constraints, uniform_on_gloo
+
+    for topology in ("cpu_2x2", "emu_2x2"):
+        for model in ("tiny", "dlrm_small", "criteo_kaggle"):
+            args = (f"topology={topology}", f"model={model}", "data.global_batch_size=256")
+            kinds = {t["sharding_type"] for t in report_of(capsys, *args)["plan"]}
+            assert len(kinds) == 1 and kinds <= {"data_parallel", "table_wise", "column_wise"}, (args, kinds)
+    assert not uniform_on_gloo(make_config("topology=cpu", "+sharding.per_table.t_C1=row_wise"))
+    assert not uniform_on_gloo(make_config("topology=dgx_h100"))
+
+    cpu = constraints(make_config("topology=cpu_2x2", "model=tiny", "+sharding.per_table.t_C2=row_wise"), 4)
+    assert cpu["t_C1"].sharding_types == ["data_parallel", "table_wise", "column_wise"]
+    assert cpu["t_C2"].sharding_types == ["row_wise"]
+    gpu = constraints(make_config("topology=dgx_h100", "model=tiny", "model.tables.3.pooling_type=mean"), 8)
+    assert gpu["t_C1"].sharding_types is None
+    assert "row_wise" not in gpu["t_C4"].sharding_types and "table_wise" in gpu["t_C4"].sharding_types
