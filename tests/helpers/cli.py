@@ -1,4 +1,4 @@
-"""Checks of a command's user-error output, and `dlrm.train.main` run in-process as one process."""
+"""Checks of a command's user-error output, and `dlrm.train.main` and `dlrm.predict.main` run in-process."""
 
 from __future__ import annotations
 
@@ -51,3 +51,12 @@ def record_sleeps(monkeypatch) -> list[float]:
 
     monkeypatch.setattr(time, "sleep", sleep)
     return waits
+
+
+def predict_in_process(capsys, *args):
+    """`python -m dlrm.predict ARGS` in-process: (exit status, stdout, stderr)."""
+    from dlrm.predict import main as predict_main  # torch and TorchRec: only for the tests that score
+
+    rc = predict_main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err

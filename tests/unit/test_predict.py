@@ -21,7 +21,7 @@ import torch
 from dlrm.data.criteo.format import ParseOptions
 from dlrm.data.criteo.preprocess import preprocess
 from dlrm.export import content_sha256, export, load_exported
-from dlrm.predict import main as predict_main
+from tests.helpers.cli import predict_in_process as predict
 from tests.helpers.criteo import SAMPLE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,13 +58,6 @@ def trained(tmp_path_factory):
     export(run_dir / "checkpoints" / "step_00000020", model)
     shutil.rmtree(run_dir / "checkpoints")
     return data, run_dir, model
-
-
-def predict(capsys, *args):
-    """`python -m dlrm.predict ARGS` in-process: (exit status, stdout, stderr)."""
-    rc = predict_main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def metrics(stdout: str) -> tuple:

@@ -23,8 +23,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.data.parquet import hash_strings
 from dlrm.export import content_sha256, load_exported
-from dlrm.predict import main as predict_main
 from tests.helpers.cli import assert_one_error
+from tests.helpers.cli import predict_in_process as predict
 from tests.helpers.parquet_data import ROWS, TABLES, overrides, table, write_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,13 +79,6 @@ def trained(tmp_path_factory):
     assert r.returncode == 0, r.stderr[-3000:]
     shutil.rmtree(run_dir / "checkpoints")
     return eval_dir, run_dir, model
-
-
-def predict(capsys, *args):
-    """`python -m dlrm.predict ARGS` in-process: (exit status, stdout, stderr)."""
-    rc = predict_main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def printed(stdout: str) -> dict[str, tuple[float, float]]:
