@@ -220,8 +220,9 @@ def test_the_planner_never_splits_a_mean_pooled_table_by_rows():
     """TorchRec's row-split mean divides the other tables' features too: the planner is kept off those types."""
     from dlrm.distributed.sharding import constraints
 
-    c = constraints(_config("model.tables.3.pooling_type=mean", "sharding=auto"), world_size=2)
-    allowed = c["t_C4"].sharding_types
-    assert allowed is not None and "table_wise" in allowed and "column_wise" in allowed
-    assert not {"row_wise", "table_row_wise", "grid_shard"} & set(allowed)
-    assert c["t_C1"].sharding_types is None  # sum-pooled: the planner chooses freely
+    for topology in ("cpu", "dgx_h100"):
+        c = constraints(_config("model.tables.3.pooling_type=mean", "sharding=auto", f"topology={topology}"), 2)
+        allowed = c["t_C4"].sharding_types
+        assert allowed is not None and "table_wise" in allowed and "column_wise" in allowed
+        assert not {"row_wise", "table_row_wise", "grid_shard"} & set(allowed)
+    assert c["t_C1"].sharding_types is None  # sum-pooled, on GPUs: the planner chooses freely
