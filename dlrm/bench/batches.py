@@ -21,7 +21,9 @@ on the host:
   (`write_parquet_day`: snappy, row groups of one rank's batch) in the layout `data.source=parquet`
   reads: 13 float32 dense columns, the 26 sparse ones holding the ids the criteo source gives the
   model (an int column where the pooling is 1, else list<int> of the multi-hot ids), an int32 label;
-  decoded, checked and made into a KeyedJaggedTensor on the source's reader thread.
+  decoded, checked and made into a KeyedJaggedTensor on the source's reader thread. `--rows` must
+  hold more than 4 global batches (the default: 6 at 65,536): the reader keeps its last 4 decoded row
+  groups, and rank 0 cycling through fewer would be timed from that cache.
 criteo and parquet read in file order (shuffle off), so they give the same batches.
 Prints one line per source and, with `--out`, writes the figures as JSON.
 """
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sources", default=",".join(SOURCES), help=f"comma-separated, of {', '.join(SOURCES)}")
     parser.add_argument("--ranks", type=int, default=0, help="world size whose rank 0 is timed (0: the topology's)")
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch's default)")
-    parser.add_argument("--rows", type=int, default=262_144, help="rows of the random Criteo day")
+    parser.add_argument("--rows", type=int, default=393_216, help="rows of the random Criteo day (6 x 65,536)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed batches after the first")
     parser.add_argument("--window", type=int, default=10, help="batches per timed window")
     parser.add_argument("--windows", type=int, default=7, help="timed windows")
@@ -176,6 +178,7 @@ def main(argv: list[str] | None = None) -> None:
         if not any(o.startswith(("experiment=", "+experiment=")) for o in overrides):
             overrides = ["experiment=bench_dcnv2", *overrides]
         from dlrm.bench.training import compose_config
+        from dlrm.data.parquet import _CACHED_ROW_GROUPS
 
         cfg = compose_config(overrides)
         tp = cfg.topology
@@ -187,6 +190,11 @@ def main(argv: list[str] | None = None) -> None:
         if {"criteo", "parquet"} & set(sources) and args.rows < cfg.data.global_batch_size:
             parser.error(
                 f"--rows {args.rows}: at least one global batch ({cfg.data.global_batch_size}) for criteo and parquet"
+            )
+        if "parquet" in sources and args.rows // cfg.data.global_batch_size <= _CACHED_ROW_GROUPS:
+            parser.error(
+                f"--rows {args.rows}: more than {_CACHED_ROW_GROUPS} global batches ({cfg.data.global_batch_size}) for "
+                f"parquet, else rank 0 rereads its row groups from the reader's cache of {_CACHED_ROW_GROUPS} decoded"
             )
         results = {}
         with tempfile.TemporaryDirectory(prefix="dlrm_bench_batches_") as tmp:  # the random day, removed at the end

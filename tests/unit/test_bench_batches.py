@@ -112,7 +112,7 @@ def test_the_parquet_day_gives_the_criteo_sources_batches(tmp_path, rank):
 
 def test_the_sources_at_the_mlperf_shape_report_against_the_target(tmp_path, capsys):
     out = tmp_path / "batches.json"
-    bench_batches.main(["--ranks", "2", "--rows", "256", "--warmup", "0", "--window", "1", "--windows", "2",
+    bench_batches.main(["--ranks", "2", "--rows", "640", "--warmup", "0", "--window", "1", "--windows", "2",
                         "--threads", "1", "--out", str(out), "data.global_batch_size=128"])  # fmt: skip
     result = json.loads(out.read_text())
     assert set(result) == {"synthetic", "criteo", "parquet"}
@@ -135,6 +135,7 @@ def test_the_sources_at_the_mlperf_shape_report_against_the_target(tmp_path, cap
         (["--windows", "0"], "--window, --windows, --rows >= 1"),
         (["--threads", "-1"], "--threads, --warmup must be >= 0"),
         (["--rows", "100"], "--rows 100: at least one global batch (65536)"),
+        (["--rows", "262144"], "--rows 262144: more than 4 global batches (65536) for parquet, else rank 0"),
     ],
 )
 def test_bad_options_exit_2(args, message, capsys):
