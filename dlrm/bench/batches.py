@@ -1,10 +1,11 @@
 """The data path alone: samples/s of the batch sources at a training shape, one GPU-feeding process.
 
-    python -m dlrm.bench.batches [--sources synthetic,criteo] [--threads N] [--rows N]
+    python -m dlrm.bench.batches [--sources synthetic,criteo,parquet] [--threads N] [--rows N]
                                       [--warmup N --window N --windows N] [--out F] [hydra overrides]
 
 Issue #27 asks for synthetic and multi-hot Criteo batches at >= 3M samples/s per GPU-feeding process
-(`--target`). The config is composed as for training, default `experiment=bench_dcnv2` (MLPerf
+(`--target`); issue #36 for the Parquet source at least as fast as the `.npy` loader on the same rows.
+The config is composed as for training, default `experiment=bench_dcnv2` (MLPerf
 DLRM-DCNv2: 26 tables, the multi-hot sizes of `data=criteo_1tb_multihot`, 214 ids per sample, global
 batch 65,536 on 8 ranks: 8,192 per rank). Each source is timed by `dlrm.bench.training --source-only`'s loop
 (rank 0's slice of `--ranks` ranks, median samples/s of `--windows` windows, samples per CPU-second),
@@ -15,7 +16,15 @@ on the host:
   (ids uniform below the model's table sizes) written to a new temporary directory and removed at
   the end, with the model's pooling as `multi_hot_sizes`: rows read from the memory-mapped files
   (in the page cache), ids expanded on the host in the loader's reader thread, what the training
-  thread receives.
+  thread receives;
+- parquet: `dlrm.data.parquet.ParquetSource` over the same rows, written once as one Parquet file
+  (`write_parquet_day`: snappy, row groups of one rank's batch) in the layout `data.source=parquet`
+  reads: 13 float32 dense columns, the 26 sparse ones holding the ids the criteo source gives the
+  model (an int column where the pooling is 1, else list<int> of the multi-hot ids), an int32 label;
+  decoded, checked and made into a KeyedJaggedTensor on the source's reader thread. `--rows` must
+  hold more than 4 global batches (the default: 6 at 65,536): the reader keeps its last 4 decoded row
+  groups, and rank 0 cycling through fewer would be timed from that cache.
+criteo and parquet read in file order (shuffle off), so they give the same batches.
 Prints one line per source and, with `--out`, writes the figures as JSON.
 """
 
@@ -23,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -34,7 +42,7 @@ from dlrm.errors import ArgumentParser, UserError, exit_on_user_error
 from dlrm.io import size_and_sha256, write_json_atomic
 
 TARGET_SAMPLES_PER_S = 3e6  # per GPU-feeding process: the data path's goal (about 1.8x the 1.7M a GPU trains)
-SOURCES = ("synthetic", "criteo")
+SOURCES = ("synthetic", "criteo", "parquet")
 
 
 def write_random_day(directory: Path, rows: int, table_rows: list[int], seed: int = 0) -> Path:
@@ -68,29 +76,85 @@ def write_random_day(directory: Path, rows: int, table_rows: list[int], seed: in
     return directory
 
 
-def measure(args: argparse.Namespace, cfg: Config, source: str) -> dict:
-    """`dlrm.bench.training.source_only` of one source of this config on the host (see the module docstring)."""
-    from dlrm.bench.training import source_only
+def write_parquet_day(day: Path, out: Path, pooling: list[int], table_rows: list[int], row_group_rows: int) -> Path:
+    """Day 0 of the preprocessed directory `day` written once as one Parquet file under `out` (pyarrow's
+    default writer, as `dlrm.data.convert`'s: snappy, dictionary pages), row groups of `row_group_rows`:
+    float32 I1..I13, C1..C26 as the ids `CriteoSource` gives the model (pooling 1: the int column;
+    more: list<int> of the multi-hot ids, (id + `multi_hot_offsets`) % rows in its order), int32 label."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dlrm.data.criteo.format import FIELD_NAMES, SPARSE_NAMES, day_paths
+    from dlrm.data.criteo.loader import multi_hot_offsets
+
+    arrays = {k: np.load(path, mmap_mode="r") for k, path in day_paths(str(day), 0).items()}
+    sparse, n = arrays["sparse"], len(arrays["labels"])
+    columns = {"label": pa.array(np.ascontiguousarray(arrays["labels"][:, 0]))}
+    columns |= {f"I{i + 1}": pa.array(np.ascontiguousarray(arrays["dense"][:, i])) for i in range(13)}
+    for c, (offsets, rows) in enumerate(zip(multi_hot_offsets(pooling, table_rows), table_rows, strict=True)):
+        ids = np.ascontiguousarray(sparse[:, c])
+        if offsets.size > 1:
+            values = ((ids[:, None].astype(np.int64) + offsets) % rows).astype(sparse.dtype).reshape(-1)
+            starts = np.arange(0, n * offsets.size + 1, offsets.size, dtype=np.int32)
+            ids = pa.ListArray.from_arrays(pa.array(starts), pa.array(values))
+        columns[SPARSE_NAMES[c]] = ids
+    out.mkdir(parents=True, exist_ok=True)
+    table = pa.table({name: columns[name] for name in FIELD_NAMES})
+    pq.write_table(table, out / "day_0.parquet", row_group_size=row_group_rows)
+    return out
+
+
+def use_random_day(cfg: Config, source: str, directory: Path, rows: int, row_group_rows: int) -> None:
+    """Point `cfg.data` at one day of `rows` random rows under `directory` for `source`: criteo, the
+    preprocessed day (`write_random_day`); parquet, the same rows as Parquet (`write_parquet_day`) in
+    the layout `data.source=parquet` reads. Each is written the first time it is asked for. Both are
+    read in file order (shuffle off: a shuffle only reorders whole batches or row groups), so the two
+    sources give the same batches and the same ids expanded from them."""
+    from dlrm.config import ParquetConfig, SparseColumnConfig
+    from dlrm.config.choices import SparseKind
+    from dlrm.data.criteo.format import SPARSE_NAMES
     from dlrm.data.loader import feature_layout
 
+    names, table_rows, pooling = feature_layout(cfg)
+    day = directory / "criteo"
+    if not (day / "manifest.json").exists():
+        day.mkdir(parents=True, exist_ok=True)
+        write_random_day(day, rows, table_rows)
     cfg.data.source = type(cfg.data.source)(source)  # the config's own type for it (a str enum)
+    if source == "criteo":
+        multi_hot = pooling if max(pooling) > 1 else None
+        cfg.data.criteo = CriteoConfig(
+            dir=str(day), train_days=[0], multi_hot_sizes=multi_hot, shuffle=False, verify_checksums=False
+        )
+        return
+    path = directory / "parquet"
+    if not path.exists():
+        write_parquet_day(day, path, pooling, table_rows, row_group_rows)
+    sparse = [
+        SparseColumnConfig(name=name, column=column, kind=SparseKind.ids if p > 1 else SparseKind.id)
+        for name, column, p in zip(names, SPARSE_NAMES, pooling, strict=True)
+    ]
+    dense = [f"I{i + 1}" for i in range(13)]
+    cfg.data.parquet = ParquetConfig(path=str(path), dense=dense, sparse=sparse, labels=["label"], shuffle=False)
+
+
+def measure(args: argparse.Namespace, cfg: Config, source: str, directory: Path, ranks: int) -> dict:
+    """`dlrm.bench.training.source_only` of one source of this config on the host (see the module
+    docstring); criteo and parquet read the random day under `directory`."""
+    from dlrm.bench.training import source_only
+
     timing = argparse.Namespace(
         ranks=args.ranks, device="cpu", threads=args.threads, warmup=args.warmup, window=args.window,
         windows=args.windows,
     )  # fmt: skip
     if source == "synthetic":
+        cfg.data.source = type(cfg.data.source)(source)
         cfg.data.synthetic.on_device = True  # made on `device`: the host here
         return source_only(timing, cfg)
-    _, rows, pooling = feature_layout(cfg)
-    tmp = Path(tempfile.mkdtemp(prefix="dlrm_bench_batches_"))
-    try:
-        write_random_day(tmp, args.rows, rows)
-        cfg.data.criteo = CriteoConfig(
-            dir=str(tmp), train_days=[0], multi_hot_sizes=pooling if max(pooling) > 1 else None, verify_checksums=False
-        )
-        return source_only(timing, cfg)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    use_random_day(cfg, source, directory, args.rows, cfg.data.global_batch_size // ranks)
+    result = source_only(timing, cfg)
+    result["bytes_on_disk"] = sum(f.stat().st_size for f in (directory / source).iterdir())
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -98,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sources", default=",".join(SOURCES), help=f"comma-separated, of {', '.join(SOURCES)}")
     parser.add_argument("--ranks", type=int, default=0, help="world size whose rank 0 is timed (0: the topology's)")
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: torch's default)")
-    parser.add_argument("--rows", type=int, default=262_144, help="rows of the random Criteo day")
+    parser.add_argument("--rows", type=int, default=393_216, help="rows of the random Criteo day (6 x 65,536)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed batches after the first")
     parser.add_argument("--window", type=int, default=10, help="batches per timed window")
     parser.add_argument("--windows", type=int, default=7, help="timed windows")
@@ -114,18 +178,31 @@ def main(argv: list[str] | None = None) -> None:
         if not any(o.startswith(("experiment=", "+experiment=")) for o in overrides):
             overrides = ["experiment=bench_dcnv2", *overrides]
         from dlrm.bench.training import compose_config
+        from dlrm.data.parquet import _CACHED_ROW_GROUPS
 
         cfg = compose_config(overrides)
         tp = cfg.topology
         ranks = args.ranks or tp.nodes * (tp.ranks_per_node or 1)
-        if "criteo" in sources and args.rows < cfg.data.global_batch_size:
-            parser.error(f"--rows {args.rows}: at least one global batch ({cfg.data.global_batch_size}) for criteo")
+        if cfg.data.global_batch_size % ranks:
+            parser.error(
+                f"--ranks {ranks}: data.global_batch_size={cfg.data.global_batch_size} must be divisible by it"
+            )
+        if {"criteo", "parquet"} & set(sources) and args.rows < cfg.data.global_batch_size:
+            parser.error(
+                f"--rows {args.rows}: at least one global batch ({cfg.data.global_batch_size}) for criteo and parquet"
+            )
+        if "parquet" in sources and args.rows // cfg.data.global_batch_size <= _CACHED_ROW_GROUPS:
+            parser.error(
+                f"--rows {args.rows}: more than {_CACHED_ROW_GROUPS} global batches ({cfg.data.global_batch_size}) for "
+                f"parquet, else rank 0 rereads its row groups from the reader's cache of {_CACHED_ROW_GROUPS} decoded"
+            )
         results = {}
-        for source in sources:
-            results[source] = result = measure(args, cfg, source)
-            result["target_samples_per_s"] = args.target
-            result["fraction_of_target"] = result["source_samples_per_s_per_rank"] / args.target
-            print(line(result, ranks), flush=True)
+        with tempfile.TemporaryDirectory(prefix="dlrm_bench_batches_") as tmp:  # the random day, removed at the end
+            for source in sources:
+                results[source] = result = measure(args, cfg, source, Path(tmp), ranks)
+                result["target_samples_per_s"] = args.target
+                result["fraction_of_target"] = result["source_samples_per_s_per_rank"] / args.target
+                print(line(result, ranks), flush=True)
     except Exception as e:
         exit_on_user_error(e, 0)
         raise

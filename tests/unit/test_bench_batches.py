@@ -1,10 +1,13 @@
 """The data path on the host: the multi-hot expansion, done in cache-sized blocks (the host's) or
 over all values at once (a GPU's), equals its definition bit for bit; the data-path benchmark
-(dlrm.bench.batches): its random Criteo day, both sources, its refusals."""
+(dlrm.bench.batches): its random Criteo day, the same rows as Parquet giving the same batches, the
+sources, its refusals."""
 
 import json
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -79,12 +82,40 @@ def test_the_random_day_is_a_valid_preprocessed_directory(tmp_path):
         bench_batches.write_random_day(tmp_path, 10, [10] * 3)
 
 
-def test_both_sources_at_the_mlperf_shape_report_against_the_target(tmp_path, capsys):
+@pytest.mark.parametrize("rank", [0, 1])
+def test_the_parquet_day_gives_the_criteo_sources_batches(tmp_path, rank):
+    """The random day written as Parquet (row groups of a rank's batch, list<int> of the multi-hot ids)
+    and read by ParquetSource gives, step by step, the batches CriteoSource makes from the .npy day:
+    the same dense features, labels, keys, ids (expanded) and lengths, into the next epoch."""
+    cfg = compose_config(["experiment=bench_dcnv2", "topology=cpu", "data.global_batch_size=96"])
+    rows, per_rank, steps = 3 * 96 + 40, 48, 4  # 3 global batches (the rest dropped); step 3 starts epoch 1
+    got = {}
+    for source in ("criteo", "parquet"):
+        bench_batches.use_random_day(cfg, source, tmp_path, rows, per_rank)
+        batches = make_source(cfg, torch.device("cpu")).batches("train", rank, 2)
+        got[source] = [next(batches) for _ in range(steps)]
+    parquet = pq.ParquetFile(tmp_path / "parquet" / "day_0.parquet")
+    assert parquet.metadata.num_rows == rows and parquet.metadata.num_row_groups == 7  # 48 rows each, one short
+    assert pa.types.is_list(parquet.schema_arrow.field("C21").type) and parquet.schema_arrow.field("C3").type == "int32"
+    _, _, pooling = feature_layout(cfg)
+    for step, (want, have) in enumerate(zip(got["criteo"], got["parquet"], strict=True)):
+        assert not isinstance(want, BaseIdBatch) and want.dense_features.shape == (per_rank, 13)
+        assert have.dense_features.dtype == torch.float32 and torch.equal(have.dense_features, want.dense_features)
+        assert have.labels.dtype == torch.float32 and torch.equal(have.labels, want.labels), step
+        w, h = want.sparse_features, have.sparse_features
+        assert h.keys() == w.keys() and h.values().dtype == w.values().dtype == torch.int32
+        assert torch.equal(h.values(), w.values()) and torch.equal(h.lengths().long(), w.lengths().long()), step
+        assert h.lengths().long().tolist() == [p for p in pooling for _ in range(per_rank)]  # 214 ids a sample
+    first, second = got["parquet"][0].sparse_features.values(), got["parquet"][1].sparse_features.values()
+    assert not torch.equal(first, second) and torch.equal(got["parquet"][3].sparse_features.values(), first)
+
+
+def test_the_sources_at_the_mlperf_shape_report_against_the_target(tmp_path, capsys):
     out = tmp_path / "batches.json"
-    bench_batches.main(["--ranks", "2", "--rows", "256", "--warmup", "0", "--window", "1", "--windows", "2",
+    bench_batches.main(["--ranks", "2", "--rows", "640", "--warmup", "0", "--window", "1", "--windows", "2",
                         "--threads", "1", "--out", str(out), "data.global_batch_size=128"])  # fmt: skip
     result = json.loads(out.read_text())
-    assert set(result) == {"synthetic", "criteo"}
+    assert set(result) == {"synthetic", "criteo", "parquet"}
     for source, r in result.items():
         assert r["source"] == source and r["device"] == "cpu" and r["samples_per_rank"] == 64
         assert r["ids_per_sample"] == 214 and r["features"] == 26  # MLPerf DLRM-DCNv2's multi-hot sizes
@@ -93,6 +124,8 @@ def test_both_sources_at_the_mlperf_shape_report_against_the_target(tmp_path, ca
     printed = capsys.readouterr().out
     assert "synthetic: 64 samples per process (2 ranks), 214 ids per sample, 1 thread(s): " in printed
     assert "criteo: 64 samples per process" in printed and "of 3M" in printed
+    assert "parquet: 64 samples per process (2 ranks), 214 ids per sample" in printed
+    assert result["criteo"]["bytes_on_disk"] > 0 and result["parquet"]["bytes_on_disk"] > 0
 
 
 @pytest.mark.parametrize(
@@ -102,6 +135,7 @@ def test_both_sources_at_the_mlperf_shape_report_against_the_target(tmp_path, ca
         (["--windows", "0"], "--window, --windows, --rows >= 1"),
         (["--threads", "-1"], "--threads, --warmup must be >= 0"),
         (["--rows", "100"], "--rows 100: at least one global batch (65536)"),
+        (["--rows", "262144"], "--rows 262144: more than 4 global batches (65536) for parquet, else rank 0"),
     ],
 )
 def test_bad_options_exit_2(args, message, capsys):
