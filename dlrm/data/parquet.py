@@ -528,10 +528,9 @@ class ParquetSource:
             flat = arr.flatten()
         else:
             lengths, flat = np.ones(len(arr), np.int64), arr
-        ends = np.cumsum(lengths)
 
-        def row_of(j: int) -> int:
-            return int(np.searchsorted(ends, j, side="right"))
+        def row_of(j: int) -> int:  # the row of the j-th id: for messages only (a cumsum per call)
+            return int(np.searchsorted(np.cumsum(lengths), j, side="right"))
 
         if flat.null_count:
             j = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
@@ -543,8 +542,8 @@ class ParquetSource:
             ids = hash_strings(flat) % rows
         else:
             ids = flat.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-            bad = (ids < 0) | (ids >= rows)
-            if bad.any():
+            if ids.size and (ids.min() < 0 or ids.max() >= rows):  # two reductions, no mask on the good path
+                bad = (ids < 0) | (ids >= rows)
                 if self.cfg.id_policy == IdPolicy.refuse:
                     j = int(np.flatnonzero(bad)[0])
                     raise ParquetValueError(
