@@ -87,8 +87,8 @@ def constraints(cfg: Config, world_size: int) -> dict[str, ParameterConstraints]
 
     The type is the pinned one; else, on one rank, table_wise: every type keeps the whole table on
     that rank, and table-wise does the least work per step (TorchRec's planner picks row_wise there,
-    which bucketizes every id for nothing); else the planner chooses, on CPU among TorchRec's own CPU
-    types (`auto_types`).
+    which bucketizes every id for nothing); else the planner chooses (`auto_types`; on CPU among
+    GLOO_AUTO_TYPES, one type for every table: `uniform_on_gloo`).
     """
     pinned = table_sharding(cfg.sharding, cfg.model)
     single = ["table_wise"] if world_size == 1 else None
