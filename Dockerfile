@@ -1,7 +1,7 @@
 # CUDA image of the DLRM trainer: PyTorch's own image, fbgemm-gpu, this package, then torchrec without deps.
 #   docker build -t dlrm .
 #   docker run --gpus all --ipc=host --ulimit memlock=-1 dlrm --standalone --nproc_per_node=8 -m dlrm.train topology=dgx_h100
-# The pins must agree with pyproject.toml and launch/setup.sh (tests/unit/test_launch.py checks them).
+# The pins must agree with pyproject.toml and launch/setup.sh (tests/launch/test_scripts.py checks them).
 # torch 2.13.0 and fbgemm-gpu 1.8.0 from PyPI are both CUDA 13.0 builds (torch requires cuda-toolkit 13.0.3,
 # fbgemm_gpu links libcudart.so.13), so the base image is PyTorch's CUDA 13.0 runtime image of the same torch.
 ARG TORCH_VERSION=2.13.0

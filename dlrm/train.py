@@ -117,7 +117,7 @@ def _run_job(composed: DictConfig, cfg: Config, world: World) -> None:
     run directory, `.hydra/`, `HydraConfig`, `hydra.job.env_set`, `hydra.callbacks`).
 
     Call inside `hydra_session`. Hydra's `Callbacks` is internal: the `@hydra.main` path builds it so;
-    tests/hostile/test_cli_errors.py (test_a_run_writes_hydra_records) catches a change.
+    tests/test_train_cli.py (test_a_run_writes_hydra_records) catches a change.
     """
     from hydra._internal.callbacks import Callbacks
     from hydra.core.global_hydra import GlobalHydra

@@ -27,7 +27,7 @@ did) holds per step: the command, exit code, wall seconds, the figures of the ru
 metrics.jsonl, passed and the reason; then not_available and the verdict. Each step's console output is
 in <out>/<step>.log; run directories (checkpoints) go under --work (default <out>/runs).
 --device cpu implies --quick: tiny steps and batches, the whole check in about a minute on 2 cores
-(tests/unit/test_gpu_check.py runs it so). Exit status: 0 when every step that ran passed, else 1.
+(tests/launch/test_gpu_check.py runs it so). Exit status: 0 when every step that ran passed, else 1.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def pytest_terminal_summary(terminalreporter):
 
 
 # Timing-sensitive checks (per-phase times against the wall clock) run after the families' launches.
-AFTER_THE_FAMILIES = ("tests/unit/test_observability.py",)
+AFTER_THE_FAMILIES = ("tests/trainer/test_observability.py",)
 
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection: only the selected tests count

@@ -62,7 +62,7 @@ class _FileSystem(FileSystem):
     drop theirs (the thread ends printing a traceback, its files are left out of the metadata and
     `dcp.save` succeeds), so on those threads an exception is noted and not raised (the thread goes on
     to the next file), and `RankWriter.write_data` raises the first; on the calling thread it
-    propagates as DCP expects. tests/unit/test_checkpoint_writer.py shows both, so a torch that
+    propagates as DCP expects. tests/checkpoint/test_writer.py shows both, so a torch that
     fixes it is noticed.
 
     Hashing the stream as it is written would save the read back, but depend on how DCP and
@@ -97,7 +97,7 @@ class RankWriter(FileSystemWriter):
     its safetensors path reads). TorchRec's fused tables are views of one buffer, which DCP clones
     before writing, so a save held a copy of the rank's tables at once: +150 MB of peak RSS for
     bench_cpu's 166 MB on one rank. A file per item frees each clone once written (one per thread
-    alive at once). tests/unit/test_checkpoint_writer.py shows the retention, so a torch that fixes
+    alive at once). tests/checkpoint/test_writer.py shows the retention, so a torch that fixes
     it is noticed.
     """
 

@@ -53,7 +53,7 @@ def traffic(tables: list[TablePlan], world: int, ranks_per_node: int, global_bat
       each); backward reversed (TorchRec's GridPooledEmbeddingDist, TwRwPooledEmbeddingDist).
     - data_parallel: no alltoall (its gradients are allreduced, see `allreduce_bytes`).
     Not modelled: the split sizes each KJT alltoall exchanges first (a few integers per rank pair).
-    tests/distributed/test_traffic.py counts TorchRec's actual collectives on 2 nodes x 2 ranks:
+    tests/comms/test_traffic.py counts TorchRec's actual collectives on 2 nodes x 2 ranks:
     the pooled bytes match exactly, ids and lengths to within those split sizes.
     Returns {"ids": T, "pooled_fwd": T, "pooled_bwd": T} (numpy arrays [world, world], diagonal 0;
     "ids" holds ids and lengths); with split=True also "reduce_scatter_in_node": the part of

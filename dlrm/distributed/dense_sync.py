@@ -52,7 +52,7 @@ def _registrable(hook, group: dist.ProcessGroup):
 
     DDP refuses hooks named bf16_compress_hook / bf16_compress_wrapper_hook unless CUDA with NCCL
     >= 2.10 is present (NCCL's bf16 support). Gloo reduces bf16 too (checked by
-    tests/distributed/test_precision.py), so on Gloo the same torch hook is registered
+    tests/distributed/test_precision_training.py), so on Gloo the same torch hook is registered
     through a delegate of another name; on NCCL torch's own check runs.
     """
     if dist.get_backend(group) != "gloo":

@@ -207,7 +207,7 @@ class LinkBandwidths(BasicCommsBandwidths):
     dlrm.comms.fit (0.18 GB/s; inter-node 2 GB/s untouched) it priced replication 22x too cheap and
     replicated every table of dlrm_small, for steps twice as slow. Here an allreduce on one node runs
     at the intra-node link, across nodes at the slower of it and the node's NICs (a ring crosses both).
-    tests/unit/test_plan.py notices a TorchRec that fixes its own.
+    tests/plan/test_planner.py notices a TorchRec that fixes its own.
     """
 
     def get_bw(self, local_world_size: int, world_size: int, collective_type: CollectiveType) -> float:

@@ -19,7 +19,7 @@ Library noise is handled at its source, never by muting our own loggers or warni
   dropped by message, so that its other warnings still show);
 - torch warns at backward that fbgemm's CPU lookup for data-parallel tables
   (`dense_embedding_codegen_lookup_function`) has no autograd kernel; its CPU kernel records its own
-  backward, so the gradients are right (tests/unit/test_observability.py checks them against
+  backward, so the gradients are right (tests/trainer/test_observability.py checks them against
   `nn.EmbeddingBag`): that one warning is ignored.
 """
 

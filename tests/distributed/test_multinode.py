@@ -8,13 +8,12 @@ import os
 import signal
 import subprocess
 import uuid
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import REPO_ROOT as ROOT
 from tests.helpers.harness import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120
 
 

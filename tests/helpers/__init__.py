@@ -6,3 +6,7 @@ equivalence: the small config of the equivalence tests and the sharded == unshar
 criteo: the real Criteo sample rows; criteo_data: a small preprocessed directory of them, and
 ways to damage it; checkpoints: a small real checkpoint and ways to damage it.
 """
+
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout: conf/, launch/, docs/

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO_ROOT as ROOT
+
 SAMPLE = Path(os.environ.get("CRITEO_SAMPLE", ROOT.parent / "shared" / "data" / "criteo_sample.tsv"))
 needs_sample = pytest.mark.skipif(not SAMPLE.exists(), reason=f"{SAMPLE} not found (set CRITEO_SAMPLE)")

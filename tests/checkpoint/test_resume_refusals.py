@@ -1,0 +1,79 @@
+"""Hostile checkpoints through `trainer.resume`: the trainer refuses before training, with one
+message naming the file (or the differing optimizer) and the fix, exit 2, on every rank alike."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dlrm.config.compose import compose
+from tests.helpers import REPO_ROOT as REPO
+from tests.helpers.checkpoints import NEW, OLD, ckpts, digests, flip, saved_checkpoints
+from tests.helpers.harness import launch
+from tests.helpers.workers import resume_error
+
+__all__ = ["ckpts", "saved_checkpoints"]  # fixtures
+
+RUN = [
+    "model=tiny",
+    "sharding=table_wise",
+    "data.global_batch_size=96",
+    "data.eval_batches=1",
+    "trainer.max_steps=6",
+    "trainer.progress=none",
+]
+
+
+def train_cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """`python -m dlrm.train` in one process (no torchrun)."""
+    return subprocess.run(
+        [sys.executable, "-m", "dlrm.train", *RUN, f"hydra.run.dir={tmp_path / 'run'}", *overrides],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def assert_one_error(result: subprocess.CompletedProcess, run_dir: Path, *names: str) -> None:
+    """Exit 2, one `error:` line naming `names`, no traceback, no training outputs."""
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    for name in names:
+        assert name in errors[0], (name, errors[0])
+    assert not (run_dir / "summary.json").exists() and not (run_dir / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_resume_from_a_corrupt_checkpoint_is_refused(ckpts, tmp_path):
+    before = digests(ckpts / OLD)
+    corrupt = ckpts / NEW / "__0_0.distcp"
+    flip(corrupt, corrupt.stat().st_size // 2)
+    result = train_cli(tmp_path, "optim=rowwise_adagrad", f"trainer.resume={ckpts / NEW}")
+    assert_one_error(result, tmp_path / "run", str(ckpts / NEW / "__0_0.distcp"), f"trainer.resume={ckpts / OLD}")
+    assert digests(ckpts / OLD) == before
+
+
+@pytest.mark.slow
+def test_resume_with_another_optimizer_is_refused(ckpts, tmp_path):
+    result = train_cli(tmp_path, "optim=sgd", f"trainer.resume={ckpts / NEW}")
+    assert_one_error(
+        result,
+        tmp_path / "run",
+        "optim.embedding.name: rowwise_adagrad in the checkpoint, sgd in this run",
+        "optim.dense.name: adagrad in the checkpoint, sgd in this run",
+        "resume with the same optim",
+    )
+
+
+@pytest.mark.slow
+def test_every_rank_refuses_alike(ckpts):
+    """Rank 1 hashes __1_0.distcp; both ranks raise its error (rank 0 is the one that prints)."""
+    flip(ckpts / NEW / "__1_0.distcp", 100)
+    cfg = compose([*RUN, "optim=rowwise_adagrad", f"trainer.resume={ckpts / NEW}"])
+    messages = launch(resume_error, 2, cfg)
+    assert messages[0] == messages[1] and f"{ckpts / NEW / '__1_0.distcp'} is corrupt" in messages[0]

@@ -1,0 +1,243 @@
+"""Kubernetes dry run: launch/k8s/render.py's PyTorchJob against the Hydra-composed topology config,
+the torchrun command its pods would run (launch/run_multinode.sh under DRY_RUN=1), and its refusals."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dlrm.config.compose import compose
+from tests.helpers import REPO_ROOT as ROOT
+
+RENDER = ROOT / "launch" / "k8s" / "render.py"
+_spec = importlib.util.spec_from_file_location("k8s_render", RENDER)
+render = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(render)
+
+
+def job_for(*argv: str) -> dict:
+    """The rendered manifest, parsed (the module's main, output to stdout)."""
+    args = render.parse_args(list(argv))
+    return yaml.safe_load(render.render(args, list(argv)))
+
+
+def container(job: dict, replica: str) -> dict:
+    (c,) = job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"]
+    return c
+
+
+def pod_torchrun(job: dict, replica: str, rank: int) -> list[str]:
+    """Run the pod's command here under DRY_RUN=1, with the env the operator and the manifest give it."""
+    c = container(job, replica)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "NCCL_", "GLOO_", "TORCH_NCCL"))}
+    for k in ("NNODES", "NODE_RANK", "RUN_DIR", "RDZV_ENDPOINT", "MASTER_ADDR", "MASTER_PORT", "NGPU"):
+        env.pop(k, None)
+    env.update({e["name"]: e["value"] for e in c["env"]})
+    name = job["metadata"]["name"]
+    env.update(DRY_RUN="1", RANK=str(rank), MASTER_ADDR=f"{name}-master-0", MASTER_PORT="29500")
+    r = subprocess.run(c["command"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    lines = [line[2:] for line in r.stderr.splitlines() if line.startswith("+ ")]
+    assert len(lines) == 1, r.stderr
+    return shlex.split(lines[0])
+
+
+def option(cmd: list[str], name: str) -> str:
+    (value,) = [a.split("=", 1)[1] for a in cmd if a.startswith(name + "=")]
+    return value
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_manifest_matches_the_topology_config(nodes):
+    overrides = ["topology=dgx_h100_multinode", f"topology.nodes={nodes}", "experiment=dcn_small"]
+    topo = compose(overrides).topology
+    job = job_for("--image", "registry.example/dlrm:1", "--name", "dcn", *overrides)
+    assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "PyTorchJob"
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    # one pod per node: the Master plus nodes-1 Workers
+    assert specs["Master"]["replicas"] == 1
+    assert specs["Master"]["replicas"] + specs["Worker"]["replicas"] == topo.nodes == nodes
+    elastic = job["spec"]["elasticPolicy"]
+    assert elastic["rdzvBackend"] == "c10d" and elastic["maxRestarts"] == 3
+    assert elastic["minReplicas"] == elastic["maxReplicas"] == topo.nodes
+    assert elastic["rdzvHost"] == "dcn-master-0" and elastic["rdzvPort"] == 29500
+    assert job["spec"]["nprocPerNode"] == str(topo.ranks_per_node)
+    for replica in ("Master", "Worker"):
+        c = container(job, replica)
+        assert c["name"] == "pytorch" and c["image"] == "registry.example/dlrm:1"
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == topo.ranks_per_node == 8
+        assert c["resources"]["limits"]["rdma/hca_shared_devices_a"] == 1
+        assert c["resources"]["requests"] == c["resources"]["limits"]
+        assert "IPC_LOCK" in c["securityContext"]["capabilities"]["add"]
+        assert {"name": "shm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+        pod = specs[replica]["template"]["spec"]
+        assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
+        assert "hostNetwork" not in pod
+    # the torchrun command each pod runs: the topology's nodes and ranks per node, c10d on the Master
+    for replica, rank in (("Master", 0), ("Worker", nodes - 1)):
+        cmd = pod_torchrun(job, replica, rank)
+        assert cmd[0] == "torchrun"
+        assert option(cmd, "--nnodes") == str(topo.nodes)
+        assert option(cmd, "--nproc_per_node") == str(topo.ranks_per_node)
+        assert option(cmd, "--node_rank") == str(rank)
+        assert option(cmd, "--rdzv_backend") == "c10d"
+        assert option(cmd, "--rdzv_endpoint") == "dcn-master-0:29500"
+        assert option(cmd, "--rdzv_id") == "dcn"
+        assert option(cmd, "--max-restarts") == "3"
+        assert cmd[cmd.index("-m") + 1 :] == ["dlrm.train", *overrides, "hydra.run.dir=outputs/dcn"]
+
+
+def test_pods_source_the_fabric_env_file():
+    job = job_for("topology=dgx_h100_multinode", "--fabric-env", "nccl_socket")
+    c = container(job, "Worker")
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["FABRIC_ENV"] == "nccl_socket" and env["DLRM_ACCEL"] == "cuda"
+    r = subprocess.run(
+        c["command"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env, "DRY_RUN": "1", "RANK": "1", "MASTER_ADDR": "m", "MASTER_PORT": "29500"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert "fabric env: launch/env/nccl_socket.sh" in r.stderr and "NCCL_IB_DISABLE=1" in r.stderr
+
+
+def test_cpu_topology_requests_no_gpu_and_uses_gloo():
+    overrides = ["topology=cpu_2x2"]
+    topo = compose(overrides).topology
+    job = job_for("--rdma-resource", "none", *overrides)
+    c = container(job, "Worker")
+    assert c["resources"]["limits"] == {}
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["FABRIC_ENV"] == "gloo_cpu" and env["DLRM_ACCEL"] == "cpu"
+    cmd = pod_torchrun(job, "Master", 0)
+    assert option(cmd, "--nnodes") == str(topo.nodes) and option(cmd, "--nproc_per_node") == str(topo.ranks_per_node)
+
+
+def test_launcher_sized_topology_takes_nproc_per_node_and_one_node_has_no_workers():
+    job = job_for("--nproc-per-node", "4", "topology=cpu")
+    assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"]
+    assert option(pod_torchrun(job, "Master", 0), "--nproc_per_node") == "4"
+
+
+def test_options_host_network_pvc_rdma_and_gpu_resource():
+    job = job_for(
+        "--host-network",
+        "--pvc",
+        "dlrm-outputs",
+        "--rdma-resource",
+        "nvidia.com/rdma_vf",
+        "--rdma-count",
+        "8",
+        "--gpu-resource",
+        "amd.com/gpu",
+        "--namespace",
+        "ml",
+        "--log-dir",
+        "outputs/logs",
+        "topology=dgx_h100_multinode",
+    )
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert {"name": "outputs", "persistentVolumeClaim": {"claimName": "dlrm-outputs"}} in pod["volumes"]
+    limits = container(job, "Worker")["resources"]["limits"]
+    assert limits == {"amd.com/gpu": 8, "nvidia.com/rdma_vf": 8}
+    assert job["metadata"]["namespace"] == "ml"
+    env = {e["name"]: e["value"] for e in container(job, "Master")["env"]}
+    assert env["PET_LOG_DIR"] == "outputs/logs" and env["PET_TEE"] == "3"
+
+
+def run_cli(*argv: str, out: Path | None = None) -> subprocess.CompletedProcess:
+    extra = ["--out", str(out)] if out else []
+    return subprocess.run([sys.executable, str(RENDER), *extra, *argv], capture_output=True, text=True, timeout=60)
+
+
+def test_cli_writes_the_manifest(tmp_path):
+    out = tmp_path / "job.yaml"
+    r = run_cli("topology=dgx_h100_multinode", "topology.nodes=3", out=out)
+    assert r.returncode == 0, r.stderr
+    job = yaml.safe_load(out.read_text())
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+
+
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (
+            ["--nodes", "3", "topology=dgx_h100_multinode"],
+            "--nodes=3 but topology 'dgx_h100_multinode' has 2 node.*pass topology.nodes=3 or --nodes=2",
+        ),
+        (["--nodes", "4", "topology=dgx_h100_multinode", "topology.nodes=2"], "pass topology.nodes=4 or --nodes=2"),
+        (
+            ["--nproc-per-node", "4", "topology=dgx_h100_multinode"],
+            "--nproc-per-node=4 but .* 8 ranks per node.*topology.ranks_per_node=4 or --nproc-per-node=8",
+        ),
+        (["topology=cpu"], "ranks_per_node=null.*pass --nproc-per-node=N or topology.ranks_per_node=N"),
+        (["topology=dgx_h100_multinode", "topology.nodes=0"], "'topology.nodes' = 0 is invalid: it must be a positive"),
+        (["topology=dgx_h100_multinode", "topology.nodes=two"], "'topology.nodes' is invalid: Value 'two'.*Integer"),
+        (["topology=nope"], "unknown option 'nope' for config group 'topology'; choose one of: .*dgx_h100"),
+        (["topology=dgx_h100", "trainer.max_step=3"], "unknown config key 'trainer.max_step'; did you mean"),
+        (["--fabric-env", "nccl_xx", "topology=dgx_h100"], "--fabric-env=nccl_xx: .*choose one of: .*nccl_ib"),
+        (["--name", "DLRM_job", "topology=dgx_h100"], "--name=DLRM_job is not a DNS-1123 label"),
+        (["--max-restarts", "-1", "topology=dgx_h100"], "--max-restarts=-1 is negative"),
+        # hostile: YAML smuggled through a newline, names that pass a `$`-anchored match
+        (["topology=dgx_h100", "trainer.max_steps=5\n---\nkind: Pod"], "control character '\\\\n'"),
+        (["--name", "dlrm\n", "topology=dgx_h100"], "control character|not a DNS-1123 label"),
+        (["--pvc", "data\n", "topology=dgx_h100"], "control character|not a valid claim name"),
+        (["--namespace", "team a", "topology=dgx_h100"], "--namespace='team a' is not a DNS-1123 label"),
+    ],
+)
+def test_refusals_name_the_key_and_the_fix_and_write_nothing(tmp_path, argv, match):
+    out = tmp_path / "job.yaml"
+    out.write_text("previous: manifest\n")  # a refused render leaves an existing file alone
+    r = run_cli(*argv, out=out)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert re.search(match, lines[0]), lines[0]
+    assert out.read_text() == "previous: manifest\n" and r.stdout == ""
+    assert [p.name for p in tmp_path.iterdir()] == ["job.yaml"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "x: 1",
+        "'quoted'",
+        '"double"',
+        "a #comment",
+        "[1, 2]",
+        "{k: v}",
+        "&anchor",
+        "*alias",
+        "--- doc",
+        "!!python/object",
+    ],
+)
+def test_any_printable_override_stays_one_string_of_one_document(value):
+    """Whatever printable text an override holds, it is either refused in one line (the config check
+    dlrm.train makes: Hydra cannot parse it, or it is not a string) or the manifest parses as one
+    PyTorchJob whose container args hold it verbatim: quoting is YAML's (safe_dump), never our own."""
+    argv = ["topology=dgx_h100", f"data.criteo.dir={value}"]
+    try:
+        text = render.render(render.parse_args(argv), argv)
+    except render.RenderError as e:
+        assert "\n" not in str(e) and ("cannot parse the override" in str(e) or "data.criteo.dir" in str(e)), e
+        return
+    docs = list(yaml.safe_load_all(text))
+    assert len(docs) == 1 and docs[0]["kind"] == "PyTorchJob"
+    assert f"data.criteo.dir={value}" in container(docs[0], "Master")["command"]
+
+
+def test_names_are_matched_whole():
+    assert render.NAME_RE.fullmatch("dlrm-dcn") and not render.NAME_RE.fullmatch("dlrm\n")
