@@ -26,8 +26,8 @@ from tests.helpers.workers import train_summary
 
 ROOT = PAIR.dir("diverging")
 EVERY_STEP = (f"checkpoint.dir={ROOT}", "checkpoint.every_steps=1", "checkpoint.keep=2", "optim=sgd")
-PAIR.add("diverging/good", train_summary, tiny(*EVERY_STEP, "trainer.max_steps=4"))
-PAIR.add(
+GOOD = PAIR.add("diverging/good", train_summary, tiny(*EVERY_STEP, "trainer.max_steps=4"))
+DIVERGED = PAIR.add(
     "diverging/diverged",  # the case: saved every step, the loss looked at every 5th only
     train_summary,
     tiny(
@@ -44,8 +44,8 @@ PAIR.add(
 
 @pytest.mark.slow
 def test_a_diverged_model_is_not_saved_and_the_last_good_checkpoint_is_finite(tmp_path):
-    PAIR["diverging/good"]
-    error = error_of(PAIR["diverging/diverged"])
+    GOOD.results()
+    error = error_of(DIVERGED.results())
     assert error.type == "NonFiniteCheckpointError", error
     assert "not checkpointed" in error.message and "hold NaN or inf" in error.message, error
     named = error.message.split("last good checkpoint: ")[1].split(". ")[0]

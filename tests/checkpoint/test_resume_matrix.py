@@ -41,18 +41,23 @@ def _dir(optimizer, pipeline, name):
     return PAIR.dir(f"matrix_{optimizer}_{pipeline}_{name}")
 
 
-for _o, _p in CASES:
-    _resume = f"trainer.resume={_dir(_o, _p, 'whole') / 'step_00000003'}"
-    PAIR.add(f"matrix/{_o}/{_p}/whole", train_losses, _cfg(_o, _p, "whole"))
-    PAIR.add(f"matrix/{_o}/{_p}/same", train_losses, _cfg(_o, _p, "same", _resume))
-    SINGLE.add(f"matrix/{_o}/{_p}/other", train_losses, _cfg(_o, _p, "other", _resume))
+def _whole_same_other(o, p):
+    """The uninterrupted run, its resume on the same 2 ranks and on 1 rank (another plan)."""
+    resume = f"trainer.resume={_dir(o, p, 'whole') / 'step_00000003'}"
+    return (
+        PAIR.add(f"matrix/{o}/{p}/whole", train_losses, _cfg(o, p, "whole")),
+        PAIR.add(f"matrix/{o}/{p}/same", train_losses, _cfg(o, p, "same", resume)),
+        SINGLE.add(f"matrix/{o}/{p}/other", train_losses, _cfg(o, p, "other", resume)),
+    )
+
+
+MATRIX = {case: _whole_same_other(*case) for case in CASES}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer, pipeline", CASES)
 def test_resumed_equals_uninterrupted(tmp_path, optimizer, pipeline):
-    key = f"matrix/{optimizer}/{pipeline}"
-    whole, same, other = PAIR[f"{key}/whole"][0], PAIR[f"{key}/same"][0], SINGLE[f"{key}/other"][0]
+    whole, same, other = (run.results()[0] for run in MATRIX[optimizer, pipeline])
     assert len(whole) == 6 and same == whole[3:]  # bit-exact: same maths, same order
     assert other == pytest.approx(whole[3:], rel=1e-5)
     final = {
@@ -96,13 +101,14 @@ def _moved(optimizer, name, *overrides):
     )
 
 
+MOVED_FROM, MOVED_TO = {}, {}  # (optimizer, source[, family, target]): the run that saved, the one that resumed
 for _o in STATEFUL:
     for _s in SOURCES:
-        PAIR.add(f"moved/{_o}/{_s}", train_losses, _moved(_o, _s, f"sharding={_s}"))
+        MOVED_FROM[_o, _s] = PAIR.add(f"moved/{_o}/{_s}", train_losses, _moved(_o, _s, f"sharding={_s}"))
     for _s, _family, _t in PLAN_CHANGES:
         _from = PAIR.dir(f"moved_{_o}_{_s}") / "step_00000003"
         _topology = "topology=cpu_2x2" if _family is TWO_NODES else "topology=cpu"
-        _family.add(
+        MOVED_TO[_o, _s, _family, _t] = _family.add(
             f"moved/{_o}/{_s}/{_t}",
             train_losses,
             _moved(_o, f"{_s}_to_{_family.name}_{_t}", f"sharding={_t}", _topology, f"trainer.resume={_from}"),
@@ -113,8 +119,8 @@ for _o in STATEFUL:
 @pytest.mark.parametrize("optimizer", STATEFUL)
 @pytest.mark.parametrize("source, family, target", PLAN_CHANGES, ids=[f"{s}-{f.name}-{t}" for s, f, t in PLAN_CHANGES])
 def test_a_resume_that_moves_tables_keeps_the_optimizer_state(tmp_path, optimizer, source, family, target):
-    whole = PAIR[f"moved/{optimizer}/{source}"][0]
-    resumed = family[f"moved/{optimizer}/{source}/{target}"][0]
+    whole = MOVED_FROM[optimizer, source].results()[0]
+    resumed = MOVED_TO[optimizer, source, family, target].results()[0]
     assert resumed == pytest.approx(whole[3:], rel=1e-5)
     root = PAIR.dir(f"moved_{optimizer}_{source}")
     expected = export(root / "step_00000006", tmp_path / "whole.pt")

@@ -43,22 +43,28 @@ def gather(results):
 RESHARDED = ((SINGLE, "row_wise"), (TWO_NODES, "row_wise"), (PAIR, "column_wise"))
 NAN_SKIP = tiny("sharding=row_wise", "trainer.pipeline=false", "trainer.on_nonfinite=skip")
 
-PAIR.add("ckpt/whole", train_and_report, ckpt_config(PAIR.dir("ckpt_a"), "sharding=table_wise", "checkpoint.keep=3"))
+WHOLE = PAIR.add(
+    "ckpt/whole", train_and_report, ckpt_config(PAIR.dir("ckpt_a"), "sharding=table_wise", "checkpoint.keep=3")
+)
 _AT_4 = PAIR.dir("ckpt_a") / "step_00000004"
-PAIR.add(
+RESUMED = PAIR.add(
     "ckpt/resumed", train_and_report, ckpt_config(PAIR.dir("ckpt_b"), "sharding=table_wise", f"trainer.resume={_AT_4}")
 )
-PAIR.add("ckpt/saved", train_summary, ckpt_config(PAIR.dir("ckpt_tw"), "sharding=table_wise"))
+SAVED = PAIR.add("ckpt/saved", train_summary, ckpt_config(PAIR.dir("ckpt_tw"), "sharding=table_wise"))
 _LAST = PAIR.dir("ckpt_tw") / "step_00000012"
+RESHARDED_RUNS = {}  # (family, sharding): an eval-only run of SAVED's last checkpoint on another plan
 for _family, _sharding in RESHARDED:
     _topology = "topology=cpu_2x2" if _family is TWO_NODES else "topology=cpu"
     _overrides = (f"sharding={_sharding}", _topology, f"trainer.resume={_LAST}", "trainer.eval_only=true")
     _cfg = ckpt_config(_family.dir("resharded"), *_overrides)
-    _family.add(f"ckpt/resharded/{_sharding}", summary_and_records, _cfg, _family.dir(f"resharded_run_{_sharding}"))
-PAIR.add("ckpt/export", train_and_report, ckpt_config(PAIR.dir("ckpt_c"), "sharding=row_wise"))
-PAIR.add("nan_batch", train_with_a_nan_batch, NAN_SKIP, 3, 1)
+    RESHARDED_RUNS[_family, _sharding] = _family.add(
+        f"ckpt/resharded/{_sharding}", summary_and_records, _cfg, _family.dir(f"resharded_run_{_sharding}")
+    )
+EXPORTED = PAIR.add("ckpt/export", train_and_report, ckpt_config(PAIR.dir("ckpt_c"), "sharding=row_wise"))
+NAN_BATCH = PAIR.add("nan_batch", train_with_a_nan_batch, NAN_SKIP, 3, 1)
+# INCOMPATIBLE resumes this run's checkpoint with a changed table.
 SINGLE.add("ckpt/four_steps", train_summary, ckpt_config(SINGLE.dir("ckpt_d"), "trainer.max_steps=4"))
-SINGLE.add(
+INCOMPATIBLE = SINGLE.add(
     "ckpt/incompatible",
     train_summary,
     ckpt_config(
@@ -68,8 +74,10 @@ SINGLE.add(
     ),
     expect_error=True,
 )
-SINGLE.add("nonfinite/first", train_summary, ckpt_config(SINGLE.dir("nonfinite"), "optim=sgd", "trainer.max_steps=4"))
-SINGLE.add(
+NONFINITE_FIRST = SINGLE.add(
+    "nonfinite/first", train_summary, ckpt_config(SINGLE.dir("nonfinite"), "optim=sgd", "trainer.max_steps=4")
+)
+NONFINITE_DIVERGED = SINGLE.add(
     "nonfinite/diverged",
     train_summary,
     ckpt_config(
@@ -81,7 +89,7 @@ SINGLE.add(
 
 @pytest.mark.slow
 def test_resume_equals_uninterrupted():
-    whole, resumed = PAIR["ckpt/whole"], PAIR["ckpt/resumed"]
+    whole, resumed = WHOLE.results(), RESUMED.results()
     assert resumed[0]["losses"] == whole[0]["losses"][4:]  # bit-exact: same maths, same order
     a, b = gather(whole), gather(resumed)
     for name in a:
@@ -92,11 +100,9 @@ def test_resume_equals_uninterrupted():
 @pytest.mark.slow
 @pytest.mark.parametrize("family, sharding", RESHARDED, ids=["1x1-row_wise", "2x2-row_wise", "1x2-column_wise"])
 def test_resharding_keeps_the_eval_loss(family, sharding):
-    saved = PAIR["ckpt/saved"][0]
-    loaded, records = (
-        family[f"ckpt/resharded/{sharding}"][0]["summary"],
-        family[f"ckpt/resharded/{sharding}"][0]["records"],
-    )
+    saved = SAVED.results()[0]
+    resharded = RESHARDED_RUNS[family, sharding].results()[0]
+    loaded, records = resharded["summary"], resharded["records"]
     assert loaded["eval_logloss"] == pytest.approx(saved["eval_logloss"], rel=1e-6)
     assert loaded["eval_auc"] == pytest.approx(saved["eval_auc"], rel=1e-6)
     # eval_only records its evaluation in metrics.jsonl too: a start at the checkpoint's step, then the eval.
@@ -108,7 +114,7 @@ def test_resharding_keeps_the_eval_loss(family, sharding):
 
 @pytest.mark.slow
 def test_export_is_the_unsharded_model(tmp_path):
-    results = PAIR["ckpt/export"]
+    results = EXPORTED.results()
     root = PAIR.dir("ckpt_c")
     assert sorted(p.name for p in root.iterdir()) == ["step_00000008", "step_00000012"]  # keep=2
     exported = export(root / "step_00000012", tmp_path / "model.pt")
@@ -173,14 +179,14 @@ def test_incomplete_checkpoints_are_ignored(tmp_path):
 
 @pytest.mark.slow
 def test_incompatible_checkpoint_is_refused():
-    error = error_of(SINGLE["ckpt/incompatible"])
+    error = error_of(INCOMPATIBLE.results())
     assert re.search(r"table t_C1: rows 100 in the checkpoint, 200 in this model", error.message), error
 
 
 @pytest.mark.slow
 def test_nonfinite_loss_stops_and_names_the_checkpoint():
-    SINGLE["nonfinite/first"]
-    error = error_of(SINGLE["nonfinite/diverged"])
+    NONFINITE_FIRST.results()
+    error = error_of(NONFINITE_DIVERGED.results())
     pattern = r"loss is (nan|inf) in steps 6\.\.6; last good checkpoint: .*step_00000004"
     assert re.search(pattern, error.message), error
 
@@ -260,6 +266,6 @@ def test_killed_rank_restarts_and_resumes(tmp_path):
 def test_nonfinite_batch_is_skipped_on_every_rank():
     """A NaN in rank 1's slice of batch 3: both ranks drop that batch, and training equals the
     unsharded model trained without it."""
-    results = PAIR["nan_batch"]
+    results = NAN_BATCH.results()
     assert [r["skipped"] for r in results] == [[4], [4]]  # 1-based step 4 = batch 3
     assert_matches_reference(results, *reference(NAN_SKIP, skip_batches=(3,)))

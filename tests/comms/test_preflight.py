@@ -10,7 +10,7 @@ from dlrm.comms import load_topology
 from dlrm.comms.preflight import expected_busbw_GBps, main, verdict
 from tests.helpers.families import PAIR
 
-PAIR.add(
+PREFLIGHT = PAIR.add(
     "preflight",
     main,
     ["--topology", "cpu", "--bytes", "64K", "--warmup", "1", "--iters", "2", "--out", str(PAIR.dir("pf"))],
@@ -55,7 +55,7 @@ def test_verdict_names_the_slow_scope_and_what_to_check():
 def test_two_ranks_measure_and_report():
     """2 Gloo ranks (the cpu topology): rank 0 returns the verdict it wrote; the figures are consistent
     (no assertion on speed: this machine's loopback is not the topology's promise)."""
-    passed, other = PAIR["preflight"]
+    passed, other = PREFLIGHT.results()
     assert other is None and passed in (True, False)
     report = json.loads((PAIR.dir("pf") / "preflight.json").read_text())
     assert report["passed"] is passed and report["backend"] == "gloo" and report["topology"] == "cpu"

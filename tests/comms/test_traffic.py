@@ -40,12 +40,12 @@ GRID = Overrides(
     *(f"model.tables.{i}.dim=256" for i in range(4)),
     "model.bottom_mlp=[16,256]",
 )
-TWO_NODES.add("traffic", measured_traffic, 2, MIXED, GRID)
+TRAFFIC = TWO_NODES.add("traffic", measured_traffic, 2, MIXED, GRID)
 
 
 @pytest.mark.slow
 def test_modelled_bytes_equal_torchrecs_collectives_per_rank_pair():
-    per_rank = TWO_NODES["traffic"]
+    per_rank = TRAFFIC.results()
 
     for i, overrides in enumerate((MIXED, GRID)):
         tables = per_rank[0][i]["tables"]

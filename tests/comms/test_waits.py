@@ -33,7 +33,7 @@ def slow_rank_summary(cfg, slow_rank: int, sleep_s: float) -> dict:
     return trainer.train()
 
 
-PAIR.add(
+SLOW_RANK_1 = PAIR.add(
     "comm_waits/slow_rank_1",
     slow_rank_summary,
     Overrides(
@@ -55,7 +55,7 @@ PAIR.add(
 
 @pytest.mark.slow
 def test_the_wait_lands_on_the_fast_rank_and_names_the_slow_one():
-    summary, _ = PAIR["comm_waits/slow_rank_1"]
+    summary, _ = SLOW_RANK_1.results()
     b = summary["step_breakdown"]
     assert b["slowest_rank"] == 1, b
     late = b["waited_for_rank_s"]

@@ -40,18 +40,16 @@ DCN_DIMS = tiny(  # t_C2 of dim 4 among dim-8 tables: the cross net over the con
     "model.tables.1.dim=4",
 )
 
-PAIR.add("fp32/table_wise", train_and_report, FP32)
-PAIR.add("tasks2/mean_column_wise", train_and_report, TASKS_MEAN)
-PAIR.add("dcn/unequal_dims", train_and_report, DCN_DIMS)
-for _sharding in SHARDINGS[1:]:
-    PAIR.add(f"fp32/{_sharding}", train_and_report, tiny(f"sharding={_sharding}"))
-PAIR.add("fp32/table_wise/seed1", train_and_report, tiny("sharding=table_wise", "seed=1"))
-PAIR.add("fp32/table_wise/plain", train_and_report, tiny("sharding=table_wise", "trainer.pipeline=false"))
-PAIR.add("bf16_dense", train_and_report, tiny("sharding=table_wise", "trainer.dense_precision=bf16"))
-PAIR.add("dp_optim/table_wise", train_and_report, tiny("sharding=table_wise", *DP_OPTIMS))
-PAIR.add("dp_optim/data_parallel", train_and_report, tiny("sharding=data_parallel", *DP_OPTIMS))
-for _name, _overrides in COMPILED.items():  # Inductor per rank: ~30-60 s each; test_model checks compile in-process
-    LONG_PAIR.add(f"compiled/{_name}", train_and_report, _overrides)
+SHARDED = {s: PAIR.add(f"fp32/{s}", train_and_report, tiny(f"sharding={s}")) for s in SHARDINGS}  # FP32 first
+TASKS_MEAN_RUN = PAIR.add("tasks2/mean_column_wise", train_and_report, TASKS_MEAN)
+DCN_DIMS_RUN = PAIR.add("dcn/unequal_dims", train_and_report, DCN_DIMS)
+OTHER_SEED = PAIR.add("fp32/table_wise/seed1", train_and_report, tiny("sharding=table_wise", "seed=1"))
+NO_PIPELINE = PAIR.add("fp32/table_wise/plain", train_and_report, tiny("sharding=table_wise", "trainer.pipeline=false"))
+BF16_DENSE = PAIR.add("bf16_dense", train_and_report, tiny("sharding=table_wise", "trainer.dense_precision=bf16"))
+DP_OPTIM_TABLE_WISE = PAIR.add("dp_optim/table_wise", train_and_report, tiny("sharding=table_wise", *DP_OPTIMS))
+DP_OPTIM_REPLICATED = PAIR.add("dp_optim/data_parallel", train_and_report, tiny("sharding=data_parallel", *DP_OPTIMS))
+# Inductor per rank: ~30-60 s each; tests/models/test_dlrm.py checks compile in-process
+COMPILED_RUNS = {name: LONG_PAIR.add(f"compiled/{name}", train_and_report, o) for name, o in COMPILED.items()}
 
 
 @pytest.mark.slow
@@ -60,7 +58,7 @@ def test_two_ranks_equal_one_process(sharding):
     overrides = tiny(f"sharding={sharding}")
     ref_losses, _ = reference(overrides)
     assert ref_losses[-1] < ref_losses[0], "the reference must learn, or the test proves little"
-    results = PAIR[f"fp32/{sharding}"]
+    results = SHARDED[sharding].results()
     cfg = compose(list(overrides))
     planned = {row["table"]: row["sharding_type"] for row in results[0]["plan"]}
     expected = {t.name: cfg.sharding.per_table.get(t.name, cfg.sharding.strategy) for t in cfg.model.tables}
@@ -70,7 +68,7 @@ def test_two_ranks_equal_one_process(sharding):
 
 @pytest.mark.slow
 def test_two_tasks_and_a_mean_pooled_sharded_table_equal_one_process():
-    results = PAIR["tasks2/mean_column_wise"]
+    results = TASKS_MEAN_RUN.results()
     assert {row["table"]: row["sharding_type"] for row in results[0]["plan"]}["t_C4"] == "column_wise"
     matches(results, TASKS_MEAN)
     summary = results[0]["summary"]
@@ -84,25 +82,25 @@ def test_two_tasks_and_a_mean_pooled_sharded_table_equal_one_process():
 def test_dcn_over_tables_of_different_dims_equals_one_process():
     ref_losses, _ = reference(DCN_DIMS)
     assert ref_losses[-1] < ref_losses[0]
-    matches(PAIR["dcn/unequal_dims"], DCN_DIMS)
+    matches(DCN_DIMS_RUN.results(), DCN_DIMS)
 
 
 @pytest.mark.slow
 def test_a_different_start_is_detected():
     """The comparison has teeth: another seed on the ranks must not match the reference."""
     with pytest.raises(AssertionError):
-        matches(PAIR["fp32/table_wise/seed1"], FP32)
+        matches(OTHER_SEED.results(), FP32)
 
 
 @pytest.mark.slow
 def test_non_pipelined_two_ranks_equal_one_process():
-    matches(PAIR["fp32/table_wise/plain"], tiny("sharding=table_wise", "trainer.pipeline=false"))
+    matches(NO_PIPELINE.results(), tiny("sharding=table_wise", "trainer.pipeline=false"))
 
 
 @pytest.mark.slow
 def test_bf16_dense_precision_trains_close_to_fp32():
-    fp32 = PAIR["fp32/table_wise"][0]["losses"]
-    bf16 = PAIR["bf16_dense"][0]["losses"]
+    fp32 = SHARDED["table_wise"].results()[0]["losses"]
+    bf16 = BF16_DENSE.results()[0]["losses"]
     assert bf16 != fp32, "autocast must change the arithmetic"
     assert bf16 == pytest.approx(fp32, rel=2e-2)
 
@@ -111,7 +109,7 @@ def test_bf16_dense_precision_trains_close_to_fp32():
 def test_data_parallel_tables_get_the_embedding_optimizer_and_schedule():
     """Data-parallel tables (replicated, outside the fused kernels) train like table-wise ones
     (fbgemm's fused row-wise Adagrad): same optimizer, lr and warmup, not the dense optimizer's."""
-    fused, replicated = PAIR["dp_optim/table_wise"], PAIR["dp_optim/data_parallel"]
+    fused, replicated = DP_OPTIM_TABLE_WISE.results(), DP_OPTIM_REPLICATED.results()
     assert replicated[0]["losses"] == pytest.approx(fused[0]["losses"], rel=1e-5, abs=1e-6)
 
     def whole(results):  # each table is whole on one rank (table-wise) or on every rank (replicated)
@@ -128,4 +126,4 @@ def test_data_parallel_tables_get_the_embedding_optimizer_and_schedule():
 @pytest.mark.parametrize("interaction", sorted(COMPILED))
 def test_compiled_dense_arch_trains_as_the_eager_reference(interaction):
     """trainer.compile_dense (Inductor) computes the MLPs and the interaction as eager PyTorch does."""
-    matches(LONG_PAIR[f"compiled/{interaction}"], COMPILED[interaction])
+    matches(COMPILED_RUNS[interaction].results(), COMPILED[interaction])

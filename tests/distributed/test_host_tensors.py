@@ -19,12 +19,12 @@ COMMON = (
     "trainer.progress=none",
     "checkpoint.every_steps=4",
 )
-PAIR.add(
+PIPELINED = PAIR.add(
     "host_tensors/pipelined",
     train_under_host_tensor_guard,
     Overrides(*COMMON, f"checkpoint.dir={PAIR.dir('host_tensors_pipelined')}"),
 )
-PAIR.add(
+PLAIN = PAIR.add(
     "host_tensors/plain",
     train_under_host_tensor_guard,
     Overrides(
@@ -34,7 +34,7 @@ PAIR.add(
         "trainer.on_nonfinite=skip",
     ),
 )
-TWO_NODES.add(
+HIERARCHICAL = TWO_NODES.add(
     "host_tensors/hierarchical",
     train_under_host_tensor_guard,
     Overrides(
@@ -44,13 +44,13 @@ TWO_NODES.add(
         "trainer.dense_allreduce=hierarchical",
     ),
 )
-JOBS = {"pipelined": PAIR, "plain": PAIR, "hierarchical": TWO_NODES}
+JOBS = {"pipelined": PIPELINED, "plain": PLAIN, "hierarchical": HIERARCHICAL}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("job", sorted(JOBS))
 def test_no_collective_of_ours_gets_a_host_tensor(job):
-    for rank, result in enumerate(JOBS[job][f"host_tensors/{job}"]):
+    for rank, result in enumerate(JOBS[job].results()):
         assert result["steps"] == 8
         assert result["violations"] == [], f"rank {rank}: host tensors NCCL would refuse: {result['violations']}"
         assert result["checked"] >= 8, result  # the guard saw our collectives (log, breakdown, eval, ...)

@@ -33,38 +33,42 @@ def _resumable(name, *overrides):
     )
 
 
-PAIR.add("local_sgd/period1", train_and_report, tiny("sharding=table_wise", *LOCAL, "trainer.sync_period=1"))
-for _sharding in ("table_wise", "data_parallel"):
-    PAIR.add(
-        f"local_sgd/agree/{_sharding}",
+PERIOD_ONE = PAIR.add(
+    "local_sgd/period1", train_and_report, tiny("sharding=table_wise", *LOCAL, "trainer.sync_period=1")
+)
+AGREE = {
+    sharding: PAIR.add(
+        f"local_sgd/agree/{sharding}",
         dense_after_each_step,
-        tiny(f"sharding={_sharding}", *LOCAL, "trainer.sync_period=4"),
+        tiny(f"sharding={sharding}", *LOCAL, "trainer.sync_period=4"),
     )
-PAIR.add(
+    for sharding in ("table_wise", "data_parallel")
+}
+WARMUP = PAIR.add(
     "local_sgd/warmup",
     dense_after_each_step,
     tiny(*LOCAL, "trainer.sync_period=2", "trainer.local_sgd_warmup_steps=4"),
 )
-PAIR.add("local_sgd/count/sync", count_allreduces, tiny(*COUNTED))
-PAIR.add("local_sgd/count/local", count_allreduces, tiny(*COUNTED, *LOCAL, "trainer.sync_period=4"))
-LONG_PAIR.add("main_job/sync", train_summary, Overrides(*QUIET))
-LONG_PAIR.add("main_job/local_sgd", train_summary, Overrides(*QUIET, *LOCAL, "trainer.sync_period=4"))
-PAIR.add("local_sgd/resume/whole", train_losses, _resumable("local_whole"))
+COUNT_SYNC = PAIR.add("local_sgd/count/sync", count_allreduces, tiny(*COUNTED))
+COUNT_LOCAL = PAIR.add("local_sgd/count/local", count_allreduces, tiny(*COUNTED, *LOCAL, "trainer.sync_period=4"))
+MAIN_JOB_SYNC = LONG_PAIR.add("main_job/sync", train_summary, Overrides(*QUIET))
+MAIN_JOB_LOCAL = LONG_PAIR.add("main_job/local_sgd", train_summary, Overrides(*QUIET, *LOCAL, "trainer.sync_period=4"))
+WHOLE = PAIR.add("local_sgd/resume/whole", train_losses, _resumable("local_whole"))
 _AT_4 = PAIR.dir("local_whole") / "step_00000004"
-PAIR.add("local_sgd/resume/same", train_losses, _resumable("local_same", f"trainer.resume={_AT_4}"))
+RESUMED = PAIR.add("local_sgd/resume/same", train_losses, _resumable("local_same", f"trainer.resume={_AT_4}"))
 
 
 @pytest.mark.slow
 def test_period_one_equals_synchronous_training():
     """With SGD, averaging the weights after every local step is averaging the gradients."""
-    matches(PAIR["local_sgd/period1"], tiny("sharding=table_wise"))
+    matches(PERIOD_ONE.results(), tiny("sharding=table_wise"))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding", ["table_wise", "data_parallel"])
 def test_ranks_agree_right_after_each_averaging_step_only(sharding):
     """The replicated weights (the MLPs; with data_parallel, the tables too) drift apart between averagings."""
-    r0, r1 = PAIR[f"local_sgd/agree/{sharding}"]
+    r0, r1 = AGREE[sharding].results()
     assert len(r0["steps"]) == STEPS == 8
     for step, (a, b) in enumerate(zip(r0["steps"], r1["steps"], strict=True), start=1):
         if step % 4 == 0:
@@ -76,7 +80,7 @@ def test_ranks_agree_right_after_each_averaging_step_only(sharding):
 
 @pytest.mark.slow
 def test_warmup_steps_are_synchronous():
-    r0, r1 = PAIR["local_sgd/warmup"]
+    r0, r1 = WARMUP.results()
     agree = [bool(torch.equal(a, b)) for a, b in zip(r0["steps"], r1["steps"], strict=True)]
     assert agree == [True, True, True, True, False, True, False, True]
 
@@ -85,7 +89,7 @@ def test_warmup_steps_are_synchronous():
 def test_allreduces_drop_by_the_period_and_the_run_ends_averaged():
     """10 steps, H=4: averages after steps 4 and 8, and once more at the end (step 10 is not an
     averaging step), instead of DDP's allreduce of the gradients in each of the 10 backward passes."""
-    sync, local = PAIR["local_sgd/count/sync"], PAIR["local_sgd/count/local"]
+    sync, local = COUNT_SYNC.results(), COUNT_LOCAL.results()
     print(f"allreduces in 10 steps: synchronous {sync[0]['allreduces']}, local SGD H=4 {local[0]['allreduces']}")
     other = local[0]["allreduces"] - 3  # the trainer's own (the logged loss)
     assert other >= 0, local[0]
@@ -98,7 +102,7 @@ def test_allreduces_drop_by_the_period_and_the_run_ends_averaged():
 @pytest.mark.long
 def test_default_job_with_period_four_reaches_the_synchronous_auc():
     """The main job (model=dlrm_small, 200 steps, 2 ranks): local SGD every 4 steps loses < 0.005 AUC."""
-    sync, local = LONG_PAIR["main_job/sync"][0], LONG_PAIR["main_job/local_sgd"][0]
+    sync, local = MAIN_JOB_SYNC.results()[0], MAIN_JOB_LOCAL.results()[0]
     print(f"eval AUC: synchronous {sync['eval_auc']:.5f}, local SGD H=4 {local['eval_auc']:.5f}")
     assert sync["eval_auc"] > 0.6, "the synthetic task must be learnt, or the comparison says little"
     assert abs(local["eval_auc"] - sync["eval_auc"]) < 0.005
@@ -108,7 +112,7 @@ def test_default_job_with_period_four_reaches_the_synchronous_auc():
 def test_resumed_equals_uninterrupted(tmp_path):
     """Saved at an averaging step (4) after the warm-up, resumed to step 7 (not one: the run ends
     with an average): the resume restores the hook's and the averager's step counts."""
-    whole, same = PAIR["local_sgd/resume/whole"][0], PAIR["local_sgd/resume/same"][0]
+    whole, same = WHOLE.results()[0], RESUMED.results()[0]
     assert len(whole) == 7 and same == whole[4:]
     final = {
         name: export(PAIR.dir(f"local_{name}") / "step_00000007", tmp_path / f"{name}.pt") for name in ("whole", "same")

@@ -55,45 +55,48 @@ def _into_fp16(name, *overrides):
 
 
 # The fp32 baselines (shared with test_equivalence: the same jobs).
-for _sharding in ("table_wise", "row_wise"):
-    PAIR.add(f"fp32/{_sharding}", train_and_report, tiny(f"sharding={_sharding}"))
-PAIR.add("fp16_tables/table_wise", train_and_report, tiny("sharding=table_wise", "model.embedding_precision=fp16"))
-PAIR.add("fp16_tables/row_wise", train_and_report, tiny("sharding=row_wise", "model.embedding_precision=fp16"))
-PAIR.add("fp16_resume/whole", train_and_report, _fp16_resume("fp16_whole"))
+FP32 = {s: PAIR.add(f"fp32/{s}", train_and_report, tiny(f"sharding={s}")) for s in ("table_wise", "row_wise")}
+FP16_TABLES = {
+    s: PAIR.add(f"fp16_tables/{s}", train_and_report, tiny(f"sharding={s}", "model.embedding_precision=fp16"))
+    for s in ("table_wise", "row_wise")
+}
+FP16_WHOLE = PAIR.add("fp16_resume/whole", train_and_report, _fp16_resume("fp16_whole"))
 _AT_4 = PAIR.dir("fp16_whole") / "step_00000004"
-PAIR.add("fp16_resume/again", train_and_report, _fp16_resume("fp16_again", f"trainer.resume={_AT_4}"))
-PAIR.add("into_fp16/fp32", train_and_report, _into_fp16("into_fp32"))
+FP16_RESUMED = PAIR.add("fp16_resume/again", train_and_report, _fp16_resume("fp16_again", f"trainer.resume={_AT_4}"))
+INTO_FP32 = PAIR.add("into_fp16/fp32", train_and_report, _into_fp16("into_fp32"))
 _INTO_AT_4 = PAIR.dir("into_fp32") / "step_00000004"
-PAIR.add(
+INTO_FP16 = PAIR.add(
     "into_fp16/fp16",
     train_and_report,
     _into_fp16("into_fp16", "model.embedding_precision=fp16", f"trainer.resume={_INTO_AT_4}"),
 )
-for _s, _f, _b in QCOMMS:
-    PAIR.add(
-        f"qcomms/{_s}/{_f}/{_b}",
+QCOMMS_RUNS = {
+    (s, f, b): PAIR.add(
+        f"qcomms/{s}/{f}/{b}",
         train_and_report,
-        tiny(f"sharding={_s}", f"sharding.qcomms_forward={_f}", f"sharding.qcomms_backward={_b}"),
+        tiny(f"sharding={s}", f"sharding.qcomms_forward={f}", f"sharding.qcomms_backward={b}"),
     )
-for _p in ("bf16", "fp16"):
-    PAIR.add(f"hook/{_p}", compressed_gradients, _p, 1, 2)
-    PAIR.add(
-        f"compressed_dense/{_p}",
-        train_and_report,
-        tiny("sharding=table_wise", f"trainer.dense_allreduce_precision={_p}"),
+    for s, f, b in QCOMMS
+}
+HOOK = {p: PAIR.add(f"hook/{p}", compressed_gradients, p, 1, 2) for p in ("bf16", "fp16")}
+COMPRESSED_DENSE = {
+    p: PAIR.add(
+        f"compressed_dense/{p}", train_and_report, tiny("sharding=table_wise", f"trainer.dense_allreduce_precision={p}")
     )
-TWO_NODES.add("hook/bf16/hierarchical", compressed_gradients, "bf16", 2, 2)
+    for p in ("bf16", "fp16")
+}
+HOOK_HIERARCHICAL = TWO_NODES.add("hook/bf16/hierarchical", compressed_gradients, "bf16", 2, 2)
 
 _G = np.random.default_rng(0)
 LABELS = (_G.random(2 * 500) < 0.4).astype(np.float32)
 LOGITS = (_G.integers(0, 7, 2 * 500) + LABELS).astype(np.float32)  # many ties across the two slices
 _BOTH = torch.from_numpy(np.stack([LOGITS, LABELS]))
 _ONE_CLASS = torch.stack([torch.arange(8.0), torch.ones(8)])
-PAIR.add("score/slices", score_slices, [_BOTH[:, :500], _BOTH[:, 500:]])
-PAIR.add("score/one_class", score_slices, [_ONE_CLASS[:, :4], _ONE_CLASS[:, 4:]])
+SCORE_SLICES = PAIR.add("score/slices", score_slices, [_BOTH[:, :500], _BOTH[:, 500:]])
+SCORE_ONE_CLASS = PAIR.add("score/one_class", score_slices, [_ONE_CLASS[:, :4], _ONE_CLASS[:, 4:]])
 EVAL4 = tiny("sharding=table_wise", "data.eval_batches=4")
-PAIR.add("eval4", train_summary, EVAL4)
-SINGLE.add("eval4", train_summary, EVAL4)
+EVAL4_TWO_RANKS = PAIR.add("eval4", train_summary, EVAL4)
+EVAL4_ONE_RANK = SINGLE.add("eval4", train_summary, EVAL4)
 
 
 def _within_rounding(seen, locals_, u, roundings):
@@ -116,8 +119,8 @@ def _close_but_not_equal(losses, reference, precision):
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding", ["table_wise", "row_wise"])
 def test_fp16_tables_train_close_to_fp32(sharding):
-    fp32 = PAIR[f"fp32/{sharding}"]
-    fp16 = PAIR[f"fp16_tables/{sharding}"]
+    fp32 = FP32[sharding].results()
+    fp16 = FP16_TABLES[sharding].results()
     _close_but_not_equal(fp16[0]["losses"], fp32[0]["losses"], "fp16")
     for rank in range(2):
         for name, pieces in fp16[rank]["pieces"].items():
@@ -133,7 +136,7 @@ def test_fp16_tables_train_close_to_fp32(sharding):
 def test_fp16_tables_resume_and_export(tmp_path):
     """Row-wise Adagrad (fp32 state in fbgemm) with fp16 weights: a resume continues exactly, and the
     export holds the fp16 tables, which the rebuilt unsharded model runs."""
-    whole, resumed = PAIR["fp16_resume/whole"], PAIR["fp16_resume/again"]
+    whole, resumed = FP16_WHOLE.results(), FP16_RESUMED.results()
     assert resumed[0]["losses"] == whole[0]["losses"][4:]
     exported = export(PAIR.dir("fp16_again") / "step_00000008", tmp_path / "model.pt")
     for result in resumed:
@@ -151,7 +154,7 @@ def test_fp16_tables_resume_and_export(tmp_path):
 @pytest.mark.slow
 def test_an_fp32_checkpoint_resumes_into_fp16_tables():
     """The precision may change at a resume: DCP casts the saved fp32 tables into the fp16 ones."""
-    whole, resumed = PAIR["into_fp16/fp32"], PAIR["into_fp16/fp16"]
+    whole, resumed = INTO_FP32.results(), INTO_FP16.results()
     _close_but_not_equal(resumed[0]["losses"], whole[0]["losses"][4:], "fp16")
     tables = [piece for name, pieces in resumed[0]["pieces"].items() if TABLES in name for _, piece in pieces]
     assert tables and all(t.dtype == torch.float16 for t in tables)
@@ -163,8 +166,8 @@ def test_an_fp32_checkpoint_resumes_into_fp16_tables():
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding, forward, backward", QCOMMS)
 def test_quantized_embedding_comms_train_close_to_fp32(sharding, forward, backward):
-    fp32 = PAIR[f"fp32/{sharding}"][0]["losses"]
-    _close_but_not_equal(PAIR[f"qcomms/{sharding}/{forward}/{backward}"][0]["losses"], fp32, "fp16")
+    fp32 = FP32[sharding].results()[0]["losses"]
+    _close_but_not_equal(QCOMMS_RUNS[sharding, forward, backward].results()[0]["losses"], fp32, "fp16")
 
 
 # --- compressed dense allreduce ------------------------------------------------------------------------
@@ -175,7 +178,7 @@ def test_quantized_embedding_comms_train_close_to_fp32(sharding, forward, backwa
 def test_compression_hook_gives_the_rounded_mean(precision):
     """Flat (torch's bf16/fp16_compress_hook): the optimizer sees exactly each rank's gradient rounded
     to the format, halved and summed there, cast back; not the fp32 mean."""
-    results = PAIR[f"hook/{precision}"]
+    results = HOOK[precision].results()
     mean = torch.stack(results[0]["locals"]).mean(0)
     for r in results:
         assert r["hooked"] == 1
@@ -188,7 +191,7 @@ def test_compression_hook_gives_the_rounded_mean(precision):
 def test_compression_composes_with_the_hierarchical_allreduce():
     """2 nodes x 2 ranks, bf16: the three steps ran in bf16 (every gradient is a bf16 value), and
     the result is the mean within bf16 rounding, the same on every rank."""
-    results = TWO_NODES["hook/bf16/hierarchical"]
+    results = HOOK_HIERARCHICAL.results()
     mean = torch.stack(results[0]["locals"]).mean(0)
     for r in results:
         assert r["hooked"] == 1
@@ -201,8 +204,8 @@ def test_compression_composes_with_the_hierarchical_allreduce():
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_compressed_dense_allreduce_trains_close_to_fp32(precision):
-    fp32 = PAIR["fp32/table_wise"][0]["losses"]
-    _close_but_not_equal(PAIR[f"compressed_dense/{precision}"][0]["losses"], fp32, precision)
+    fp32 = FP32["table_wise"].results()[0]["losses"]
+    _close_but_not_equal(COMPRESSED_DENSE[precision].results()[0]["losses"], fp32, precision)
 
 
 # --- evaluation on rank 0 ----------------------------------------------------------------------------
@@ -210,17 +213,17 @@ def test_compressed_dense_allreduce_trains_close_to_fp32(precision):
 
 @pytest.mark.slow
 def test_rank0_scores_every_slice_and_every_rank_gets_the_result():
-    results = PAIR["score/slices"]
+    results = SCORE_SLICES.results()
     assert results[0] == results[1]
     assert results[0]["samples"] == 1000
     assert results[0]["auc"] == pytest.approx(numpy_auc(LOGITS, LABELS), abs=1e-12)
     expected_logloss = torch.nn.functional.binary_cross_entropy_with_logits(_BOTH[0], _BOTH[1]).item()
     assert results[0]["logloss"] == pytest.approx(expected_logloss, rel=1e-6)
-    assert PAIR["score/one_class"][1]["auc"] is None
+    assert SCORE_ONE_CLASS.results()[1]["auc"] is None
 
 
 @pytest.mark.slow
 def test_two_ranks_evaluate_like_one_process():
-    (one,), two = SINGLE["eval4"], PAIR["eval4"]
+    (one,), two = EVAL4_ONE_RANK.results(), EVAL4_TWO_RANKS.results()
     assert two[0]["eval_auc"] == two[1]["eval_auc"] == pytest.approx(one["eval_auc"], abs=1e-5)
     assert two[0]["eval_logloss"] == pytest.approx(one["eval_logloss"], rel=1e-5)

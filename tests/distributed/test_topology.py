@@ -25,15 +25,14 @@ def _overrides(sharding, allreduce):
     return tiny("topology=cpu_2x2", f"sharding={sharding}", f"trainer.dense_allreduce={allreduce}")
 
 
-TWO_NODES.add("layout", process_group_layout, 2, 2)
-TWO_NODES.add("hierarchical_vs_flat", hierarchical_vs_flat, 2, 2)
-for _sharding, _allreduce in CASES:
-    TWO_NODES.add(f"2x2/{_sharding}/{_allreduce}", train_and_report, _overrides(_sharding, _allreduce))
+LAYOUT = TWO_NODES.add("layout", process_group_layout, 2, 2)
+HIERARCHICAL_VS_FLAT = TWO_NODES.add("hierarchical_vs_flat", hierarchical_vs_flat, 2, 2)
+RUNS = {case: TWO_NODES.add(f"2x2/{case[0]}/{case[1]}", train_and_report, _overrides(*case)) for case in CASES}
 
 
 @pytest.mark.slow
 def test_process_groups_follow_the_topology():
-    for rank, layout in enumerate(TWO_NODES["layout"]):
+    for rank, layout in enumerate(LAYOUT.results()):
         node, local = divmod(rank, 2)
         assert layout["intra_node"] == [2 * node, 2 * node + 1]
         assert layout["inter_node"] == [local, 2 + local]
@@ -41,7 +40,7 @@ def test_process_groups_follow_the_topology():
 
 @pytest.mark.slow
 def test_hierarchical_allreduce_equals_flat():
-    assert max(TWO_NODES["hierarchical_vs_flat"]) < 1e-6
+    assert max(HIERARCHICAL_VS_FLAT.results()) < 1e-6
 
 
 @pytest.mark.slow
@@ -49,7 +48,7 @@ def test_hierarchical_allreduce_equals_flat():
 def test_two_nodes_of_two_ranks_equal_one_process(sharding, allreduce):
     overrides = _overrides(sharding, allreduce)
     cfg = compose(list(overrides))
-    results = TWO_NODES[f"2x2/{sharding}/{allreduce}"]
+    results = RUNS[sharding, allreduce].results()
     planned = {row["table"]: row["sharding_type"] for row in results[0]["plan"]}
     assert planned == {t.name: cfg.sharding.per_table.get(t.name, cfg.sharding.strategy) for t in cfg.model.tables}
     matches(results, overrides)

@@ -44,7 +44,7 @@ FIXTURE_READS["saved_checkpoints"] = PAIR  # its tests run after the family, as 
 def saved_checkpoints() -> Path:
     """checkpoints/{step_00000002, step_00000004} of a 2-rank run, a job of the PAIR family (read-only:
     tests copy it)."""
-    PAIR[SAVED]
+    SAVED.results()
     root = PAIR.dir("saved_checkpoints")
     assert sorted(p.name for p in root.iterdir()) == [OLD, NEW]
     return root

@@ -1,10 +1,16 @@
 """Scenario families: the distributed tests' jobs grouped by launch shape, each family run in ONE launch.
 
-A test module registers its jobs when it is imported (`PAIR.add(key, fn, *args)`); the first test
-that reads a result (`PAIR[key]`: one value per rank) runs every job registered in that family, in
-registration order, in one elastic launch, and later tests read the cached results. So the session
-pays the ~6 CPU-seconds of imports per rank once per family instead of once per test, and a baseline
-that several tests compare against (the fp32 table-wise run) trains once.
+A test module declares its runs beside the tests that read them:
+
+    RESUMED = PAIR.add("ckpt/resumed", train_and_report, overrides)   # a Scenario: fn(*args) on each rank
+
+    def test_resume_is_exact():
+        whole, resumed = WHOLE.results(), RESUMED.results()           # one value per rank
+
+The first `results()` of a family runs every scenario declared in it, in declaration order, in one
+elastic launch, and later tests read the cached results. So the session pays the ~6 CPU-seconds of
+imports per rank once per family instead of once per test, and a baseline that several tests compare
+against (the fp32 table-wise run) trains once. The key names the run in failures and timings.
 
 Arguments of type `Overrides` are composed into a Config in the parent when the family runs (not at
 import: collection stays fast). `Family.dir(name)` is a directory for one job's files (checkpoints),
@@ -54,16 +60,16 @@ class Family:
         self._lock = threading.Lock()  # run() once, also when prefetched on another thread
         self._prepared: list[Job] | None = None
 
-    def add(self, key: str, fn, *args, expect_error: bool = False) -> str:
-        """Register fn(*args) on every rank under `key`; returns the key. Modules may register the
-        same job (a shared baseline) under one key; another job under a taken key is an error."""
+    def add(self, key: str, fn, *args, expect_error: bool = False) -> Scenario:
+        """Declare fn(*args) on every rank, named `key`. Modules may declare the same job (a shared
+        baseline) under one key; another job under a taken key is an error."""
         job = (fn, args, expect_error)
         if key in self.jobs:
             assert self.jobs[key] == job, f"{self.name}: two different jobs named {key!r}"
-            return key
-        assert self.results is None, f"{self.name}: job {key!r} registered after the family ran"
+            return Scenario(self, key)
+        assert self.results is None, f"{self.name}: job {key!r} declared after the family ran"
         self.jobs[key] = job
-        return key
+        return Scenario(self, key)
 
     def dir(self, name: str) -> Path:
         """A directory path (not created) for one job's files, unique to this family."""
@@ -102,11 +108,21 @@ class Family:
         self.seconds["(launch)"] = time.perf_counter() - start
         self.results = {key: [result for result, _ in ranks] for key, ranks in zip(self.jobs, per_job, strict=True)}
 
-    def __getitem__(self, key: str) -> list:
-        """The job's result on every rank, in rank order (a JobError where it raised, with expect_error)."""
-        self.run()
-        assert self.results is not None
-        return self.results[key]
+
+class Scenario:
+    """One run declared in a family; `results()` launches the family once and reads this run's share."""
+
+    def __init__(self, family: Family, key: str) -> None:
+        self.family, self.key = family, key
+
+    def results(self) -> list:
+        """fn's value on every rank, in rank order (a JobError where it raised, with expect_error)."""
+        self.family.run()
+        assert self.family.results is not None
+        return self.family.results[self.key]
+
+    def __repr__(self) -> str:
+        return f"Scenario({self.family.name}/{self.key})"
 
 
 def prefetch(families: list[Family]) -> threading.Thread:
@@ -130,9 +146,22 @@ def prefetch(families: list[Family]) -> threading.Thread:
 
 
 def families_read_by(fn) -> list[Family]:
-    """The families a test function reads (the module globals its code names)."""
-    names = set(fn.__code__.co_names)
-    return [f for name, f in fn.__globals__.items() if name in names and isinstance(f, Family)]
+    """The families a test function reads: the module globals its code names that are scenarios (or a
+    dict, list or tuple of them) or families."""
+    found: list[Family] = []
+
+    def visit(value, depth: int = 0) -> None:
+        if isinstance(value, Family | Scenario):
+            family = value if isinstance(value, Family) else value.family
+            if family not in found:
+                found.append(family)
+        elif isinstance(value, dict | list | tuple) and depth < 2:
+            for v in value.values() if isinstance(value, dict) else value:
+                visit(v, depth + 1)
+
+    for name in fn.__code__.co_names:
+        visit(fn.__globals__.get(name))
+    return found
 
 
 def error_of(results: list) -> JobError:

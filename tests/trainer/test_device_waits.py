@@ -29,12 +29,14 @@ JOBS = {
     "plain": ("trainer.pipeline=false",),
     "skip": ("trainer.pipeline=false", "trainer.on_nonfinite=skip"),
 }
-for _job, _overrides in JOBS.items():
-    PAIR.add(
-        f"syncs/{_job}",
+COUNTED_RUNS = {
+    job: PAIR.add(
+        f"syncs/{job}",
         train_counting_syncs,
-        Overrides(*COMMON, *_overrides, f"checkpoint.dir={PAIR.dir(f'syncs_{_job}')}"),
+        Overrides(*COMMON, *overrides, f"checkpoint.dir={PAIR.dir(f'syncs_{job}')}"),
     )
+    for job, overrides in JOBS.items()
+}
 
 
 def ours(result: dict, steps) -> list[dict]:
@@ -46,7 +48,7 @@ def ours(result: dict, steps) -> list[dict]:
 @pytest.mark.parametrize("job", ["pipelined", "plain"])
 def test_a_step_with_nothing_due_never_waits_for_the_device(job):
     assert FREE == [1, 2, 5, 7]
-    for rank, result in enumerate(PAIR[f"syncs/{job}"]):
+    for rank, result in enumerate(COUNTED_RUNS[job].results()):
         assert result["steps"] == STEPS
         assert ours(result, FREE) == [], f"rank {rank}: host waits on steps with nothing due"
         # The counter is not blind: the waits that are due are seen, at their steps only.
@@ -59,7 +61,7 @@ def test_a_step_with_nothing_due_never_waits_for_the_device(job):
 @pytest.mark.parametrize("job", sorted(JOBS))
 def test_batches_go_to_the_device_without_blocking(job):
     """The training step's and the evaluation's copies of a batch (pinned on a GPU) never block."""
-    for rank, result in enumerate(PAIR[f"syncs/{job}"]):
+    for rank, result in enumerate(COUNTED_RUNS[job].results()):
         copies = [s for s in result["syncs"] if s["ours"] and "copy" in s["kind"]]
         batch_copies = [s for s in copies if s["where"].endswith((" train_step", " evaluate"))]
         assert batch_copies == [], f"rank {rank}: {batch_copies}"
@@ -67,7 +69,7 @@ def test_batches_go_to_the_device_without_blocking(job):
 
 @pytest.mark.slow
 def test_skipping_nonfinite_losses_waits_once_per_step():
-    for rank, result in enumerate(PAIR["syncs/skip"]):
+    for rank, result in enumerate(COUNTED_RUNS["skip"].results()):
         waits = ours(result, FREE)
         assert [(s["step"], s["kind"]) for s in waits] == [(s, "item") for s in FREE], f"rank {rank}: {waits}"
         assert all(s["where"].endswith(" train_step") for s in waits)

@@ -13,7 +13,7 @@ from tests.helpers import REPO_ROOT as REPO
 from tests.helpers.families import PAIR
 from tests.helpers.workers import ranges_ending_after_the_profiler_stops
 
-PAIR.add("profiler_stop", ranges_ending_after_the_profiler_stops, 40)
+PROFILER_STOP = PAIR.add("profiler_stop", ranges_ending_after_the_profiler_stops, 40)
 
 
 @pytest.mark.slow
@@ -21,7 +21,7 @@ def test_no_thread_records_while_a_profiled_step_stops():
     """DDP's all-reduce completes its future before Gloo's thread ends the work's profiler range: without
     `end_gloo_ranges` about one profiled step in five stopped the profiler while that thread still wrote
     into it (issue 40's aborted rank was reading such a profile). Every range ends before the stop."""
-    assert PAIR["profiler_stop"] == [0, 0]
+    assert PROFILER_STOP.results() == [0, 0]
 
 
 @pytest.mark.slow

@@ -12,9 +12,9 @@ from tests.helpers.workers import train_and_report
 
 EVAL_EVERY = 3  # evaluations after steps 3 and 6 of the 8 (and at the end)
 MID_RUN = tiny(f"trainer.eval_every_steps={EVAL_EVERY}")
-PAIR.add("pipeline_eval/end_only", train_and_report, tiny("trainer.eval_every_steps=0"))
-PAIR.add("pipeline_eval/mid_run", train_and_report, MID_RUN)
-PAIR.add("pipeline_eval/stand_in", train_with_stand_in_pipeline, MID_RUN)
+END_ONLY = PAIR.add("pipeline_eval/end_only", train_and_report, tiny("trainer.eval_every_steps=0"))
+WITH_MID_RUN_EVALS = PAIR.add("pipeline_eval/mid_run", train_and_report, MID_RUN)
+STAND_IN_PIPELINE = PAIR.add("pipeline_eval/stand_in", train_with_stand_in_pipeline, MID_RUN)
 
 
 def assert_same_training(results, baseline):
@@ -28,15 +28,15 @@ def assert_same_training(results, baseline):
 
 @pytest.mark.slow
 def test_a_mid_run_evaluation_leaves_the_training_as_without_it():
-    baseline = PAIR["pipeline_eval/end_only"]
+    baseline = END_ONLY.results()
     assert len(baseline[0]["losses"]) == 8
-    assert_same_training(PAIR["pipeline_eval/mid_run"], baseline)
-    assert_same_training(PAIR["pipeline_eval/stand_in"], baseline)
+    assert_same_training(WITH_MID_RUN_EVALS.results(), baseline)
+    assert_same_training(STAND_IN_PIPELINE.results(), baseline)
 
 
 @pytest.mark.slow
 def test_the_pipeline_is_empty_at_each_evaluation_and_attached_after_it():
-    for rank, result in enumerate(PAIR["pipeline_eval/stand_in"]):
+    for rank, result in enumerate(STAND_IN_PIPELINE.results()):
         calls = result["calls"]
         detaches = [i for i, (name, _) in enumerate(calls) if name == "detach"]
         assert len(detaches) == 4, calls  # after steps 3, 6 and 8, and for the final weights

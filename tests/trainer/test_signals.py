@@ -127,13 +127,13 @@ def test_ranks_end_with_a_killed_launcher(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
-PAIR.add("stalled_rank", collective_failures_of_a_stalled_rank, 1.0)
+STALLED_RANK = PAIR.add("stalled_rank", collective_failures_of_a_stalled_rank, 1.0)
 
 
 @pytest.mark.slow
 def test_a_collective_timeout_is_one_line_naming_the_setting():
     """Gloo's timeout and the lost peer it leaves behind, as dlrm.train prints them (exit 3, one line)."""
-    first, second = PAIR["stalled_rank"]
+    first, second = STALLED_RANK.results()
     assert first is not None and first.startswith("failed: a collective waited 1 s (trainer.collective_timeout_s)")
     assert second is not None and second.startswith("failed: "), second
 
