@@ -58,3 +58,24 @@ def test_numpy_made_tensors_and_list_collectives_are_checked(group):
         dist.all_to_all(out, [torch.ones(3)], group=group)  # the input made without a device
         dist.reduce_scatter(torch.empty(3, device=torch.device("cpu")), [torch.ones(3)], group=group)
     assert [v[0] for v in guard.violations] == ["all_reduce", "all_to_all", "reduce_scatter"], guard.violations
+
+
+def test_tensors_made_on_other_threads_are_tracked(group):
+    """The mode is per thread: a batch built on the prefetch thread is marked as on the main thread."""
+    import threading
+
+    made = {}
+
+    def build():
+        made["host"] = torch.ones(3)  # as a batch is built, without a device
+        made["device"] = torch.ones(3, device=torch.device("cpu"))
+
+    with HostTensorGuard(checked_prefix="tests.") as guard:
+        worker = threading.Thread(target=build)
+        worker.start()
+        worker.join()
+        dist.all_reduce(made["host"], group=group)
+        dist.all_reduce(made["device"], group=group)
+        dist.all_reduce(made["host"].to(torch.device("cpu")), group=group)  # moved to the training device
+    assert [v[0] for v in guard.violations] == ["all_reduce"], guard.violations
+    assert threading.Thread.run.__name__ == "run"  # restored on exit

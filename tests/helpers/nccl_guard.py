@@ -11,6 +11,11 @@ every tensor is on the host, so the device alone cannot tell. `HostTensorGuard` 
 - a collective called from `dlrm` code with a host-made tensor is recorded as a violation (the
   guard does not raise inside the collective: the test reads `violations` and names each call).
 
+Torch function modes are per thread: the guard also enters the mode in every Python thread started
+while it is active (the prefetch thread builds batches there), so their tensors are marked alike.
+Autograd's own device threads are C++ threads it cannot enter; on CPU, backward runs on the calling
+thread.
+
 Collectives that TorchRec and torch call themselves are not checked (on GPU they use device
 tensors); nor are the object collectives (`all_gather_object`, ...), which torch moves to the
 current device itself.
@@ -19,6 +24,7 @@ current device itself.
 from __future__ import annotations
 
 import sys
+import threading
 import traceback
 import weakref
 from collections.abc import Callable
@@ -131,7 +137,18 @@ class HostTensorGuard(TorchFunctionMode):
         self._mark_host(t)
         return t
 
+    def _run_guarded(self, thread: threading.Thread) -> None:
+        """A thread's run() inside this mode (the mode stack is per thread)."""
+        TorchFunctionMode.__enter__(self)
+        try:
+            self._real_thread_run(thread)
+        finally:
+            TorchFunctionMode.__exit__(self, None, None, None)
+
     def __enter__(self) -> HostTensorGuard:
+        self._real_thread_run = threading.Thread.run
+        guard = self
+        threading.Thread.run = lambda thread: guard._run_guarded(thread)  # type: ignore[method-assign]
         for name in COLLECTIVES:
             self._originals[name] = getattr(dist, name)
             setattr(dist, name, self._wrap(name))
@@ -142,6 +159,7 @@ class HostTensorGuard(TorchFunctionMode):
 
     def __exit__(self, *exc) -> None:
         super().__exit__(*exc)
+        threading.Thread.run = self._real_thread_run  # type: ignore[method-assign]
         torch.from_numpy = self._real_from_numpy  # type: ignore[assignment]
         for name, original in self._originals.items():
             setattr(dist, name, original)
