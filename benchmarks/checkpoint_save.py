@@ -1,4 +1,4 @@
-"""The checkpointer's save (`dlrm.checkpoint.Checkpointer.save`) against a plain `dcp.save` of the same state.
+"""The checkpointer's save and load (`dlrm.checkpoint.Checkpointer`) against plain `dcp.save` / `dcp.load`.
 
     python benchmarks/checkpoint_save.py                  # 2 ranks, 2 GB of tables in all, 2 rounds
     python benchmarks/checkpoint_save.py --gb 0.2 --rounds 1   # a quick run
@@ -8,14 +8,17 @@ buffer (as TorchRec's fused tables are: DCP clones such a view before writing it
 own (each rank writes its own). In each round every variant runs in fresh processes (2 Gloo ranks,
 torch.multiprocessing), in the listed order in odd rounds and reversed in even ones:
 
-- `dcp`: `dcp.save(state, checkpoint_id=dir)`, torch's default writer (one file per rank, 1 thread);
-- `ours`: `Checkpointer.save` (the non-finite check, DCP's write, the digests, manifest.json, the rename).
+- `dcp`: `dcp.save(state, checkpoint_id=dir)`, torch's default writer (one file per rank, 1 thread),
+  then `dcp.load` of it into zeroed tables;
+- `ours`: `Checkpointer.save` (the non-finite check, DCP's write, the digests, manifest.json, the rename),
+  then `Checkpointer.load` (the manifest, each rank's share of the sizes and digests, DCP's read).
+  Both loads are checked to give back the saved rows exactly.
 
 Each rank sets malloc as the trainer does (`dlrm.trainer.malloc`) and one intra-op thread (as torchrun
 does for several ranks), as a save in a training process runs.
-Prints, per round and variant, the save's wall time (rank 0, barrier to return) and the peak RSS of the
-busiest rank, with the RSS before the save; then medians and `ours`' ratios to `dcp` of the same
-round. `--threads N` overrides the checkpointer's writer threads (`WRITER_THREADS`) to compare counts.
+Prints, per round and variant, the save's and the load's wall time (rank 0, barrier to return) and the
+peak RSS of the busiest rank during the save, with the RSS before it; then medians and `ours`' ratios to
+`dcp` of the same round. `--threads N` overrides the checkpointer's writer threads (`WRITER_THREADS`) to compare counts.
 """
 
 from __future__ import annotations
@@ -68,14 +71,28 @@ def rank_main(rank: int, args: argparse.Namespace, variant: str, port: int, wher
     before = rss_mib()
     dist.barrier()
     start = time.perf_counter()
+    ours = Checkpointer(Path(where), 2, pg, rank == 0)  # type: ignore[arg-type]
     if variant == "dcp":
         dcp.save(state, checkpoint_id=Path(where) / "plain", process_group=pg)
     else:
-        Checkpointer(Path(where), 2, pg, rank == 0).save(1, state, {})  # type: ignore[arg-type]
+        saved = ours.save(1, state, {})
     dist.barrier()
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
-    Path(where, f"rank{rank}.json").write_text(json.dumps({"s": seconds, "peak": peak, "before": before}))
+    expected = {name: t.clone() for name, t in state["model"].items()}
+    for t in state["model"].values():
+        t.zero_()
+    dist.barrier()
+    start = time.perf_counter()
+    if variant == "dcp":
+        dcp.load(state, checkpoint_id=Path(where) / "plain", process_group=pg)
+    else:
+        ours.load(saved, state, {"model": {}})
+    dist.barrier()
+    load_s = time.perf_counter() - start
+    assert all(torch.equal(state["model"][name], t) for name, t in expected.items()), "the load lost rows"
+    result = {"s": seconds, "load_s": load_s, "peak": peak, "before": before}
+    Path(where, f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
 
@@ -89,7 +106,7 @@ def one_run(args: argparse.Namespace, variant: str) -> dict:
         ranks = [json.loads(Path(where, f"rank{r}.json").read_text()) for r in range(args.ranks)]
         files = sum(1 for p in Path(where).rglob("*") if p.is_file()) - args.ranks
         busiest = max(ranks, key=lambda r: r["peak"])
-        return {"s": ranks[0]["s"], "peak": busiest["peak"], "before": busiest["before"], "files": files}
+        return {**ranks[0], "peak": busiest["peak"], "before": busiest["before"], "files": files}
     finally:
         shutil.rmtree(where, ignore_errors=True)
 
@@ -109,7 +126,8 @@ def main() -> None:
             run = one_run(args, variant)
             runs[variant].append(run)
             print(
-                f"round {n + 1} {variant:4}: {run['s']:6.2f} s, peak RSS {run['peak']:7.0f} MiB "
+                f"round {n + 1} {variant:4}: save {run['s']:6.2f} s, load {run['load_s']:6.2f} s, "
+                f"peak RSS {run['peak']:7.0f} MiB "
                 f"(before the save {run['before']:.0f}), {run['files']} files",
                 flush=True,
             )
@@ -117,13 +135,16 @@ def main() -> None:
     for variant in VARIANTS:
         rs = runs[variant]
         print(
-            f"  {variant:4}: {statistics.median(r['s'] for r in rs):6.2f} s, "
+            f"  {variant:4}: save {statistics.median(r['s'] for r in rs):6.2f} s, "
+            f"load {statistics.median(r['load_s'] for r in rs):6.2f} s, "
             f"peak RSS {statistics.median(r['peak'] for r in rs):7.0f} MiB"
         )
     time_ratio = [o["s"] / d["s"] for o, d in zip(runs["ours"], runs["dcp"], strict=True)]
+    load_ratio = [o["load_s"] / d["load_s"] for o, d in zip(runs["ours"], runs["dcp"], strict=True)]
     rss_ratio = [o["peak"] / d["peak"] for o, d in zip(runs["ours"], runs["dcp"], strict=True)]
     print(
-        f"  ours / dcp: time {statistics.median(time_ratio):.2f}x ({min(time_ratio):.2f}-{max(time_ratio):.2f}), "
+        f"  ours / dcp: save {statistics.median(time_ratio):.2f}x ({min(time_ratio):.2f}-{max(time_ratio):.2f}), "
+        f"load {statistics.median(load_ratio):.2f}x ({min(load_ratio):.2f}-{max(load_ratio):.2f}), "
         f"peak RSS {statistics.median(rss_ratio):.2f}x ({min(rss_ratio):.2f}-{max(rss_ratio):.2f})"
     )
 
