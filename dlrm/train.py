@@ -131,10 +131,11 @@ def _run_job(composed: DictConfig, cfg: Config, world: World) -> None:
     locks = _start(cfg, task_part(composed), run_dir, world, list(composed.hydra.overrides.task))
     try:
         callbacks = Callbacks(composed)
-        callbacks.on_run_start(config=composed, config_name="config")
+        config_name = composed.hydra.job.config_name  # -cn, as Hydra recorded it
+        callbacks.on_run_start(config=composed, config_name=config_name)
         context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
         done = run_job(lambda _: _job(cfg, world), composed, "hydra.run.dir", None, context, configure_logging=False)
-        callbacks.on_run_end(config=composed, config_name="config", job_return=done)
+        callbacks.on_run_end(config=composed, config_name=config_name, job_return=done)
         _ = done.return_value  # raises the job's exception, if it failed
     finally:
         for fd in locks:

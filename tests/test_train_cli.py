@@ -480,3 +480,26 @@ def test_non_finite_loss_names_both_causes(tmp_path):
         timeout=300,
     )
     assert_one_error(r.returncode, r.stdout, r.stderr, "loss is", "optim.dense.lr", "NaN/inf values")
+
+
+def test_hydra_callbacks_get_the_primary_config_name(monkeypatch, tmp_path):
+    """`-cn NAME` reaches Hydra's callbacks as the config's name, as `@hydra.main` passes it."""
+    from hydra._internal.callbacks import Callbacks
+
+    names = []
+    for hook in ("on_run_start", "on_run_end"):
+        original = getattr(Callbacks, hook)
+        monkeypatch.setattr(
+            Callbacks, hook, lambda self, *a, _o=original, **kw: names.append(kw["config_name"]) or _o(self, *a, **kw)
+        )
+    summary = {"steps": 1, "train_samples_per_s": 1.0, "eval_auc": None, "eval_logloss": None}
+    monkeypatch.setattr(train, "run", lambda cfg, run_dir, world: summary)
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "mine.yaml").write_text("defaults:\n  - config\n  - _self_\n")
+    argv = ["dlrm.train", "-cd", str(conf), "-cn", "mine", "model=tiny", f"hydra.run.dir={tmp_path / 'run'}"]
+    monkeypatch.setattr(sys, "argv", argv)
+    for name in TORCHRUN_VARS:
+        monkeypatch.delenv(name, raising=False)
+    train.main()
+    assert names == ["mine", "mine"]

@@ -170,6 +170,24 @@ def compose(overrides: Sequence[str]) -> Config:
         return to_config(compose_job(overrides, with_hydra=False))
 
 
+def _prepend_config_dir(directory: Path) -> None:
+    """Put `directory` first in the session's config search path, as Hydra's `--config-dir` does (its
+    `_run_hydra`: provider "command-line", before the schema), so it may hold the primary config too
+    (`-cn`), which a `hydra.searchpath` entry cannot. Hydra has no public API for a second directory:
+    its private `Hydra.create_main_hydra2` re-initializes the session (`hydra_session` restores the
+    previous one); tests/test_train_cli.py catches a change."""
+    import copy
+
+    from hydra._internal.hydra import Hydra
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+
+    search_path = copy.deepcopy(GlobalHydra.instance().config_loader().get_search_path())
+    search_path.prepend(provider="command-line", path=f"file://{directory}", anchor=SearchPathQuery(provider="schema"))
+    GlobalHydra.instance().clear()
+    Hydra.create_main_hydra2(task_name="train", config_search_path=search_path)
+
+
 @contextmanager
 def hydra_session() -> Iterator[None]:
     """Hydra initialized on conf/ for the block, as `@hydra.main` of dlrm/train.py initializes it."""
@@ -184,8 +202,8 @@ def compose_job(
 ) -> DictConfig:
     """The composed config for these overrides, with Hydra's node (run dir, job, overrides) unless
     with_hydra=False (with it, hydra.job.chdir=true is refused); inside `hydra_session`. `config_dir`
-    (Hydra's `-cd`) adds a directory of config groups where Hydra's `--config-dir` puts it, through the
-    public `hydra.searchpath`; `config_name` (`-cn`) is the primary config. ConfigError as `compose`."""
+    (Hydra's `-cd`) adds a directory of config groups and primary configs where Hydra's `--config-dir`
+    puts it; `config_name` (`-cn`) is the primary config. ConfigError as `compose`."""
     from hydra import compose as hydra_compose
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -200,8 +218,7 @@ def compose_job(
     if config_dir is not None:
         if override_value(overrides, "hydra.searchpath") is not None:
             raise ConfigError("give either -cd/--config-dir or hydra.searchpath, not both: -cd DIR adds DIR")
-        escaped = str(dirs[-1]).replace("\\", "\\\\").replace("'", "\\'")
-        overrides.append(f"hydra.searchpath=['file://{escaped}']")  # where -cd puts it: before the schema
+        _prepend_config_dir(dirs[-1])
     register_configs()
     try:
         composed = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=with_hydra)

@@ -20,7 +20,7 @@ PROFILER_STOP = PAIR.add("profiler_stop", ranges_ending_after_the_profiler_stops
 def test_no_thread_records_while_a_profiled_step_stops():
     """DDP's all-reduce completes its future before Gloo's thread ends the work's profiler range: without
     `end_gloo_ranges` about one profiled step in five stopped the profiler while that thread still wrote
-    into it (issue 40's aborted rank was reading such a profile). Every range ends before the stop."""
+    into it (a rank that aborted in glibc's heap check was reading such a profile). Every range ends before the stop."""
     assert PROFILER_STOP.results() == [0, 0]
 
 
