@@ -139,6 +139,13 @@ class Config:
 
     def _check_source(self) -> None:
         """What the data source can feed the model: labels per task, weights per id, Parquet columns."""
+        if self.data.source == DataSource.criteo and self.model.dense_in_features != 13:
+            _fail(
+                "model.dense_in_features",
+                self.model.dense_in_features,
+                "Criteo data has 13 dense features: set model.dense_in_features=13 (and a bottom MLP) with "
+                "data.source=criteo",
+            )
         if self.data.source == DataSource.criteo and len(self.model.tasks) > 1:
             _fail(
                 "model.tasks",
@@ -178,7 +185,7 @@ class Config:
                 list(pq.dense),
                 f"the model takes model.dense_in_features={self.model.dense_in_features} dense features: list that "
                 f"many columns, or set model.dense_in_features={len(pq.dense)}"
-                + (" (the bottom MLP needs at least one)" if not pq.dense else ""),
+                + (" and model.bottom_mlp=[] (no dense features: no bottom MLP)" if not pq.dense else ""),
             )
         if len(pq.labels) != len(self.model.tasks):
             tasks = [t.name for t in self.model.tasks]

@@ -22,7 +22,8 @@ class TableConfig:
     dim: int = MISSING
     """Embedding dimension, a multiple of 4 (fbgemm's kernels). With interaction=dot the same for every
     table and equal to the last size of model.bottom_mlp (dot products need one width); with dcn any
-    (the cross net's input is the concatenation of the bottom MLP's output and every feature's vector)."""
+    (the cross net's input is the concatenation of the bottom MLP's output, if any, and every feature's
+    vector)."""
     features: list[str] = MISSING
     """The sparse features looked up in this table (a feature in one table only)."""
     pooling: int = 1
@@ -79,10 +80,12 @@ class ModelConfig:
     """How the bottom MLP's output and the pooled embeddings are combined: dot (pairwise dot products)
     or dcn (TorchRec's DLRM-DCN: a low-rank cross net)."""
     dense_in_features: int = 13
-    """Dense features per sample (Criteo has 13): the bottom MLP's input width."""
+    """Dense features per sample (Criteo has 13): the bottom MLP's input width. 0: categorical features
+    only (e.g. Avazu-like data), no bottom MLP (bottom_mlp: []): the interaction takes the pooled
+    embeddings alone (dot: their pairwise dot products; dcn: the cross net over their concatenation)."""
     bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])
     """Layer sizes of the MLP over the dense features; with interaction=dot the last equals the embedding
-    dim (with dcn any)."""
+    dim (with dcn any). Empty exactly when dense_in_features is 0."""
     top_mlp: list[int] = field(default_factory=lambda: [64, 32, 1])
     """Layer sizes of the MLP over the interaction's output; the last is the number of tasks (one logit
     each: 1 for one task)."""
@@ -111,10 +114,10 @@ class ModelConfig:
     bf16: on CPU use fp32 or fp16."""
 
     def check(self, key: str = "model") -> None:
-        _require_positive(f"{key}.dense_in_features", self.dense_in_features)
+        self._check_dense(key)
         for mlp in ("bottom_mlp", "top_mlp"):
             sizes = getattr(self, mlp)
-            if not sizes:
+            if not sizes and mlp == "top_mlp":
                 _fail(f"{key}.{mlp}", list(sizes), "list at least one layer size")
             for i, size in enumerate(sizes):
                 _require_positive(f"{key}.{mlp}[{i}]", size)
@@ -147,12 +150,32 @@ class ModelConfig:
                 "the dot interaction needs one embedding dim for all tables: give every table the same dim, "
                 "or use model.interaction=dcn, whose cross net takes tables of different dims",
             )
-        if self.bottom_mlp[-1] != self.tables[0].dim:
+        if not self.bottom_mlp and sum(len(t.features) for t in self.tables) < 2:
+            _fail(
+                f"{key}.tables",
+                [t.name for t in self.tables],
+                "with no dense features the dot interaction needs at least two sparse features (it multiplies "
+                "pairs of them): add a feature, or use model.interaction=dcn",
+            )
+        if self.bottom_mlp and self.bottom_mlp[-1] != self.tables[0].dim:
             _fail(
                 f"{key}.bottom_mlp",
                 list(self.bottom_mlp),
                 f"its last size must equal the embedding dim {self.tables[0].dim}, since the interaction combines them",
             )
+
+    def _check_dense(self, key: str) -> None:
+        """dense_in_features >= 0, and a bottom MLP exactly when there are dense features."""
+        if self.dense_in_features < 0:
+            _fail(f"{key}.dense_in_features", self.dense_in_features, "use 0 (no dense features) or a positive count")
+        if self.dense_in_features == 0 and self.bottom_mlp:
+            _fail(
+                f"{key}.bottom_mlp",
+                list(self.bottom_mlp),
+                "with model.dense_in_features=0 there is nothing for a bottom MLP to take: set model.bottom_mlp=[]",
+            )
+        if self.dense_in_features > 0 and not self.bottom_mlp:
+            _fail(f"{key}.bottom_mlp", [], "list at least one layer size (or set model.dense_in_features=0)")
 
     def _check_tables(self, key: str) -> None:
         """At least one table; unique table names; each feature in one table; sum pooling when weighted."""

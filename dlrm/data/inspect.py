@@ -144,17 +144,14 @@ def configs(
         raise ParquetDataError("no label column: name the 0/1 label column(s) with --label COL")
     if not sparse:
         raise ParquetDataError("no sparse column (integer, list<int>, string): DLRM needs at least one")
-    if not dense:
-        raise ParquetDataError(
-            "no dense (float) column: DLRM's bottom MLP needs one; name integer ones with --dense COL"
-        )
     batch = batch_size
     while batch > 1 and batch * 4 > total_rows:  # leave a few train batches (and an eval one) on a small dataset
         batch //= 2
     model = {
-        "interaction": "dot",
+        # no dense column: no bottom MLP; dot needs two features to multiply, else the cross net
+        "interaction": "dot" if dense or len(sparse) > 1 else "dcn",
         "dense_in_features": len(dense),
-        "bottom_mlp": [64, dim],
+        "bottom_mlp": [64, dim] if dense else [],
         "top_mlp": [64, 32, len(labels)],
         "tasks": [{"name": label, "weight": 1.0} for label in labels],  # one logit per label column
         "tables": [

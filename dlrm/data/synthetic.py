@@ -247,6 +247,8 @@ class SyntheticSource:
         h = ((base & 0xFFFFF) * (_HASH & 0xFFFFF) + self._feature_salt[task]) & 0xFFFFF  # [F, B] in [0, 2**20)
         sparse = (h.sum(dim=0).double() * 2.0**-19 - f) / math.sqrt(f / 3.0)  # unit variance
         w = self._dense_w[task]
+        if dense.shape[0] == 0:  # no dense features: the sparse term alone
+            return self.cfg.signal * sparse - 1.0
         linear = dense[0] * w[0]
         for i in range(1, dense.shape[0]):
             linear += dense[i] * w[i]

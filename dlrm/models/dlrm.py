@@ -133,6 +133,11 @@ def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:
     # TorchRec's unsharded bags are fp32 for DataType.FP32 and fp16 for any other type; store them in
     # the configured dtype (bf16 included), as the sharded kernels do, so state dicts agree.
     ebc.embedding_bags.to(embedding_dtype(cfg))
+    if cfg.dense_in_features == 0:
+        net = _sparse_only(cfg, ebc, device)
+        top = cast(torch.nn.Sequential, net.over_arch.model)
+        top[0] = relu_mlp_like(top[0], device)
+        return net
     common: dict[str, Any] = dict(
         embedding_bag_collection=ebc,
         dense_in_features=cfg.dense_in_features,
@@ -170,6 +175,39 @@ def _concat_dcn(cfg: ModelConfig, ebc: EmbeddingBagCollection, device: torch.dev
     net.inter_arch = ConcatDCNInteraction(num_sparse_features=features, crossnet=crossnet)
     net.over_arch = OverArch(in_features=width, layer_sizes=list(cfg.top_mlp), device=device)
     return net
+
+
+def _sparse_only(cfg: ModelConfig, ebc: EmbeddingBagCollection, device: torch.device) -> DLRM:
+    """A DLRM without dense features (model.dense_in_features=0): no bottom MLP (`NoDenseArch`), the
+    interaction over the pooled embeddings alone: dot, their F(F-1)/2 pairwise products; dcn, the cross
+    net over their concatenation. TorchRec's modules and keys otherwise, built without TorchRec's DLRM
+    constructor, which requires a bottom MLP."""
+    sparse_arch = PooledSparseArch(ebc)
+    features = len(sparse_arch.sparse_feature_names)
+    net: DLRM
+    if cfg.interaction == "dcn":
+        width = sum(t.dim * len(t.features) for t in cfg.tables)
+        crossnet = LowRankCrossNet(in_features=width, num_layers=cfg.dcn_num_layers, low_rank=cfg.dcn_low_rank_dim)
+        net = LookupFirstDLRM_DCN.__new__(LookupFirstDLRM_DCN)
+        torch.nn.Module.__init__(net)
+        net.inter_arch = ConcatDCNInteraction(num_sparse_features=features, crossnet=crossnet)
+    else:
+        width = features * (features - 1) // 2
+        net = LookupFirstDLRM.__new__(LookupFirstDLRM)
+        torch.nn.Module.__init__(net)
+        net.inter_arch = DotInteraction(num_sparse_features=features, dense_row=False)
+    net._cuda_graph_enabled = False
+    net.sparse_arch = sparse_arch
+    net.dense_arch = NoDenseArch()  # type: ignore[assignment]  # no DenseArch: nothing to take
+    net.over_arch = OverArch(in_features=width, layer_sizes=list(cfg.top_mlp), device=device)
+    return net
+
+
+class NoDenseArch(torch.nn.Module):
+    """The bottom MLP of a model without dense features: dense [B, 0] -> the same [B, 0]."""
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features
 
 
 class ConcatDCNInteraction(InteractionDCNArch):
@@ -296,7 +334,8 @@ class _DotInteraction(torch.autograd.Function):
     def forward(
         ctx, dense: torch.Tensor, sparse: torch.Tensor, upper: torch.Tensor, mirror: torch.Tensor
     ) -> torch.Tensor:
-        combined = torch.cat((dense.unsqueeze(1), sparse), dim=1)  # [B, n, D]
+        ctx.dense_row = dense.shape[1] > 0  # dense [B, 0]: no dense features, C = sparse, n = F
+        combined = torch.cat((dense.unsqueeze(1), sparse), dim=1) if ctx.dense_row else sparse  # [B, n, D]
         products = torch.bmm(combined, combined.transpose(1, 2))  # [B, n, n]
         ctx.save_for_backward(combined, mirror + dense.shape[1])  # columns of the output's gradient
         return torch.cat((dense, products.flatten(1).index_select(1, upper)), dim=1)
@@ -308,6 +347,8 @@ class _DotInteraction(torch.autograd.Function):
         sym = grad.index_select(1, mirror)  # [B, n * n]
         sym[:, :: n + 1] = 0  # the diagonal (gathered from an arbitrary column)
         grad_combined = torch.bmm(sym.view(batch, n, n), combined)  # [B, n, D]
+        if not ctx.dense_row:
+            return grad[:, :0], grad_combined, None, None
         grad_dense = grad_combined[:, 0] + grad[:, :dim]
         return grad_dense, grad_combined[:, 1:], None, None
 
@@ -324,11 +365,15 @@ class DotInteraction(InteractionArch):
     Under bf16 autocast the interaction still computes in fp32 (its inputs cast up: the bottom MLP's
     bf16 output exactly, the fp32 embeddings unchanged): it is ~2% of the model's FLOPs, and CPU
     kernels gather bf16 columns ~5x slower than fp32 ones. The top MLP casts the output once.
+
+    `dense_row=False` (a model without dense features): forward(dense [B, 0], sparse [B, F, D]) ->
+    [B, F(F-1)/2], the pairwise products of the features alone.
     """
 
-    def __init__(self, num_sparse_features: int) -> None:
+    def __init__(self, num_sparse_features: int, dense_row: bool = True) -> None:
         super().__init__(num_sparse_features)
-        n = self.F + 1
+        self.dense_row = dense_row
+        n = self.F + dense_row
         rows, cols = torch.triu_indices(n, n, offset=1)
         self.register_buffer("upper", rows * n + cols, persistent=False)  # (i, j), i < j, in [B, n * n]
         # The triangle's column holding (min(i, j), max(i, j)), at mirror[i * n + j]; the diagonal
@@ -344,6 +389,8 @@ class DotInteraction(InteractionArch):
     ) -> torch.Tensor:
         if self.F <= 0:
             return dense_features
+        if dense_features.shape[1] == 0 and self.dense_row:
+            raise ValueError("dense [B, 0] given to a dot interaction built with a dense row")
         upper, mirror = (self.upper, self.mirror) if positions is None else self._reordered(positions)
         with torch.autocast(dense_features.device.type, enabled=False):
             dtype = torch.promote_types(torch.promote_types(dense_features.dtype, sparse_features.dtype), torch.float32)
@@ -351,10 +398,11 @@ class DotInteraction(InteractionArch):
             return _DotInteraction.apply(dense, sparse, upper, mirror)
 
     def _reordered(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`upper` and `mirror` for [dense; sparse] whose row 1 + positions[i] holds the model's feature i."""
-        n = self.F + 1
+        """`upper` and `mirror` for [dense; sparse] whose row 1 + positions[i] holds the model's feature i
+        (row positions[i] without a dense row)."""
+        n = self.F + self.dense_row
         upper, mirror = self.get_buffer("upper"), self.get_buffer("mirror")
-        row = torch.cat((positions.new_zeros(1), positions + 1))  # [n]: the row of each of the model's rows
+        row = torch.cat((positions.new_zeros(1), positions + 1)) if self.dense_row else positions  # [n]
         model_row = row.argsort()  # [n]: the model's row of each row
         # the products are symmetric: (row i, row j) in either order
         return row[upper // n] * n + row[upper % n], mirror.view(n, n)[model_row][:, model_row].flatten()

@@ -65,6 +65,17 @@ BAD = {
     "zero batch": (lambda c: setattr(c.data, "global_batch_size", 0), "data.global_batch_size"),
     "dot dims differ": (lambda c: setattr(c.model, "bottom_mlp", [64, 32]), "must equal the embedding dim 16"),
     "top not one logit": (lambda c: setattr(c.model, "top_mlp", [64, 2]), "model.top_mlp"),
+    "negative dense": (lambda c: setattr(c.model, "dense_in_features", -1), "use 0 \\(no dense features\\)"),
+    "bottom mlp without dense": (lambda c: setattr(c.model, "dense_in_features", 0), "set model.bottom_mlp=[]"),
+    "dense without bottom mlp": (lambda c: setattr(c.model, "bottom_mlp", []), "or set model.dense_in_features=0"),
+    "no dense on criteo": (
+        lambda c: (setattr(c.model, "dense_in_features", 0), setattr(c.model, "bottom_mlp", []), _criteo(c)),
+        "Criteo data has 13 dense features",
+    ),
+    "no dense, one feature, dot": (
+        lambda c: (setattr(c.model, "dense_in_features", 0), setattr(c.model, "bottom_mlp", []), _one_table(c)),
+        "needs at least two sparse features",
+    ),
     "per_table unknown table": (lambda c: c.sharding.per_table.update(nope="row_wise"), "sharding.per_table.nope"),
     "nccl on cpu": (lambda c: setattr(c.topology, "backend", "nccl"), "NCCL needs topology.device=cuda"),
     "zero bandwidth": (lambda c: setattr(c.topology.inter_node, "bandwidth_GBps", 0.0), "inter_node.bandwidth_GBps"),
@@ -80,6 +91,14 @@ BAD = {
         "'data.eval_batches' = 0 is invalid: trainer.target_auc needs an eval set",
     ),
 }
+
+
+def _criteo(cfg) -> None:
+    cfg.data.source = "criteo"
+
+
+def _one_table(cfg) -> None:
+    del cfg.model.tables[1:]
 
 
 def _target(cfg, auc: float, eval_every: int) -> None:

@@ -496,6 +496,37 @@ def test_inspect_profiles_columns_and_writes_a_config_that_composes(tmp_path, ca
     assert cfg.data.parquet.sparse[1].kind == "ids" and cfg.model.tables[1].pooling == 2
 
 
+@pytest.mark.parametrize("ignored", [["price"], ["price", "user", "city"]])
+def test_inspect_of_data_without_dense_columns_writes_a_model_without_a_bottom_mlp(tmp_path, capsys, ignored):
+    """All-categorical data: model.dense_in_features=0, no bottom MLP; the dot interaction where two
+    or more sparse features can be multiplied, else the cross net. The config validates and trains."""
+    (tmp_path / "in.csv").write_text(CSV)
+    convert.convert([str(tmp_path / "in.csv")], str(tmp_path / "pq"), multi=["items"], row_group_size=10)
+    ignore = [arg for column in ["converted", *ignored] for arg in ("--ignore", column)]
+    argv = [str(tmp_path / "pq"), "--out", str(tmp_path / "conf"), "--label", "clicked", *ignore]
+    assert inspect.main(argv) == 0, capsys.readouterr().err
+    from dlrm.config import to_config
+    from dlrm.config.compose import compose_job, hydra_session
+    from dlrm.data.loader import make_source
+    from dlrm.models.dlrm import build_model, initialize
+
+    with hydra_session():
+        overrides = ["model=mydata", "data=mydata"]
+        cfg = to_config(compose_job(overrides, with_hydra=False, config_dir=str(tmp_path / "conf")))
+    validate(cfg)
+    assert (cfg.model.dense_in_features, cfg.model.bottom_mlp, cfg.data.parquet.dense) == (0, [], [])
+    assert cfg.model.interaction == ("dot" if len(ignored) == 1 else "dcn")
+    model = build_model(cfg.model, torch.device("cpu"))
+    initialize(model, cfg.model, seed=0)
+    batches = make_source(cfg).batches("train", 0, 1)
+    batch = next(batches)
+    batches.close()
+    assert batch.dense_features.shape == (cfg.data.global_batch_size, 0)
+    loss, _ = model(batch)
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
 @pytest.mark.slow
 def test_the_your_data_page_runs_as_written(tmp_path):
     """docs/your-data.md: its CSV's columns (its rows, then more of the kind), then its commands as they

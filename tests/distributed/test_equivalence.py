@@ -40,9 +40,23 @@ DCN_DIMS = tiny(  # t_C2 of dim 4 among dim-8 tables: the cross net over the con
     "model.tables.1.dim=4",
 )
 
+# No dense features (Avazu-like data): no bottom MLP, the interaction over the embeddings alone.
+NO_DENSE = {
+    "dot": tiny("sharding=row_wise", "model.dense_in_features=0", "model.bottom_mlp=[]"),
+    "dcn": tiny(
+        "sharding=column_wise",
+        "model.dense_in_features=0",
+        "model.bottom_mlp=[]",
+        "model.interaction=dcn",
+        "model.dcn_num_layers=2",
+        "model.dcn_low_rank_dim=4",
+    ),
+}
+
 SHARDED = {s: PAIR.add(f"fp32/{s}", train_and_report, tiny(f"sharding={s}")) for s in SHARDINGS}  # FP32 first
 TASKS_MEAN_RUN = PAIR.add("tasks2/mean_column_wise", train_and_report, TASKS_MEAN)
 DCN_DIMS_RUN = PAIR.add("dcn/unequal_dims", train_and_report, DCN_DIMS)
+NO_DENSE_RUNS = {name: PAIR.add(f"no_dense/{name}", train_and_report, o) for name, o in NO_DENSE.items()}
 OTHER_SEED = PAIR.add("fp32/table_wise/seed1", train_and_report, tiny("sharding=table_wise", "seed=1"))
 NO_PIPELINE = PAIR.add("fp32/table_wise/plain", train_and_report, tiny("sharding=table_wise", "trainer.pipeline=false"))
 BF16_DENSE = PAIR.add("bf16_dense", train_and_report, tiny("sharding=table_wise", "trainer.dense_precision=bf16"))
@@ -64,6 +78,14 @@ def test_two_ranks_equal_one_process(sharding):
     expected = {t.name: cfg.sharding.per_table.get(t.name, cfg.sharding.strategy) for t in cfg.model.tables}
     assert planned == expected
     matches(results, overrides)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("interaction", sorted(NO_DENSE))
+def test_a_model_without_dense_features_equals_one_process(interaction):
+    ref_losses, _ = reference(NO_DENSE[interaction])
+    assert ref_losses[-1] < ref_losses[0], "the reference must learn, or the test proves little"
+    matches(NO_DENSE_RUNS[interaction].results(), NO_DENSE[interaction])
 
 
 @pytest.mark.slow

@@ -191,6 +191,60 @@ def test_dot_interaction_equals_torchrec(features):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)  # sums of ~features products: fp32 rounding
 
 
+@pytest.mark.parametrize("reordered", [False, True])
+def test_dot_interaction_without_dense_features_is_the_features_pairwise_products(reordered):
+    """No dense row (model.dense_in_features=0): [B, F(F-1)/2], each (i < j) pair's dot product in
+    row-major order, and autograd's gradient of that direct computation; fed in another row order
+    with `positions`, the same."""
+    gen = torch.Generator().manual_seed(3)
+    features = 5
+    sparse = torch.randn(8, features, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    dense = torch.zeros(8, 0, dtype=torch.float64)
+    module = DotInteraction(features, dense_row=False)
+    if reordered:
+        order = torch.randperm(features, generator=gen)  # row r holds the model's feature order[r]
+        out = module(dense, sparse[:, order], order.argsort())
+    else:
+        out = module(dense, sparse)
+    rows, cols = torch.triu_indices(features, features, offset=1)
+    ref = (sparse[:, rows] * sparse[:, cols]).sum(-1)  # [B, 10]
+    assert out.shape == (8, features * (features - 1) // 2)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    grad_out = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
+    (ours,) = torch.autograd.grad(out, sparse, grad_out)
+    (theirs,) = torch.autograd.grad(ref, sparse, grad_out)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("interaction", ["dot", "dcn"])
+def test_a_model_without_dense_features_has_no_bottom_mlp(make_config, interaction):
+    """model.dense_in_features=0: dense [B, 0] in, no bottom MLP parameters, the top MLP over the
+    interaction of the embeddings alone (dot: F(F-1)/2 products; dcn: the concatenation), and every
+    parameter gets a gradient."""
+    cfg = make_config(
+        "model=tiny", "model.dense_in_features=0", "model.bottom_mlp=[]", f"model.interaction={interaction}"
+    )
+    cfg.model.check()
+    model = build_model(cfg.model, torch.device("cpu"))
+    initialize(model, cfg.model, seed=0)
+    net = model.model
+    assert not [n for n, _ in net.named_parameters() if n.startswith("dense_arch")]
+    features = sum(len(t.features) for t in cfg.model.tables)
+    width = (
+        features * (features - 1) // 2
+        if interaction == "dot"
+        else sum(t.dim * len(t.features) for t in cfg.model.tables)
+    )
+    first = next(m for m in net.over_arch.modules() if isinstance(m, torch.nn.Linear))
+    assert first.in_features == width
+    batch = make_source(cfg).samples("train", 0, 16)
+    assert batch.dense_features.shape == (16, 0)
+    loss, (_, logits, _) = model(batch)
+    assert logits.shape == (16,)
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
 def test_dot_models_use_the_scatter_free_interaction(make_config):
     net = build_model(make_config("model=tiny").model, torch.device("cpu")).model
     assert isinstance(net.inter_arch, DotInteraction)
