@@ -139,6 +139,15 @@ class Config:
 
     def _check_source(self) -> None:
         """What the data source can feed the model: labels per task, weights per id, Parquet columns."""
+        if self.data.source == DataSource.synthetic:
+            for i, t in enumerate(self.model.tables):
+                if t.pooling != int(t.pooling):
+                    _fail(
+                        f"model.tables[{i}].pooling",
+                        t.pooling,
+                        "synthetic data draws a whole number of ids per sample: give an integer (a fractional "
+                        "pooling factor describes real data, data.source=parquet)",
+                    )
         if self.data.source == DataSource.criteo and self.model.dense_in_features != 13:
             _fail(
                 "model.dense_in_features",

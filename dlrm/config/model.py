@@ -26,9 +26,11 @@ class TableConfig:
     vector)."""
     features: list[str] = MISSING
     """The sparse features looked up in this table (a feature in one table only)."""
-    pooling: int = 1
-    """Ids per sample of each feature (the pooling factor, a count): the synthetic data draws that many,
-    and the planner uses it as the pooling factor. How the ids' rows combine is `pooling_type`."""
+    pooling: float = 1
+    """Mean ids per sample of each feature (the pooling factor): the planner's and the cost model's
+    figure. The synthetic data draws exactly that many ids per sample, so with data.source=synthetic
+    it is a whole number; `dlrm.data.inspect` measures it on Parquet data (e.g. 1.46). How the ids'
+    rows combine is `pooling_type`."""
     pooling_type: PoolingType = PoolingType.sum
     """How a feature's ids' rows combine into one vector: sum or mean (TorchRec's PoolingType, which
     the lookup kernels apply). A mean-pooled table is never sharded row_wise, table_row_wise or

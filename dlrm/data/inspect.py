@@ -11,7 +11,8 @@ columns several (kind ids), string and list<string> columns hashed (kind string,
 drops a column. Per sparse feature it suggests the table rows (integer ids: the largest id in the
 sample + 1, at least 2x the distinct ids seen scaled to the dataset's rows, below which `id_policy:
 modulo` would fold ids; hashed strings: 2x the distinct strings scaled likewise; capped by
---max-rows) and the pooling (mean ids per sample, rounded up). It writes DIR/model/NAME.yaml and
+--max-rows) and the pooling factor (mean ids per sample, to 2 decimals: what the planner and the
+cost model take). It writes DIR/model/NAME.yaml and
 DIR/data/NAME.yaml (--name, default mydata): config group options that `python -m dlrm.train -cd DIR
 model=NAME data=NAME` (Hydra's --config-dir adds DIR to the search path) takes as they are.
 """
@@ -48,7 +49,7 @@ class Column:
     max_per_sample: int = 1
     max_id: int | None = None
     rows: int | None = None  # suggested table rows (sparse roles)
-    pooling: int | None = None  # suggested pooling (sparse roles)
+    pooling: float | None = None  # the pooling factor: mean ids per sample (sparse roles)
 
 
 def _role(t: pa.DataType, name: str, labels: Sequence[str], dense: Sequence[str], ignore: Sequence[str]) -> str:
@@ -127,7 +128,7 @@ def describe(
                 c.max_id = None if top is None else int(top)
                 seen = max(seen, (c.max_id or 0) + 1) if (c.max_id or 0) < max_rows else max_rows
             c.rows = int(seen)
-            c.pooling = max(1, math.ceil(c.mean_per_sample))
+            c.pooling = max(0.01, round(c.mean_per_sample, 2))  # positive: a feature always empty counts 0.01
         out.append(c)
     return out
 

@@ -31,13 +31,14 @@ class BatchSource(Protocol):
 
 
 def feature_layout(cfg: Config) -> tuple[list[str], list[int], list[int]]:
-    """(feature names in KJT key order, rows of each feature's table, pooling of each feature)."""
+    """(feature names in KJT key order, rows of each feature's table, ids per sample of each feature:
+    the whole number the synthetic and multi-hot sources draw)."""
     names, rows, pooling = [], [], []
     for t in cfg.model.tables:
         for f in t.features:
             names.append(f)
             rows.append(t.rows)
-            pooling.append(t.pooling)
+            pooling.append(int(t.pooling))
     return names, rows, pooling
 
 

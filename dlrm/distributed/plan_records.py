@@ -22,7 +22,7 @@ class Shard:
 class TablePlan:
     """Where one table lives in a sharding plan, for analysis (memory, traffic, reports).
 
-    features: how many features look it up; pooling: ids per sample per feature; ranks: those holding
+    features: how many features look it up; pooling: mean ids per sample per feature; ranks: those holding
     a shard; shards: every block (data_parallel: one full replica per rank).
     """
 
@@ -30,7 +30,7 @@ class TablePlan:
     rows: int
     dim: int
     features: int
-    pooling: int
+    pooling: float
     sharding_type: str
     compute_kernel: str
     cache_load_factor: float | None

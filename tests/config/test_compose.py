@@ -65,6 +65,10 @@ BAD = {
     "zero batch": (lambda c: setattr(c.data, "global_batch_size", 0), "data.global_batch_size"),
     "dot dims differ": (lambda c: setattr(c.model, "bottom_mlp", [64, 32]), "must equal the embedding dim 16"),
     "top not one logit": (lambda c: setattr(c.model, "top_mlp", [64, 2]), "model.top_mlp"),
+    "fractional pooling on synthetic data": (
+        lambda c: setattr(c.model.tables[2], "pooling", 2.5),
+        "model.tables[2].pooling' = 2.5 is invalid: synthetic data draws a whole number",
+    ),
     "negative dense": (lambda c: setattr(c.model, "dense_in_features", -1), "use 0 \\(no dense features\\)"),
     "bottom mlp without dense": (lambda c: setattr(c.model, "dense_in_features", 0), "set model.bottom_mlp=[]"),
     "dense without bottom mlp": (lambda c: setattr(c.model, "bottom_mlp", []), "or set model.dense_in_features=0"),

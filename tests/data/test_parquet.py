@@ -478,7 +478,7 @@ def test_inspect_profiles_columns_and_writes_a_config_that_composes(tmp_path, ca
     t, total, groups = inspect.sample(str(tmp_path / "pq"), 1000)
     cols = {c.name: c for c in inspect.describe(t, total, ["clicked"], ignore=["converted"])}
     assert (cols["items"].role, cols["items"].max_per_sample, cols["items"].mean_per_sample) == ("ids", 3, 73 / 50)
-    assert cols["items"].missing == 13 / 50 and cols["items"].pooling == 2
+    assert cols["items"].missing == 13 / 50 and cols["items"].pooling == 1.46  # 73 ids in 50 rows
     assert (cols["city"].role, cols["city"].distinct) == ("strings", 5)
     assert (cols["user"].role, cols["user"].max_id, cols["user"].rows) == ("id", 6, 16)
     assert cols["price"].role == "dense" and cols["clicked"].role == "label"
@@ -493,7 +493,10 @@ def test_inspect_profiles_columns_and_writes_a_config_that_composes(tmp_path, ca
         searched = [f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "model=mydata", "data=mydata"]
         cfg = to_config(hydra_compose(config_name="config", overrides=searched))
     validate(cfg)
-    assert cfg.data.parquet.sparse[1].kind == "ids" and cfg.model.tables[1].pooling == 2
+    assert cfg.data.parquet.sparse[1].kind == "ids" and cfg.model.tables[1].pooling == 1.46
+    from dlrm.distributed.sharding import constraints  # the planner takes the measured pooling factor
+
+    assert constraints(cfg, 2)[cfg.model.tables[1].name].pooling_factors == [1.46]
 
 
 @pytest.mark.parametrize("ignored", [["price"], ["price", "user", "city"]])
