@@ -43,8 +43,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dlrm.config import Config, validate, validate_world
-from dlrm.config.compose import compose
+from dlrm.config import Config, to_config, validate, validate_world
+from dlrm.config.compose import compose_job, hydra_session
 from dlrm.distributed.world import World
 from dlrm.errors import ArgumentParser, UserError, exit_on_user_error
 from dlrm.io import write_json_atomic
@@ -83,12 +83,14 @@ class CachedSource:
         return (cached[step % len(cached)] for step in itertools.count(start_step))
 
 
-def compose_config(overrides: list[str], max_table_rows: int = 0) -> Config:
+def compose_config(overrides: list[str], max_table_rows: int = 0, config_dir: str | None = None) -> Config:
     """The config of `dlrm.train` for these overrides (experiment=bench_cpu unless one is given),
-    with every table capped at `max_table_rows` rows if that is > 0."""
+    with every table capped at `max_table_rows` rows if that is > 0; `config_dir` as `dlrm.train -cd`
+    (a team's own model and data config groups)."""
     if not any(o.startswith(("experiment=", "+experiment=")) for o in overrides):
         overrides = ["experiment=bench_cpu", *overrides]
-    cfg = compose(overrides)
+    with hydra_session():
+        cfg = to_config(compose_job(overrides, with_hydra=False, config_dir=config_dir))
     if max_table_rows > 0:
         for table in cfg.model.tables:
             table.rows = min(table.rows, max_table_rows)
@@ -282,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ranks", type=int, default=0, help="--source-only: world size (0: the topology's)")
     parser.add_argument("--device", default=None, help="--source-only: where synthetic batches are made (cpu, cuda)")
     parser.add_argument("--threads", type=int, default=0, help="--source-only: intra-op threads (0: torch's default)")
+    parser.add_argument("-cd", "--config-dir", default=None, help="a directory of config groups, as dlrm.train -cd")
     try:  # a bad option or config is met by every rank alike: rank 0 prints it once, exit 2
         args, overrides = parser.parse_known_args(argv)
         if (
@@ -293,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         if min(args.ranks, args.threads) < 0:
             parser.error("--ranks and --threads must be >= 0 (0: the topology's ranks; torch's threads)")
-        cfg = compose_config(overrides, args.max_table_rows)
+        cfg = compose_config(overrides, args.max_table_rows, args.config_dir)
         if args.source_only:
             _report_source(args, source_only(args, cfg))
             return

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dlrm.bench import training as bench
+from dlrm.config import ConfigError
 from dlrm.data.loader import make_source
 from tests.helpers import REPO_ROOT as ROOT
 from tests.helpers.cli import TORCHRUN_VARS, assert_one_error
@@ -30,6 +31,17 @@ def test_max_table_rows_caps_every_table():
     cfg = bench.compose_config(["experiment=bench_dcnv2", "topology=cpu"], max_table_rows=1000)
     assert max(t.rows for t in cfg.model.tables) == 1000
     assert min(t.rows for t in cfg.model.tables) == 3  # smaller tables keep their size
+
+
+def test_a_config_directory_is_composed_as_dlrm_train_does(tmp_path):
+    """-cd DIR: a team's own model config group, beside conf/'s."""
+    (tmp_path / "model").mkdir()
+    tiny = (ROOT / "conf" / "model" / "tiny.yaml").read_text()
+    (tmp_path / "model" / "mine.yaml").write_text(tiny.replace("bottom_mlp: [16, 8]", "bottom_mlp: [32, 8]"))
+    cfg = bench.compose_config(["model=mine", "topology=cpu"], config_dir=str(tmp_path))
+    assert cfg.model.bottom_mlp == [32, 8]
+    with pytest.raises(ConfigError, match="did you mean 'mine'"):
+        bench.compose_config(["model=mne", "topology=cpu"], config_dir=str(tmp_path))
 
 
 @pytest.mark.parametrize(
