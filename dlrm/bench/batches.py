@@ -18,7 +18,8 @@ on the host:
   (in the page cache), ids expanded on the host in the loader's reader thread, what the training
   thread receives;
 - parquet: `dlrm.data.parquet.ParquetSource` over the same rows, written once as one Parquet file
-  (`write_parquet_day`: snappy, row groups of one rank's batch) in the layout `data.source=parquet`
+  (`write_parquet_day`: as `dlrm.data.convert` writes it, PLAIN-encoded numbers, snappy; row groups
+  of one rank's batch) in the layout `data.source=parquet`
   reads: 13 float32 dense columns, the 26 sparse ones holding the ids the criteo source gives the
   model (an int column where the pooling is 1, else list<int> of the multi-hot ids), an int32 label;
   decoded, checked and made into a KeyedJaggedTensor on the source's reader thread. `--rows` must
@@ -77,8 +78,8 @@ def write_random_day(directory: Path, rows: int, table_rows: list[int], seed: in
 
 
 def write_parquet_day(day: Path, out: Path, pooling: list[int], table_rows: list[int], row_group_rows: int) -> Path:
-    """Day 0 of the preprocessed directory `day` written once as one Parquet file under `out` (pyarrow's
-    default writer, as `dlrm.data.convert`'s: snappy, dictionary pages), row groups of `row_group_rows`:
+    """Day 0 of the preprocessed directory `day` written once as one Parquet file under `out` in the
+    layout `dlrm.data.convert` writes (`write_options`: PLAIN numbers, snappy), row groups of `row_group_rows`:
     float32 I1..I13, C1..C26 as the ids `CriteoSource` gives the model (pooling 1: the int column;
     more: list<int> of the multi-hot ids, (id + `multi_hot_offsets`) % rows in its order), int32 label."""
     import pyarrow as pa
@@ -86,6 +87,7 @@ def write_parquet_day(day: Path, out: Path, pooling: list[int], table_rows: list
 
     from dlrm.data.criteo.format import FIELD_NAMES, SPARSE_NAMES, day_paths
     from dlrm.data.criteo.loader import multi_hot_offsets
+    from dlrm.data.parquet import write_options
 
     arrays = {k: np.load(path, mmap_mode="r") for k, path in day_paths(str(day), 0).items()}
     sparse, n = arrays["sparse"], len(arrays["labels"])
@@ -100,7 +102,7 @@ def write_parquet_day(day: Path, out: Path, pooling: list[int], table_rows: list
         columns[SPARSE_NAMES[c]] = ids
     out.mkdir(parents=True, exist_ok=True)
     table = pa.table({name: columns[name] for name in FIELD_NAMES})
-    pq.write_table(table, out / "day_0.parquet", row_group_size=row_group_rows)
+    pq.write_table(table, out / "day_0.parquet", row_group_size=row_group_rows, **write_options(table.schema))
     return out
 
 
