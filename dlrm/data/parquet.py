@@ -15,12 +15,15 @@ most b + G rows per step for the b it uses ((b + G) / b), and about once each ov
 steps. With G much larger than B every rank decodes every row group (amplification W): write row
 groups of about B / W rows or less (`python -m dlrm.data.convert --row-group-size`).
 
-Sparse columns (`data.parquet.sparse[*].kind`): id (an integer column), ids (list<integer>: any number
-per sample, empty allowed), string and strings (string / list<string>, hashed: `hash_strings`). The
-KeyedJaggedTensor's keys are the model's features in table order, its values key-major, built from
-Arrow's offsets and values with numpy; the one-id columns (kind id, unweighted), the dense and the
-label columns as blocks (`make_batch`), column by column where a batch holds a bad value. Ids below 0 or >= the table's rows are refused (one line naming
-column, file and row) or, with id_policy=modulo, folded into the table and counted (`folded_ids`).
+Sparse columns (`data.parquet.sparse[*].kind`): id (an integer column), ids (list<integer>: any
+number per sample, empty allowed), string and strings (string / list<string>, hashed:
+`hash_strings`). The KeyedJaggedTensor's keys are the model's features in table order, its values
+key-major, built from Arrow's offsets and values with numpy; the one-id columns (kind id,
+unweighted), the dense and the label columns as blocks (`make_batch`), column by column where a
+batch holds a bad value. Ids below 0 or >= the table's rows are refused (one line naming column,
+file and row) or, with id_policy=modulo, folded into the table and counted (`folded_ids`). With
+data.parquet.multi_hot_sizes, every column holds one base id per sample, expanded as the Criteo
+source expands its files' (`dlrm.data.multihot`, `multi_hot_offsets`).
 
 Checks: the schemas of every file from Parquet metadata at start-up (missing column, wrong type, a
 list where a scalar is declared or the reverse, schemas differing between files, an empty or
@@ -54,6 +57,8 @@ from dlrm.errors import UserError
 
 if TYPE_CHECKING:  # torch and torchrec where batches are made: the hash and the checks start without them
     from torchrec.datasets.utils import Batch
+
+    from dlrm.data.multihot import MultiHotLayout
 
 log = logging.getLogger(__name__)
 
@@ -397,6 +402,18 @@ class ParquetSource:
         self._scalar_rows = np.asarray([self.table_rows[f] for f in scalar], np.int64)
         self._other = {f for f in range(len(self.specs)) if f not in scalar}  # features read one by one
         self._runs = _runs(len(self.specs), scalar)
+        self.multi_hot: list[list[int]] | None = None  # per feature, its offsets (data.parquet.multi_hot_sizes)
+        self._layouts: dict[int, MultiHotLayout] = {}  # per batch size
+        if cfg.multi_hot_sizes is not None:
+            sizes = [int(m) for m in cfg.multi_hot_sizes]
+            if len(sizes) != len(self.names) or min(sizes) < 1 or self._other:
+                raise ParquetDataError(
+                    f"data.parquet.multi_hot_sizes = {sizes}: give one size >= 1 per feature ({len(self.names)}), "
+                    "every feature kind: id without weights"
+                )
+            from dlrm.data.criteo.loader import multi_hot_offsets
+
+            self.multi_hot = [o.tolist() for o in multi_hot_offsets(sizes, self.table_rows)]
 
         train = _Dataset(cfg.path, "data.parquet.path", columns)
         groups = list(range(len(train.row_groups)))
@@ -505,11 +522,19 @@ class ParquetSource:
         """Rows of the declared columns -> Batch; checks the values (nulls, id range, 0/1 labels). The
         dense and label columns and the one-id columns (kind id, unweighted) are read as blocks, checked
         by a few reductions over each; on any bad value `make_batch_by_column` makes (or refuses) the
-        batch, naming the value as it always did. The same Batch as `make_batch_by_column`."""
+        batch, naming the value as it always did. The same Batch as `make_batch_by_column` (with
+        data.parquet.multi_hot_sizes, its one id per sample and feature expanded: `_expanded`)."""
         blocks = self._blocks(table)
         if blocks is None:
-            return self.make_batch_by_column(table, origin)
+            batch = self.make_batch_by_column(table, origin)
+            if self.multi_hot is None:
+                return batch
+            b = table.num_rows
+            ids = batch.sparse_features.values().numpy().reshape(len(self.names), b)  # checked (or folded)
+            return self._expanded(batch.dense_features.numpy(), batch.labels.numpy().reshape(b, -1), ids)
         dense, labels, scalar_ids = blocks
+        if self.multi_hot is not None:
+            return self._expanded(dense, labels, scalar_ids)
         b, rows = table.num_rows, self.table_rows
         if not self._other:  # every feature one id per sample: the block is the values, key-major
             values = scalar_ids.reshape(-1).astype(self.id_dtype, copy=False)
@@ -568,6 +593,25 @@ class ParquetSource:
         if ids.size and (ids.min() < 0 or (ids.max(axis=1) >= self._scalar_rows).any()):
             return None
         return np.ascontiguousarray(dense.T), labels, ids
+
+    def _expanded(self, dense: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> Batch:
+        """The Batch of base ids [F, b] (one per feature and sample, in range) expanded to
+        data.parquet.multi_hot_sizes ids each, as the Criteo source expands its files' ids."""
+        import torch
+        from torchrec.datasets.utils import Batch
+
+        assert self.multi_hot is not None
+        b = ids.shape[1]
+        if b not in self._layouts:
+            from dlrm.data.multihot import MultiHotLayout
+
+            self._layouts[b] = MultiHotLayout(self.names, self.table_rows, self.multi_hot, b, torch.device("cpu"))
+        layout = self._layouts[b]
+        return Batch(
+            dense_features=torch.from_numpy(dense),
+            sparse_features=layout.kjt_of_values(layout.expand_host(ids.T)),
+            labels=torch.from_numpy(labels[:, 0].copy() if labels.shape[1] == 1 else labels),
+        )
 
     def _batch(
         self,

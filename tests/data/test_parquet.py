@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -265,6 +266,46 @@ def test_blocks_equal_column_by_column_on_one_id_columns_only(tmp_path, big):
     first = tables_of(folding)[0]
     assert folding._blocks(first) is None  # ids of b >= 50: made column by column, folded
     assert_same_batch(folding.make_batch(first, [(0, "f", 0)]), folding.make_batch_by_column(first, [(0, "f", 0)]))
+
+
+def test_multi_hot_sizes_expand_one_base_id_per_sample_as_the_criteo_source(tmp_path):
+    """data.parquet.multi_hot_sizes: id j of a sample is (base + offset_j) % rows, the Criteo source's
+    offsets; out-of-range base ids folded first (id_policy=modulo) or named (refuse)."""
+    from dlrm.data.criteo.loader import multi_hot_offsets
+
+    n, rng = 120, np.random.default_rng(5)
+    base = {"a": rng.integers(0, 90, n), "b": rng.integers(0, 50, n).astype(np.int32)}
+    write(tmp_path / "a.parquet", pa.table({**base, "d": rng.random(n), "y": rng.integers(0, 2, n)}), row_group_size=40)
+    sparse = [SparseColumnConfig(name="a"), SparseColumnConfig(name="b")]
+    cfg = ParquetConfig(path=str(tmp_path), dense=["d"], sparse=sparse, labels=["y"], shuffle=False)
+    for rows, policy in (([90, 50], IdPolicy.refuse), ([60, 50], IdPolicy.modulo)):
+        multi = dataclasses.replace(cfg, multi_hot_sizes=[3, 1], id_policy=policy)
+        batches = take(ParquetSource(multi, ["a", "b"], rows, 40, 0), "train", 0, 1, 3)
+        offsets = multi_hot_offsets([3, 1], rows)
+        for k, batch in enumerate(batches):
+            kjt, at = batch.sparse_features, slice(40 * k, 40 * (k + 1))
+            expected = [((base[f][at, None] % r + o) % r).reshape(-1) for f, r, o in zip("ab", rows, offsets)]
+            assert kjt.values().dtype == torch.int32 and kjt.values().tolist() == np.concatenate(expected).tolist()
+            assert kjt.lengths().tolist() == [3] * 40 + [1] * 40 and batch.labels.shape == (40,)
+    with pytest.raises(ParquetValueError, match="'a'.*holds id"):
+        ParquetSource(dataclasses.replace(cfg, multi_hot_sizes=[3, 1]), ["a", "b"], [60, 50], 40, 0)
+    with pytest.raises(ParquetDataError, match="multi_hot_sizes"):
+        ParquetSource(dataclasses.replace(cfg, multi_hot_sizes=[3]), ["a", "b"], [90, 50], 40, 0)
+
+
+@pytest.mark.parametrize(
+    ("sparse", "sizes", "words"),
+    [
+        ("[{name:user},{name:items,kind:ids},{name:city,kind:string}]", "[1,2,1]", "['items', 'city'] are not"),
+        ("[{name:user},{name:items},{name:city}]", "[1,2]", "one size per model feature"),
+        ("[{name:user},{name:items},{name:city}]", "[1,0,1]", "one size >= 1"),
+    ],
+)
+def test_config_refuses_multi_hot_sizes_it_cannot_expand(sparse, sizes, words):
+    cfg = compose(["model=tiny", *overrides("/nowhere"), f"data.parquet.sparse={sparse}"])
+    cfg.data.parquet.multi_hot_sizes = [int(x) for x in sizes.strip("[]").split(",")]
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        validate(cfg)
 
 
 # -- the string hash ---------------------------------------------------------------------------------
