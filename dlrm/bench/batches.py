@@ -19,7 +19,8 @@ on the host:
   (in the page cache), ids expanded on the host in the loader's reader thread, what the training
   thread receives;
 - parquet: `dlrm.data.parquet.ParquetSource` over the same rows, written once as one Parquet file
-  (`write_parquet_day`: as `dlrm.data.convert` writes it, PLAIN-encoded numbers, snappy; row groups
+  (`write_parquet_day`: as `dlrm.data.convert --required` writes it, PLAIN-encoded numbers, snappy,
+  REQUIRED columns; row groups
   of one rank's batch) in the layout `data.source=parquet` reads: 13 float32 dense columns, an int32
   label and 26 sparse ones, by `--parquet-layout`: base (the default), the .npy day's ids as int
   columns, expanded by the source as the criteo source expands them (`data.parquet.multi_hot_sizes`),
@@ -84,7 +85,8 @@ def write_parquet_day(
     day: Path, out: Path, pooling: list[int], table_rows: list[int], row_group_rows: int, lists: bool = False
 ) -> Path:
     """Day 0 of the preprocessed directory `day` written once as one Parquet file under `out` in the
-    layout `dlrm.data.convert` writes (`write_options`: PLAIN numbers, snappy), row groups of `row_group_rows`:
+    layout `dlrm.data.convert --required` writes (`write_options`: PLAIN numbers, snappy; columns
+    REQUIRED, no nulls), row groups of `row_group_rows`:
     float32 I1..I13, C1..C26, int32 label. C1..C26 hold the day's ids as they are (int columns: the
     source expands them with data.parquet.multi_hot_sizes) or, `lists`, the ids `CriteoSource` gives
     the model (pooling 1: the int column; more: list<int> of the multi-hot ids, (id +
@@ -109,6 +111,7 @@ def write_parquet_day(
         columns[SPARSE_NAMES[c]] = ids
     out.mkdir(parents=True, exist_ok=True)
     table = pa.table({name: columns[name] for name in FIELD_NAMES})
+    table = table.cast(pa.schema([f.with_nullable(False) for f in table.schema]))  # as `convert --required`
     pq.write_table(table, out / "day_0.parquet", row_group_size=row_group_rows, **write_options(table.schema))
     return out
 

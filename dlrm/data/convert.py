@@ -10,7 +10,9 @@ list<int64> (`COL:string`: list<string>, for `kind: strings`). Rows go to files 
 part-00001.parquet, ... of --out, `--rows-per-file` each, in row groups of `--row-group-size` rows
 (about global batch / ranks or fewer keeps each rank's reads small: see `dlrm.data.parquet`), in
 the layout `dlrm.data.parquet.write_options` gives: numbers PLAIN-encoded (no dictionary: twice as
-fast to decode), dictionary encoding for strings, `--compression` (snappy; none decodes a little faster).
+fast to decode), dictionary encoding for strings, `--compression` (snappy; none decodes a little faster);
+`--required` declares every column non-nullable (Parquet's REQUIRED: no definition levels, about half
+the decoding time again), refusing an input with an empty cell.
 Each file is written under a temporary name and renamed when complete; --out must not be an input's
 place nor hold Parquet files already. Errors: one line, exit status 2.
 """
@@ -104,6 +106,7 @@ def convert(
     row_group_size: int = 8192,
     block_bytes: int = 8 << 20,
     compression: str = "snappy",
+    required: bool = False,
 ) -> dict:
     """Write `inputs` as Parquet files in `out`; returns {"files": [...], "rows": N, "schema": str}."""
     if rows_per_file < 1 or row_group_size < 1:
@@ -156,6 +159,14 @@ def convert(
                 table = pa.Table.from_arrays(columns, names=batch.schema.names)
                 if schema is None:
                     schema = table.schema
+                    if required:  # REQUIRED in Parquet: no definition levels to decode
+                        schema = pa.schema([f.with_nullable(False) for f in table.schema])
+                empty = [c for c in table.column_names if table.column(c).null_count] if required else []
+                if empty:
+                    raise ConvertError(
+                        f"{path}: column {empty[0]!r} has an empty cell, and --required forbids them: fill it, "
+                        "or drop --required"
+                    )
                 table = table.cast(schema)
                 start = 0
                 while start < table.num_rows:
@@ -192,6 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--row-group-size", type=int, default=8192, help="rows per Parquet row group")
     ap.add_argument("--block-mb", type=float, default=8.0, help="text parsed per block (bounds memory)")
     ap.add_argument("--compression", default="snappy", help=f"of the Parquet pages: {', '.join(COMPRESSIONS)}")
+    ap.add_argument(
+        "--required", action="store_true", help="columns without nulls (REQUIRED): about twice as fast to read"
+    )
     try:
         a = ap.parse_args(argv)
         if not 0 < a.block_mb <= 4096:
@@ -206,6 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             a.row_group_size,
             int(a.block_mb * (1 << 20)),
             a.compression,
+            a.required,
         )
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -559,10 +559,16 @@ def test_convert_writes_lists_files_and_row_groups(tmp_path):
     assert {c.compression for c in chunks.values()} == {"SNAPPY"}
 
 
-def test_convert_compression_none(tmp_path):
+def test_convert_compression_none_and_required_columns(tmp_path, capsys):
     (tmp_path / "in.csv").write_text(CSV)
-    done = convert.convert([str(tmp_path / "in.csv")], str(tmp_path / "out"), compression="none")
-    assert pq.ParquetFile(done["files"][0]).metadata.row_group(0).column(0).compression == "UNCOMPRESSED"
+    done = convert.convert([str(tmp_path / "in.csv")], str(tmp_path / "out"), compression="none", required=True)
+    parquet = pq.ParquetFile(done["files"][0])
+    assert parquet.metadata.row_group(0).column(0).compression == "UNCOMPRESSED"
+    assert [parquet.schema.column(i).max_definition_level for i in range(5)] == [0] * 5  # REQUIRED: no levels
+    assert not any(f.nullable for f in parquet.schema_arrow)
+    (tmp_path / "gap.csv").write_text("a,b\n1,2\n3,\n")
+    assert convert.main([str(tmp_path / "gap.csv"), "--out", str(tmp_path / "gap"), "--required"]) == 2
+    assert_one_error(2, "", capsys.readouterr().err, "gap.csv", "column 'b'", "--required")
 
 
 @pytest.mark.parametrize(
