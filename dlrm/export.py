@@ -9,6 +9,7 @@ whole on the CPU, DCP fills it from the shards, and one file is written atomical
      "data": {"source": "synthetic" | "criteo" | "parquet",
               "parquet": {"dense", "sparse", "labels", "id_policy"}  # with source parquet: how rows
              } or None,                                               # become the model's inputs
+                                                 # (and "multi_hot_sizes" where training set it)
      "state_dict": {name: tensor},   # the unsharded DLRMTrain state dict
      "sha256": digest of all the above (canonical JSON of the metadata, then each tensor's name, dtype,
                shape and bytes), so a damaged byte anywhere in the content is detected}

@@ -1,7 +1,7 @@
 """The scorer's Parquet input (`python -m dlrm.predict MODEL.pt --data PARQUET`): the rows of a file,
 directory, glob or URI (as `data.parquet.path` takes them), read by the trainer's own reader
 (`dlrm.data.parquet.ParquetSource.rows_in_order`) with the columns the export recorded (its
-`data.parquet`: dense, sparse, labels, id_policy), every row in file order.
+`data.parquet`: dense, sparse, labels, id_policy, multi_hot_sizes), every row in file order.
 
 Label columns are optional: all of them present gives labels [N] (one task) or [N, T]; none of them
 present (rows to score, not to evaluate) gives none. Columns the model reads that the files lack, and

@@ -1,7 +1,8 @@
 """The data path alone: samples/s of the batch sources at a training shape, one GPU-feeding process.
 
     python -m dlrm.bench.batches [--sources synthetic,criteo,parquet] [--threads N] [--rows N]
-                                      [--warmup N --window N --windows N] [--out F] [hydra overrides]
+                                      [--warmup N --window N --windows N] [--parquet-layout base|lists]
+                                      [--out F] [hydra overrides]
 
 Issue #27 asks for synthetic and multi-hot Criteo batches at >= 3M samples/s per GPU-feeding process
 (`--target`); issue #36 for the Parquet source at least as fast as the `.npy` loader on the same rows.
@@ -18,10 +19,14 @@ on the host:
   (in the page cache), ids expanded on the host in the loader's reader thread, what the training
   thread receives;
 - parquet: `dlrm.data.parquet.ParquetSource` over the same rows, written once as one Parquet file
-  (`write_parquet_day`: snappy, row groups of one rank's batch) in the layout `data.source=parquet`
-  reads: 13 float32 dense columns, the 26 sparse ones holding the ids the criteo source gives the
-  model (an int column where the pooling is 1, else list<int> of the multi-hot ids), an int32 label;
-  decoded, checked and made into a KeyedJaggedTensor on the source's reader thread. `--rows` must
+  (`write_parquet_day`: as `dlrm.data.convert --required` writes it, PLAIN-encoded numbers, snappy,
+  REQUIRED columns; row groups
+  of one rank's batch) in the layout `data.source=parquet` reads: 13 float32 dense columns, an int32
+  label and 26 sparse ones, by `--parquet-layout`: base (the default), the .npy day's ids as int
+  columns, expanded by the source as the criteo source expands them (`data.parquet.multi_hot_sizes`),
+  the same data stored; lists, the expanded ids the criteo source gives the model stored (an int
+  column where the pooling is 1, else list<int>: 214 ids per sample to decode, not 26); decoded,
+  checked and made into a KeyedJaggedTensor on the source's reader thread. `--rows` must
   hold more than 4 global batches (the default: 6 at 65,536): the reader keeps its last 4 decoded row
   groups, and rank 0 cycling through fewer would be timed from that cache.
 criteo and parquet read in file order (shuffle off), so they give the same batches.
@@ -76,16 +81,22 @@ def write_random_day(directory: Path, rows: int, table_rows: list[int], seed: in
     return directory
 
 
-def write_parquet_day(day: Path, out: Path, pooling: list[int], table_rows: list[int], row_group_rows: int) -> Path:
-    """Day 0 of the preprocessed directory `day` written once as one Parquet file under `out` (pyarrow's
-    default writer, as `dlrm.data.convert`'s: snappy, dictionary pages), row groups of `row_group_rows`:
-    float32 I1..I13, C1..C26 as the ids `CriteoSource` gives the model (pooling 1: the int column;
-    more: list<int> of the multi-hot ids, (id + `multi_hot_offsets`) % rows in its order), int32 label."""
+def write_parquet_day(
+    day: Path, out: Path, pooling: list[int], table_rows: list[int], row_group_rows: int, lists: bool = False
+) -> Path:
+    """Day 0 of the preprocessed directory `day` written once as one Parquet file under `out` in the
+    layout `dlrm.data.convert --required` writes (`write_options`: PLAIN numbers, snappy; columns
+    REQUIRED, no nulls), row groups of `row_group_rows`:
+    float32 I1..I13, C1..C26, int32 label. C1..C26 hold the day's ids as they are (int columns: the
+    source expands them with data.parquet.multi_hot_sizes) or, `lists`, the ids `CriteoSource` gives
+    the model (pooling 1: the int column; more: list<int> of the multi-hot ids, (id +
+    `multi_hot_offsets`) % rows in its order)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from dlrm.data.criteo.format import FIELD_NAMES, SPARSE_NAMES, day_paths
     from dlrm.data.criteo.loader import multi_hot_offsets
+    from dlrm.data.parquet import write_options
 
     arrays = {k: np.load(path, mmap_mode="r") for k, path in day_paths(str(day), 0).items()}
     sparse, n = arrays["sparse"], len(arrays["labels"])
@@ -93,21 +104,26 @@ def write_parquet_day(day: Path, out: Path, pooling: list[int], table_rows: list
     columns |= {f"I{i + 1}": pa.array(np.ascontiguousarray(arrays["dense"][:, i])) for i in range(13)}
     for c, (offsets, rows) in enumerate(zip(multi_hot_offsets(pooling, table_rows), table_rows, strict=True)):
         ids = np.ascontiguousarray(sparse[:, c])
-        if offsets.size > 1:
+        if lists and offsets.size > 1:
             values = ((ids[:, None].astype(np.int64) + offsets) % rows).astype(sparse.dtype).reshape(-1)
             starts = np.arange(0, n * offsets.size + 1, offsets.size, dtype=np.int32)
             ids = pa.ListArray.from_arrays(pa.array(starts), pa.array(values))
         columns[SPARSE_NAMES[c]] = ids
     out.mkdir(parents=True, exist_ok=True)
     table = pa.table({name: columns[name] for name in FIELD_NAMES})
-    pq.write_table(table, out / "day_0.parquet", row_group_size=row_group_rows)
+    table = table.cast(pa.schema([f.with_nullable(False) for f in table.schema]))  # as `convert --required`
+    pq.write_table(table, out / "day_0.parquet", row_group_size=row_group_rows, **write_options(table.schema))
     return out
 
 
-def use_random_day(cfg: Config, source: str, directory: Path, rows: int, row_group_rows: int) -> None:
+def use_random_day(
+    cfg: Config, source: str, directory: Path, rows: int, row_group_rows: int, parquet_layout: str = "base"
+) -> None:
     """Point `cfg.data` at one day of `rows` random rows under `directory` for `source`: criteo, the
     preprocessed day (`write_random_day`); parquet, the same rows as Parquet (`write_parquet_day`) in
-    the layout `data.source=parquet` reads. Each is written the first time it is asked for. Both are
+    the layout `data.source=parquet` reads: `parquet_layout` base, the day's ids, expanded by the source
+    (data.parquet.multi_hot_sizes, as the criteo source expands them), or lists, the expanded ids
+    stored (list<int> columns). Each is written the first time it is asked for. Both are
     read in file order (shuffle off: a shuffle only reorders whole batches or row groups), so the two
     sources give the same batches and the same ids expanded from them."""
     from dlrm.config import ParquetConfig, SparseColumnConfig
@@ -127,15 +143,19 @@ def use_random_day(cfg: Config, source: str, directory: Path, rows: int, row_gro
             dir=str(day), train_days=[0], multi_hot_sizes=multi_hot, shuffle=False, verify_checksums=False
         )
         return
+    lists = parquet_layout == "lists"
     path = directory / "parquet"
     if not path.exists():
-        write_parquet_day(day, path, pooling, table_rows, row_group_rows)
+        write_parquet_day(day, path, pooling, table_rows, row_group_rows, lists)
     sparse = [
-        SparseColumnConfig(name=name, column=column, kind=SparseKind.ids if p > 1 else SparseKind.id)
+        SparseColumnConfig(name=name, column=column, kind=SparseKind.ids if lists and p > 1 else SparseKind.id)
         for name, column, p in zip(names, SPARSE_NAMES, pooling, strict=True)
     ]
     dense = [f"I{i + 1}" for i in range(13)]
-    cfg.data.parquet = ParquetConfig(path=str(path), dense=dense, sparse=sparse, labels=["label"], shuffle=False)
+    multi_hot = list(pooling) if not lists and max(pooling) > 1 else None
+    cfg.data.parquet = ParquetConfig(
+        path=str(path), dense=dense, sparse=sparse, labels=["label"], shuffle=False, multi_hot_sizes=multi_hot
+    )
 
 
 def measure(args: argparse.Namespace, cfg: Config, source: str, directory: Path, ranks: int) -> dict:
@@ -151,7 +171,7 @@ def measure(args: argparse.Namespace, cfg: Config, source: str, directory: Path,
         cfg.data.source = type(cfg.data.source)(source)
         cfg.data.synthetic.on_device = True  # made on `device`: the host here
         return source_only(timing, cfg)
-    use_random_day(cfg, source, directory, args.rows, cfg.data.global_batch_size // ranks)
+    use_random_day(cfg, source, directory, args.rows, cfg.data.global_batch_size // ranks, args.parquet_layout)
     result = source_only(timing, cfg)
     result["bytes_on_disk"] = sum(f.stat().st_size for f in (directory / source).iterdir())
     return result
@@ -166,6 +186,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed batches after the first")
     parser.add_argument("--window", type=int, default=10, help="batches per timed window")
     parser.add_argument("--windows", type=int, default=7, help="timed windows")
+    parser.add_argument(
+        "--parquet-layout",
+        default="base",
+        choices=("base", "lists"),
+        help="parquet: the day's ids, expanded as read (base), or the expanded ids stored (lists)",
+    )
     parser.add_argument("--target", type=float, default=TARGET_SAMPLES_PER_S, help="samples/s per process to reach")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     try:

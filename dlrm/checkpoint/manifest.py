@@ -25,12 +25,14 @@ def model_signature(cfg: ModelConfig) -> dict:
 
 def data_signature(cfg: DataConfig) -> dict:
     """How the model's inputs are read: {"source"} and, for Parquet, {"parquet": its columns (dense,
-    sparse with kinds and weights, labels) and id_policy}, what turns rows into the model's inputs;
-    not the paths, split or order, which belong to one dataset."""
+    sparse with kinds and weights, labels), id_policy and multi_hot_sizes where set}, what turns rows
+    into the model's inputs; not the paths, split or order, which belong to one dataset."""
     signature: dict[str, Any] = {"source": str(cfg.source)}
     if cfg.source == DataSource.parquet:
         p = asdict(cfg.parquet)
         signature["parquet"] = {k: p[k] for k in ("dense", "sparse", "labels", "id_policy")}
+        if cfg.parquet.multi_hot_sizes is not None:  # recorded where set: older records read as before
+            signature["parquet"]["multi_hot_sizes"] = list(cfg.parquet.multi_hot_sizes)
     return json.loads(json.dumps(signature))  # plain str for the enums
 
 

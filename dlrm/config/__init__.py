@@ -188,6 +188,12 @@ class Config:
                 + (f"; missing {missing}" if missing else "")
                 + (f"; not in any table: {extra}" if extra else ""),
             )
+        if pq.multi_hot_sizes is not None and len(pq.multi_hot_sizes) != len(model_features):
+            _fail(
+                "data.parquet.multi_hot_sizes",
+                list(pq.multi_hot_sizes),
+                f"give one size per model feature, in table order ({len(model_features)}: {model_features})",
+            )
         if len(pq.dense) != self.model.dense_in_features:
             _fail(
                 "data.parquet.dense",

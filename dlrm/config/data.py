@@ -95,6 +95,10 @@ class ParquetConfig:
     modulo (folded into the table, and counted)."""
     prefetch_batches: int = 4
     """Batches read ahead on a background thread (below 1: one)."""
+    multi_hot_sizes: list[int] | None = None
+    """Ids per sample of each of the model's features, in table order, from one base id per sample
+    (every sparse column kind id, unweighted): id j is (base + offset_j) % rows, the offsets of
+    data.criteo.multi_hot_sizes (MLPerf DCNv2's synthesis, `multi_hot_offsets`); None: the ids as stored."""
 
     def check(self, key: str) -> None:
         if not self.path:
@@ -114,6 +118,17 @@ class ParquetConfig:
             if not s.name or s.name in seen:
                 _fail(f"{key}.sparse[{i}].name", s.name, "give each sparse feature a unique, non-empty name")
             seen.add(s.name)
+        if self.multi_hot_sizes is not None:
+            if min(self.multi_hot_sizes, default=0) < 1:
+                _fail(f"{key}.multi_hot_sizes", self.multi_hot_sizes, "give one size >= 1 per feature, or null")
+            others = [s.name for s in self.sparse if s.kind != SparseKind.id or s.weights]
+            if others:
+                _fail(
+                    f"{key}.multi_hot_sizes",
+                    self.multi_hot_sizes,
+                    f"it expands one base id per sample: declare every feature kind: id without weights ({others} "
+                    "are not), or set it to null",
+                )
 
 
 @dataclass

@@ -8,18 +8,22 @@ row group keep their order), eval reads them in file order, one pass. Global bat
 [k * B, (k + 1) * B) of that sequence (the last partial batch is dropped); rank r of W takes rows
 [k * B + r * b, k * B + (r + 1) * b), b = B / W. `batches(..., start_step=k)` starts at batch k exactly.
 
-A rank reads (`ParquetFile.read_row_group`, only the declared columns) just the row groups that
-overlap its slices, and keeps the last few decoded, so read amplification is small when row groups
-hold about b rows or fewer: with G rows per row group a rank decodes at most b + G rows per step
-for the b it uses ((b + G) / b), and about once each over consecutive steps. With G much larger than
-B every rank decodes every row group (amplification W): write row groups of about B / W rows or less
-(`python -m dlrm.data.convert --row-group-size`).
+A rank reads (`ParquetFile.read_row_group`, only the declared columns, local files memory-mapped)
+just the row groups that overlap its slices, and keeps the last few decoded, so read amplification
+is small when row groups hold about b rows or fewer: with G rows per row group a rank decodes at
+most b + G rows per step for the b it uses ((b + G) / b), and about once each over consecutive
+steps. With G much larger than B every rank decodes every row group (amplification W): write row
+groups of about B / W rows or less (`python -m dlrm.data.convert --row-group-size`).
 
-Sparse columns (`data.parquet.sparse[*].kind`): id (an integer column), ids (list<integer>: any number
-per sample, empty allowed), string and strings (string / list<string>, hashed: `hash_strings`). The
-KeyedJaggedTensor's keys are the model's features in table order, its values key-major, built from
-Arrow's offsets and values with numpy. Ids below 0 or >= the table's rows are refused (one line naming
-column, file and row) or, with id_policy=modulo, folded into the table and counted (`folded_ids`).
+Sparse columns (`data.parquet.sparse[*].kind`): id (an integer column), ids (list<integer>: any
+number per sample, empty allowed), string and strings (string / list<string>, hashed:
+`hash_strings`). The KeyedJaggedTensor's keys are the model's features in table order, its values
+key-major, built from Arrow's offsets and values with numpy; the one-id columns (kind id,
+unweighted), the dense and the label columns as blocks (`make_batch`), column by column where a
+batch holds a bad value. Ids below 0 or >= the table's rows are refused (one line naming column,
+file and row) or, with id_policy=modulo, folded into the table and counted (`folded_ids`). With
+data.parquet.multi_hot_sizes, every column holds one base id per sample, expanded as the Criteo
+source expands its files' (`dlrm.data.multihot`, `multi_hot_offsets`).
 
 Checks: the schemas of every file from Parquet metadata at start-up (missing column, wrong type, a
 list where a scalar is declared or the reverse, schemas differing between files, an empty or
@@ -53,6 +57,8 @@ from dlrm.errors import UserError
 
 if TYPE_CHECKING:  # torch and torchrec where batches are made: the hash and the checks start without them
     from torchrec.datasets.utils import Batch
+
+    from dlrm.data.multihot import MultiHotLayout
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +120,21 @@ def hash_strings(strings: pa.Array | pa.ChunkedArray) -> np.ndarray:
     out = np.empty(n, np.int64)
     out[order] = (h & _LOW63).astype(np.int64)
     return out
+
+
+def write_options(schema: pa.Schema, compression: str = "snappy") -> dict:
+    """`pq.write_table` / `pq.ParquetWriter` keyword arguments of the layout this source decodes fastest
+    (`dlrm.data.convert` and `dlrm.bench.batches` write it): numbers PLAIN-encoded, dictionary encoding
+    for string columns only, `compression` (snappy, lz4, zstd or none). Ids of large tables rarely
+    repeat within a row group, and Arrow decodes a dictionary-encoded integer column (dictionary,
+    indexes, gather) about twice as slowly as a plain one. Files of any encoding are read alike."""
+    strings = []
+    for f in schema:
+        is_list = pa.types.is_list(f.type) or pa.types.is_large_list(f.type)
+        t = f.type.value_type if is_list else f.type
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            strings.append(f"{f.name}.list.element" if is_list else f.name)  # the Parquet leaf's path
+    return {"use_dictionary": strings, "compression": compression}
 
 
 @dataclass(frozen=True)
@@ -278,7 +299,9 @@ class _Reader:
             return self.cache[g]
         rg = self.dataset.row_groups[g]
         if rg.file not in self.files:
-            handle = self.dataset.fs.open_input_file(self.dataset.paths[rg.file])
+            path = self.dataset.paths[rg.file]
+            local = isinstance(self.dataset.fs, pafs.LocalFileSystem)  # memory-mapped: no copy out of the page cache
+            handle = pa.memory_map(path) if local else self.dataset.fs.open_input_file(path)
             self.files[rg.file] = pq.ParquetFile(handle, metadata=self.dataset.metadata[rg.file])
         try:
             table = self.files[rg.file].read_row_group(rg.index, columns=self.columns)
@@ -314,9 +337,24 @@ def _where(origin: list[tuple], row: int) -> str:
     return f"{path}, row {first + row - at}"
 
 
-def _array(table: pa.Table, column: str) -> pa.Array:
-    chunked = table.column(column)
-    return chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
+def _array(column: pa.ChunkedArray) -> pa.Array:
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def _runs(features: int, scalar: list[int]) -> list[tuple[int, int, int | None]]:
+    """The KJT's features in key order as (first, last, row): features [first, last) are rows [row,
+    row + last - first) of the one-id block (`scalar`: their indexes, ascending), or, with row None,
+    one feature (last = first + 1) read on its own."""
+    runs: list[tuple[int, int, int | None]] = []
+    row_of = {f: r for r, f in enumerate(scalar)}
+    for f in range(features):
+        if f not in row_of:
+            runs.append((f, f + 1, None))
+        elif runs and runs[-1][2] is not None and runs[-1][1] == f:
+            runs[-1] = (runs[-1][0], f + 1, runs[-1][2])
+        else:
+            runs.append((f, f + 1, row_of[f]))
+    return runs
 
 
 class ParquetSource:
@@ -359,6 +397,23 @@ class ParquetSource:
         self.weighted = any(s.weights for _, s in self.specs)
         self.id_dtype = np.int32 if max(self.table_rows) <= _INT32_MAX else np.int64
         self.folded_ids = 0  # ids folded into their table by id_policy=modulo
+        scalar = [f for f, (_, s) in enumerate(self.specs) if s.kind == SparseKind.id and not s.weights]
+        self._scalar_columns = [self.specs[f][1].column or self.specs[f][1].name for f in scalar]
+        self._scalar_rows = np.asarray([self.table_rows[f] for f in scalar], np.int64)
+        self._other = {f for f in range(len(self.specs)) if f not in scalar}  # features read one by one
+        self._runs = _runs(len(self.specs), scalar)
+        self.multi_hot: list[list[int]] | None = None  # per feature, its offsets (data.parquet.multi_hot_sizes)
+        self._layouts: dict[int, MultiHotLayout] = {}  # per batch size
+        if cfg.multi_hot_sizes is not None:
+            sizes = [int(m) for m in cfg.multi_hot_sizes]
+            if len(sizes) != len(self.names) or min(sizes) < 1 or self._other:
+                raise ParquetDataError(
+                    f"data.parquet.multi_hot_sizes = {sizes}: give one size >= 1 per feature ({len(self.names)}), "
+                    "every feature kind: id without weights"
+                )
+            from dlrm.data.criteo.loader import multi_hot_offsets
+
+            self.multi_hot = [o.tolist() for o in multi_hot_offsets(sizes, self.table_rows)]
 
         train = _Dataset(cfg.path, "data.parquet.path", columns)
         groups = list(range(len(train.row_groups)))
@@ -464,18 +519,137 @@ class ParquetSource:
             step += 1
 
     def make_batch(self, table: pa.Table, origin: list[tuple]) -> Batch:
-        """Rows of the declared columns -> Batch; checks the values (nulls, id range, 0/1 labels)."""
+        """Rows of the declared columns -> Batch; checks the values (nulls, id range, 0/1 labels). The
+        dense and label columns and the one-id columns (kind id, unweighted) are read as blocks, checked
+        by a few reductions over each; on any bad value `make_batch_by_column` makes (or refuses) the
+        batch, naming the value as it always did. The same Batch as `make_batch_by_column` (with
+        data.parquet.multi_hot_sizes, its one id per sample and feature expanded: `_expanded`)."""
+        blocks = self._blocks(table)
+        if blocks is None:
+            batch = self.make_batch_by_column(table, origin)
+            if self.multi_hot is None:
+                return batch
+            b = table.num_rows
+            ids = batch.sparse_features.values().numpy().reshape(len(self.names), b)  # checked (or folded)
+            return self._expanded(batch.dense_features.numpy(), batch.labels.numpy().reshape(b, -1), ids)
+        dense, labels, scalar_ids = blocks
+        if self.multi_hot is not None:
+            return self._expanded(dense, labels, scalar_ids)
+        b, rows = table.num_rows, self.table_rows
+        if not self._other:  # every feature one id per sample: the block is the values, key-major
+            values = scalar_ids.reshape(-1).astype(self.id_dtype, copy=False)
+            per_key = [b] * len(self.specs)
+            weights = np.ones(len(values), np.float32) if self.weighted else None
+            return self._batch(dense, labels, values, np.ones(len(values), np.int32), weights, per_key)
+        features = {
+            f: self._feature(table, origin, i, s, rows[f]) for f, (i, s) in enumerate(self.specs) if f in self._other
+        }
+        per_key = [len(features[f][1]) if f in features else b for f in range(len(self.specs))]
+        values = np.empty(sum(per_key), self.id_dtype)
+        lengths = np.ones(len(self.specs) * b, np.int32)
+        weights = np.ones(len(values), np.float32) if self.weighted else None
+        at = 0
+        for first, last, row in self._runs:  # features [first, last): block rows from `row`, or one other feature
+            if row is not None:
+                n = (last - first) * b
+                values[at : at + n] = scalar_ids[row : row + last - first].reshape(-1)
+            else:
+                length, ids, w = features[first]
+                n = len(ids)
+                values[at : at + n] = ids
+                lengths[first * b : last * b] = length
+                if w is not None and weights is not None:
+                    weights[at : at + n] = w
+            at += n
+        return self._batch(dense, labels, values, lengths, weights, per_key)
+
+    def _blocks(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(dense [b, n_dense] float32, labels [b, T] float32, ids [n one-id features, b] of the one-id
+        columns), each checked as a block; None if any holds a null (not dense), a label other than 0
+        and 1 or an id outside its table."""
+        b, columns = table.num_rows, dict(zip(table.column_names, table.columns, strict=True))
+        dense = np.empty((len(self.cfg.dense), b), np.float32)  # column by column, then one transpose
+        for k, c in enumerate(self.cfg.dense):
+            arr = _array(columns[c])
+            dense[k] = (pc.fill_null(arr, 0) if arr.null_count else arr).to_numpy(zero_copy_only=False)
+        labels = np.empty((b, len(self.cfg.labels)), np.float32)
+        for k, c in enumerate(self.cfg.labels):
+            arr = _array(columns[c])
+            if arr.null_count:
+                return None
+            labels[:, k] = arr.to_numpy(zero_copy_only=False)
+        if ((labels != 0) & (labels != 1)).any():
+            return None
+        arrays = [_array(columns[c]) for c in self._scalar_columns]
+        if any(a.null_count for a in arrays):
+            return None
+        columns = [a.to_numpy(zero_copy_only=False) for a in arrays]
+        dtype = np.result_type(*columns) if columns else np.dtype(np.int64)
+        if dtype.kind != "i":  # unsigned: compared as int64, as `make_batch_by_column` does
+            dtype = np.dtype(np.int64)
+        ids = np.empty((len(columns), b), dtype)
+        for k, column in enumerate(columns):
+            ids[k] = column
+        if ids.size and (ids.min() < 0 or (ids.max(axis=1) >= self._scalar_rows).any()):
+            return None
+        return np.ascontiguousarray(dense.T), labels, ids
+
+    def _expanded(self, dense: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> Batch:
+        """The Batch of base ids [F, b] (one per feature and sample, in range) expanded to
+        data.parquet.multi_hot_sizes ids each, as the Criteo source expands its files' ids."""
+        import torch
+        from torchrec.datasets.utils import Batch
+
+        assert self.multi_hot is not None
+        b = ids.shape[1]
+        if b not in self._layouts:
+            from dlrm.data.multihot import MultiHotLayout
+
+            self._layouts[b] = MultiHotLayout(self.names, self.table_rows, self.multi_hot, b, torch.device("cpu"))
+        layout = self._layouts[b]
+        return Batch(
+            dense_features=torch.from_numpy(dense),
+            sparse_features=layout.kjt_of_values(layout.expand_host(ids.T)),
+            labels=torch.from_numpy(labels[:, 0].copy() if labels.shape[1] == 1 else labels),
+        )
+
+    def _batch(
+        self,
+        dense: np.ndarray,
+        labels: np.ndarray,
+        values: np.ndarray,
+        lengths: np.ndarray,
+        weights: np.ndarray | None,
+        per_key: list[int],
+    ) -> Batch:
         import torch
         from torchrec.datasets.utils import Batch
         from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+        sparse = KeyedJaggedTensor(
+            keys=self.names,
+            values=torch.from_numpy(values),
+            lengths=torch.from_numpy(lengths),
+            weights=torch.from_numpy(weights) if weights is not None else None,
+            stride=len(dense),
+            length_per_key=per_key,
+        )
+        return Batch(
+            dense_features=torch.from_numpy(dense),
+            sparse_features=sparse,
+            labels=torch.from_numpy(labels[:, 0].copy() if labels.shape[1] == 1 else labels),
+        )
+
+    def make_batch_by_column(self, table: pa.Table, origin: list[tuple]) -> Batch:
+        """`make_batch` column by column: each value checked where it is read, the first bad one named
+        (file, column, row) in a `ParquetValueError`; ids out of range folded under id_policy=modulo."""
         b = table.num_rows
         dense = np.empty((b, len(self.cfg.dense)), np.float32)
         for k, c in enumerate(self.cfg.dense):
-            dense[:, k] = pc.fill_null(_array(table, c), 0).to_numpy(zero_copy_only=False)
+            dense[:, k] = pc.fill_null(_array(table.column(c)), 0).to_numpy(zero_copy_only=False)
         labels = np.empty((b, len(self.cfg.labels)), np.float32)
         for k, c in enumerate(self.cfg.labels):
-            arr = _array(table, c)
+            arr = _array(table.column(c))
             if arr.null_count:
                 row = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
                 raise ParquetValueError(f"label column {c!r} is null at {_where(origin, row)}; labels must be 0 or 1")
@@ -494,28 +668,22 @@ class ParquetSource:
             values_.append(ids)
             if self.weighted:
                 weights.append(w if w is not None else np.ones(len(ids), np.float32))
-        all_lengths = np.concatenate(lengths).astype(np.int32)
-        sparse = KeyedJaggedTensor(
-            keys=self.names,
-            values=torch.from_numpy(np.concatenate(values_).astype(self.id_dtype, copy=False)),
-            lengths=torch.from_numpy(all_lengths),
-            weights=torch.from_numpy(np.concatenate(weights)) if self.weighted else None,
-            stride=b,
-            length_per_key=[len(v) for v in values_],
-        )
-        return Batch(
-            dense_features=torch.from_numpy(dense),
-            sparse_features=sparse,
-            labels=torch.from_numpy(labels[:, 0].copy() if labels.shape[1] == 1 else labels),
+        return self._batch(
+            dense,
+            labels,
+            np.concatenate(values_).astype(self.id_dtype, copy=False),
+            np.concatenate(lengths).astype(np.int32),
+            np.concatenate(weights) if self.weighted else None,
+            [len(v) for v in values_],
         )
 
     # long: one sparse feature of every kind (id, ids, string, strings, weights) in one place
     def _feature(
         self, table: pa.Table, origin: list[tuple], i: int, spec: SparseColumnConfig, rows: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """One feature's (lengths [b], ids [n] int64 in [0, rows), weights [n] float32 or None)."""
+        """One feature's (lengths [b], ids [n] in [0, rows) (an integer dtype), weights [n] float32 or None)."""
         column = spec.column or spec.name
-        arr = _array(table, column)
+        arr = _array(table.column(column))
         is_list = spec.kind in (SparseKind.ids, SparseKind.strings)
         if arr.null_count:
             row = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
@@ -523,9 +691,10 @@ class ParquetSource:
                 f"column {column!r} (data.parquet.sparse[{i}]) is null at {_where(origin, row)}; "
                 + ("write an empty list for no ids" if is_list else "give every row an id (or use kind: ids)")
             )
-        if is_list:
-            lengths = compute("list_value_length", arr).to_numpy(zero_copy_only=False).astype(np.int64)
-            flat = arr.flatten()
+        if is_list:  # no null lists: the ids are the values between the first and last offsets
+            offsets = arr.offsets.to_numpy()
+            lengths = np.diff(offsets)
+            flat = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
         else:
             lengths, flat = np.ones(len(arr), np.int64), arr
 
@@ -541,7 +710,9 @@ class ParquetSource:
         if spec.kind in (SparseKind.string, SparseKind.strings):
             ids = hash_strings(flat) % rows
         else:
-            ids = flat.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            ids = flat.to_numpy(zero_copy_only=False)  # signed integers checked as they are, no copy
+            if ids.dtype.kind != "i":
+                ids = ids.astype(np.int64)
             if ids.size and (ids.min() < 0 or ids.max() >= rows):  # two reductions, no mask on the good path
                 bad = (ids < 0) | (ids >= rows)
                 if self.cfg.id_policy == IdPolicy.refuse:
@@ -553,10 +724,10 @@ class ParquetSource:
                         "data.parquet.id_policy=modulo"
                     )
                 self.folded_ids += int(bad.sum())
-                ids = np.mod(ids, rows)
+                ids = np.mod(ids.astype(np.int64, copy=False), rows)
         weights = None
         if spec.weights:
-            warr = _array(table, spec.weights)
+            warr = _array(table.column(spec.weights))
             wflat = warr.flatten() if is_list else warr
             if warr.null_count or wflat.null_count:
                 raise ParquetValueError(

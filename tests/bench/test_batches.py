@@ -82,21 +82,25 @@ def test_the_random_day_is_a_valid_preprocessed_directory(tmp_path):
         bench_batches.write_random_day(tmp_path, 10, [10] * 3)
 
 
+@pytest.mark.parametrize("layout", ["base", "lists"])
 @pytest.mark.parametrize("rank", [0, 1])
-def test_the_parquet_day_gives_the_criteo_sources_batches(tmp_path, rank):
-    """The random day written as Parquet (row groups of a rank's batch, list<int> of the multi-hot ids)
-    and read by ParquetSource gives, step by step, the batches CriteoSource makes from the .npy day:
-    the same dense features, labels, keys, ids (expanded) and lengths, into the next epoch."""
+def test_the_parquet_day_gives_the_criteo_sources_batches(tmp_path, rank, layout):
+    """The random day written as Parquet (row groups of a rank's batch; base: the day's ids, expanded
+    by the source, data.parquet.multi_hot_sizes; lists: list<int> of the multi-hot ids) and read by
+    ParquetSource gives, step by step, the batches CriteoSource makes from the .npy day: the same
+    dense features, labels, keys, ids (expanded) and lengths, into the next epoch."""
     cfg = compose_config(["experiment=bench_dcnv2", "topology=cpu", "data.global_batch_size=96"])
     rows, per_rank, steps = 3 * 96 + 40, 48, 4  # 3 global batches (the rest dropped); step 3 starts epoch 1
     got = {}
     for source in ("criteo", "parquet"):
-        bench_batches.use_random_day(cfg, source, tmp_path, rows, per_rank)
+        bench_batches.use_random_day(cfg, source, tmp_path, rows, per_rank, layout)
         batches = make_source(cfg, torch.device("cpu")).batches("train", rank, 2)
         got[source] = [next(batches) for _ in range(steps)]
     parquet = pq.ParquetFile(tmp_path / "parquet" / "day_0.parquet")
     assert parquet.metadata.num_rows == rows and parquet.metadata.num_row_groups == 7  # 48 rows each, one short
-    assert pa.types.is_list(parquet.schema_arrow.field("C21").type) and parquet.schema_arrow.field("C3").type == "int32"
+    assert pa.types.is_list(parquet.schema_arrow.field("C21").type) == (layout == "lists")
+    assert parquet.schema_arrow.field("C3").type == "int32"
+    assert (cfg.data.parquet.multi_hot_sizes is not None) == (layout == "base")
     _, _, pooling = feature_layout(cfg)
     for step, (want, have) in enumerate(zip(got["criteo"], got["parquet"], strict=True)):
         assert not isinstance(want, BaseIdBatch) and want.dense_features.shape == (per_rank, 13)

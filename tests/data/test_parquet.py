@@ -3,7 +3,9 @@ any world size, exact resume, the stable string hash, every bad input as one lin
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +20,7 @@ from dlrm.config import ConfigError, ParquetConfig, SparseColumnConfig, validate
 from dlrm.config.choices import IdPolicy, SparseKind
 from dlrm.config.compose import compose
 from dlrm.data import convert, inspect
-from dlrm.data.parquet import ParquetDataError, ParquetSource, ParquetValueError, hash_strings
+from dlrm.data.parquet import ParquetDataError, ParquetSource, ParquetValueError, _Reader, hash_strings
 from tests.helpers import REPO_ROOT as ROOT
 from tests.helpers.cli import assert_one_error
 from tests.helpers.parquet_data import ROWS, TABLES, overrides, table, write_dataset
@@ -192,6 +194,118 @@ def test_out_of_range_ids_fold_under_modulo_and_are_counted(data):
     users = pq.read_table(sorted(data.glob("*.parquet")))["user"].to_numpy()
     assert torch.cat([b.sparse_features["user"].values() for b in batches]).tolist() == (users % 10).tolist()
     assert src.folded_ids == int((users >= 10).sum()) > 0
+
+
+# -- blocks: the one-id, dense and label columns read as blocks, as column by column ----------------
+
+
+def assert_same_batch(a, b) -> None:
+    """The same Batch: values, dtypes, shapes, the KJT's lengths, lengths per key and weights."""
+    assert_batches_equal(a, b)
+    for x, y in ((a.dense_features, b.dense_features), (a.labels, b.labels)):
+        assert x.dtype == y.dtype and x.shape == y.shape and x.is_contiguous() and y.is_contiguous()
+    ka, kb = a.sparse_features, b.sparse_features
+    assert ka.keys() == kb.keys() and ka.stride() == kb.stride() and ka.length_per_key() == kb.length_per_key()
+    assert ka.values().dtype == kb.values().dtype and torch.equal(ka.values(), kb.values())
+    assert ka.lengths().dtype == kb.lengths().dtype and torch.equal(ka.lengths(), kb.lengths())
+    wa, wb = ka.weights_or_none(), kb.weights_or_none()
+    assert (wa is None) == (wb is None) and (wa is None or torch.equal(wa, wb))
+
+
+def tables_of(src: ParquetSource) -> list[pa.Table]:
+    """Row groups as batches meet them: whole, sliced (non-zero offsets) and two concatenated (two chunks)."""
+    reader = _Reader(src.splits["train"].dataset, src.columns)
+    return [reader.group(0), reader.group(1).slice(7, 20), pa.concat_tables([reader.group(2), reader.group(3)])]
+
+
+@pytest.mark.parametrize("weights", [None, "items_w"])
+def test_blocks_equal_column_by_column_on_a_mixed_schema(data, weights):
+    """One-id features between list, string and weighted ones (runs of the block), int8 ids, two labels."""
+    sparse = [
+        SparseColumnConfig(name="user", kind=SparseKind.id),
+        SparseColumnConfig(name="u2", column="user", kind=SparseKind.id),
+        SparseColumnConfig(name="items", kind=SparseKind.ids, weights=weights),
+        SparseColumnConfig(name="u3", column="label2", kind=SparseKind.id),
+        SparseColumnConfig(name="city", kind=SparseKind.string),
+        SparseColumnConfig(name="u4", column="label", kind=SparseKind.id, weights="x" if weights else None),
+    ]
+    names, rows = ["user", "u2", "items", "u3", "city", "u4"], [100, 100, 50, 2, 64, 2]
+    src = source(data, names=names, rows=rows, sparse=sparse, labels=["label", "label2"])
+    assert src._runs == [(0, 2, 0), (2, 3, None), (3, 4, 2), (4, 5, None), (5, 6, None if weights else 3)]
+    for t in tables_of(src):
+        origin = [(0, "f", 0)]
+        assert_same_batch(src.make_batch(t, origin), src.make_batch_by_column(t, origin))
+
+
+@pytest.mark.parametrize("big", [False, True])  # int32 ids; int64 (a table of more than 2**31 rows)
+def test_blocks_equal_column_by_column_on_one_id_columns_only(tmp_path, big):
+    n, rng = 200, np.random.default_rng(3)
+    t = pa.table(
+        {
+            "d_f64": rng.normal(size=n),
+            "d_i32": pa.array(rng.integers(-5, 5, n).astype(np.int32)),
+            "d_null": pa.array([None if k % 7 == 0 else float(k) for k in range(n)], pa.float32()),
+            "a": pa.array(rng.integers(0, 90, n).astype(np.int32)),
+            "b": pa.array(rng.integers(0, 90, n) + (2**40 if big else 0)),
+            "c": pa.array(rng.integers(0, 90, n).astype(np.uint16)),
+            "y": pa.array(rng.integers(0, 2, n).astype(bool)),
+        }
+    )
+    write(tmp_path / "a.parquet", t, row_group_size=50)
+    rows = [90, 2**41 if big else 90, 90]
+    sparse = [SparseColumnConfig(name=c, kind=SparseKind.id) for c in "abc"]
+    cfg = ParquetConfig(path=str(tmp_path), dense=["d_f64", "d_i32", "d_null"], sparse=sparse, labels=["y"])
+    src = ParquetSource(cfg, ["c", "a", "b"], [rows[2], rows[0], rows[1]], 50, 0)
+    assert src._runs == [(0, 3, 0)] and src.id_dtype == (np.int64 if big else np.int32)
+    for table_ in tables_of(src):
+        origin = [(0, "f", 0)]
+        batch = src.make_batch(table_, origin)
+        assert_same_batch(batch, src.make_batch_by_column(table_, origin))
+        assert batch.sparse_features.lengths().tolist() == [1] * 3 * table_.num_rows
+    folding = ParquetSource(dataclasses.replace(cfg, id_policy=IdPolicy.modulo), ["a", "b", "c"], [90, 50, 90], 50, 0)
+    first = tables_of(folding)[0]
+    assert folding._blocks(first) is None  # ids of b >= 50: made column by column, folded
+    assert_same_batch(folding.make_batch(first, [(0, "f", 0)]), folding.make_batch_by_column(first, [(0, "f", 0)]))
+
+
+def test_multi_hot_sizes_expand_one_base_id_per_sample_as_the_criteo_source(tmp_path):
+    """data.parquet.multi_hot_sizes: id j of a sample is (base + offset_j) % rows, the Criteo source's
+    offsets; out-of-range base ids folded first (id_policy=modulo) or named (refuse)."""
+    from dlrm.data.criteo.loader import multi_hot_offsets
+
+    n, rng = 120, np.random.default_rng(5)
+    base = {"a": rng.integers(0, 90, n), "b": rng.integers(0, 50, n).astype(np.int32)}
+    write(tmp_path / "a.parquet", pa.table({**base, "d": rng.random(n), "y": rng.integers(0, 2, n)}), row_group_size=40)
+    sparse = [SparseColumnConfig(name="a"), SparseColumnConfig(name="b")]
+    cfg = ParquetConfig(path=str(tmp_path), dense=["d"], sparse=sparse, labels=["y"], shuffle=False)
+    for rows, policy in (([90, 50], IdPolicy.refuse), ([60, 50], IdPolicy.modulo)):
+        multi = dataclasses.replace(cfg, multi_hot_sizes=[3, 1], id_policy=policy)
+        batches = take(ParquetSource(multi, ["a", "b"], rows, 40, 0), "train", 0, 1, 3)
+        offsets = multi_hot_offsets([3, 1], rows)
+        for k, batch in enumerate(batches):
+            kjt, at = batch.sparse_features, slice(40 * k, 40 * (k + 1))
+            expected = [((base[f][at, None] % r + o) % r).reshape(-1) for f, r, o in zip("ab", rows, offsets)]
+            assert kjt.values().dtype == torch.int32 and kjt.values().tolist() == np.concatenate(expected).tolist()
+            assert kjt.lengths().tolist() == [3] * 40 + [1] * 40 and batch.labels.shape == (40,)
+    with pytest.raises(ParquetValueError, match="'a'.*holds id"):
+        ParquetSource(dataclasses.replace(cfg, multi_hot_sizes=[3, 1]), ["a", "b"], [60, 50], 40, 0)
+    with pytest.raises(ParquetDataError, match="multi_hot_sizes"):
+        ParquetSource(dataclasses.replace(cfg, multi_hot_sizes=[3]), ["a", "b"], [90, 50], 40, 0)
+
+
+@pytest.mark.parametrize(
+    ("sparse", "sizes", "words"),
+    [
+        ("[{name:user},{name:items,kind:ids},{name:city,kind:string}]", "[1,2,1]", "['items', 'city'] are not"),
+        ("[{name:user},{name:items},{name:city}]", "[1,2]", "one size per model feature"),
+        ("[{name:user},{name:items},{name:city}]", "[1,0,1]", "one size >= 1"),
+    ],
+)
+def test_config_refuses_multi_hot_sizes_it_cannot_expand(sparse, sizes, words):
+    cfg = compose(["model=tiny", *overrides("/nowhere"), f"data.parquet.sparse={sparse}"])
+    cfg.data.parquet.multi_hot_sizes = [int(x) for x in sizes.strip("[]").split(",")]
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        validate(cfg)
 
 
 # -- the string hash ---------------------------------------------------------------------------------
@@ -439,6 +553,22 @@ def test_convert_writes_lists_files_and_row_groups(tmp_path):
     assert t.schema.field("items").type == pa.list_(pa.int64())
     assert t["items"].to_pylist()[:4] == [[], [1], [2, 3], [3, 4, 5]]  # an empty cell: no ids
     assert not list((tmp_path / "out").glob(".*")), "no temporary files left"
+    column = pq.ParquetFile(done["files"][0]).metadata.row_group(0).column
+    chunks = {column(i).path_in_schema: column(i) for i in range(len(t.schema))}
+    assert ["RLE_DICTIONARY" in c.encodings for c in chunks.values()] == [False] * 5 + [True]  # strings only
+    assert {c.compression for c in chunks.values()} == {"SNAPPY"}
+
+
+def test_convert_compression_none_and_required_columns(tmp_path, capsys):
+    (tmp_path / "in.csv").write_text(CSV)
+    done = convert.convert([str(tmp_path / "in.csv")], str(tmp_path / "out"), compression="none", required=True)
+    parquet = pq.ParquetFile(done["files"][0])
+    assert parquet.metadata.row_group(0).column(0).compression == "UNCOMPRESSED"
+    assert [parquet.schema.column(i).max_definition_level for i in range(5)] == [0] * 5  # REQUIRED: no levels
+    assert not any(f.nullable for f in parquet.schema_arrow)
+    (tmp_path / "gap.csv").write_text("a,b\n1,2\n3,\n")
+    assert convert.main([str(tmp_path / "gap.csv"), "--out", str(tmp_path / "gap"), "--required"]) == 2
+    assert_one_error(2, "", capsys.readouterr().err, "gap.csv", "column 'b'", "--required")
 
 
 @pytest.mark.parametrize(
@@ -448,6 +578,7 @@ def test_convert_writes_lists_files_and_row_groups(tmp_path):
         (["--multi", "nope"], ["no column", "nope"]),
         (["--delimiter", "ab"], ["--delimiter"]),
         (["--rows-per-file", "0"], ["--rows-per-file"]),
+        (["--compression", "rar"], ["--compression 'rar'", "snappy, lz4, zstd, none"]),
     ],
 )
 def test_convert_errors_are_one_line(tmp_path, capsys, argv, words):
