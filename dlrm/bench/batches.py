@@ -4,8 +4,8 @@
                                       [--warmup N --window N --windows N] [--parquet-layout base|lists]
                                       [--out F] [hydra overrides]
 
-Issue #27 asks for synthetic and multi-hot Criteo batches at >= 3M samples/s per GPU-feeding process
-(`--target`); issue #36 for the Parquet source at least as fast as the `.npy` loader on the same rows.
+The goals: synthetic and multi-hot Criteo batches at >= 3M samples/s per GPU-feeding process
+(`--target`), and the Parquet source at least as fast as the `.npy` loader on the same rows.
 The config is composed as for training, default `experiment=bench_dcnv2` (MLPerf
 DLRM-DCNv2: 26 tables, the multi-hot sizes of `data=criteo_1tb_multihot`, 214 ids per sample, global
 batch 65,536 on 8 ranks: 8,192 per rank). Each source is timed by `dlrm.bench.training --source-only`'s loop
