@@ -5,6 +5,19 @@ import pytest
 from dlrm.config.compose import compose
 
 
+@pytest.fixture(scope="module")
+def group():
+    """A 1-rank Gloo group in this process (the trainer's in-process runs make one alike)."""
+    import torch.distributed as dist
+
+    made = not dist.is_initialized()
+    if made:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.group.WORLD
+    if made:
+        dist.destroy_process_group()
+
+
 @pytest.fixture
 def make_config():
     """compose(*overrides): the typed Config for these Hydra overrides (not validated)."""

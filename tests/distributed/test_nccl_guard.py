@@ -2,22 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 import torch.distributed as dist
 
 from tests.helpers.nccl_guard import HostTensorGuard
-
-
-@pytest.fixture(scope="module")
-def group():
-    """A 1-rank Gloo group in this process (the trainer's in-process runs make one alike)."""
-    made = not dist.is_initialized()
-    if made:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield dist.group.WORLD
-    if made:
-        dist.destroy_process_group()
 
 
 def test_host_made_tensors_in_collectives_are_flagged(group):

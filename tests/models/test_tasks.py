@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from torchmetrics.functional.classification import binary_auroc
 from torchrec.datasets.utils import Batch
 from torchrec.metrics.calibration import compute_calibration, get_calibration_states
@@ -152,17 +151,6 @@ def test_evaluation_keys():
     text = console.eval_text(two)
     assert text.startswith("click: auc ") and "; like: auc " in text and "calibration" in text
     assert console.eval_text(one).startswith("auc ") and " ne " in console.eval_text(one)
-
-
-@pytest.fixture(scope="module")
-def group():
-    """A 1-rank Gloo group in this process (the trainer's in-process runs make one alike)."""
-    made = not dist.is_initialized()
-    if made:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield dist.group.WORLD
-    if made:
-        dist.destroy_process_group()
 
 
 def test_one_task_evaluation_keeps_its_figures_exactly(group):
