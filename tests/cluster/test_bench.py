@@ -96,7 +96,9 @@ def test_another_shape_trains_there_and_calibrates_on_one_node_of_it(tmp_path):
     md = cbf.findings_md(results)
     assert "## Training on 2 nodes x 1 rank(s)" in md and "4 ranks share 2 cores" in md
     assert "2 nodes x 1 rank(s): step time vs uplink" not in md  # the plot's title, not the page's
-    assert {"auto (measured)", "data_parallel (measured)"} <= {s.label for s in cbp.plot_series(results) if s.panel == 0}
+    assert {"auto (measured)", "data_parallel (measured)"} <= {
+        s.label for s in cbp.plot_series(results) if s.panel == 0
+    }
 
 
 def test_commands_size_the_job_for_weak_scaling(tmp_path):

@@ -135,7 +135,8 @@ def _model_findings(results: dict) -> list[str]:
             within = sum(1 for x in rs if 1 / GOALS["comm_vs_model"] <= x <= GOALS["comm_vs_model"])
             out.append(
                 f"**comm_vs_model {kind}** (measured / modelled seconds per step, every multi-rank run): "
-                f"median x{statistics.median(rs):.2f}, x{rs[0]:.2f}-x{rs[-1]:.2f}; {within} of {len(rs)} within {GOALS['comm_vs_model']:g}x."
+                f"median x{statistics.median(rs):.2f}, x{rs[0]:.2f}-x{rs[-1]:.2f}; {within} of {len(rs)} "
+                f"within {GOALS['comm_vs_model']:g}x."
             )
     errs = [e for e in comms_errors(results) if e["error"] is not None]
     if errs:
@@ -180,8 +181,7 @@ def findings_md(results: dict) -> str:
         f"{o.get('steps')} steps per run, {results.get('rounds_done', 0)} interleaved round(s); step times are the "
         "median over a run's log windows after the first, less the profiler overhead the trainer recorded for "
         "each window's profiled step, then over rounds (min-max over rounds in brackets). Shares are of "
-        "a profiled step's phases. "
-        + _contention(results, m.get("cpus"))
+        "a profiled step's phases. " + _contention(results, m.get("cpus"))
     )
     again = results.get("remodelled")
     if again:
@@ -197,7 +197,12 @@ def findings_md(results: dict) -> str:
     n, k = shape_of(results)
     parts += [f"## Training on {n} nodes x {k} rank(s)", "", train_table(results), ""]
     if results.get("projections"):
-        parts += ["## Weak scaling: `dlrm.plan --scale --measured` (one-node run) vs measured", "", scale_table(results), ""]
+        parts += [
+            "## Weak scaling: `dlrm.plan --scale --measured` (one-node run) vs measured",
+            "",
+            scale_table(results),
+            "",
+        ]
     if results.get("comms"):
         parts += [
             "## Collectives: cost model (emu_2x2 topology, not fitted) vs `dlrm.comms.bench` on 2 x 2",

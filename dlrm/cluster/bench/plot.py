@@ -10,7 +10,7 @@ from dlrm.io import figure_png
 
 @dataclass
 class Series:
-    panel: int  # 0: step time vs Gbit/s (the train experiment's shape), 1: step time vs nodes, 2: alltoall share vs Gbit/s
+    panel: int  # 0: step time vs Gbit/s (the train shape), 1: step time vs nodes, 2: alltoall share vs Gbit/s
     label: str
     x: list[float]
     y: list[float]
@@ -51,7 +51,9 @@ def plot_series(results: dict) -> list[Series]:
         mp = [(n, s * 1e3) for n, s in mp if s is not None]
         if len(mp) > 1:
             out.append(Series(1, f"{g:g} Gbit/s (modelled)", [p[0] for p in mp], [p[1] for p in mp], False, f"C{j}"))
-    for j, (nodes, rpn, series) in enumerate(dict.fromkeys(((n, k, f"1x{k}"), (2, 2, "1x2"), (4, 1, "1x1"), (2, 1, "1x1")))):
+    for j, (nodes, rpn, series) in enumerate(
+        dict.fromkeys(((n, k, f"1x{k}"), (2, 2, "1x2"), (4, 1, "1x1"), (2, 1, "1x1")))
+    ):
         pts = [(g, median(train_cell(results, nodes, rpn, g, "auto", "a2a_share"))) for g in gbits]
         pts = [(g, s * 100) for g, s in pts if s is not None]
         if pts:
