@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dlrm.cluster.bench.report import DENSE_SYNC, VARIANTS, median, projected, train_cell
+from dlrm.cluster.bench.report import DENSE_SYNC, VARIANTS, median, projected, shape_of, train_cell
 from dlrm.io import figure_png
 
 
 @dataclass
 class Series:
-    panel: int  # 0: step time vs Gbit/s (2 x 2), 1: step time vs nodes, 2: alltoall share vs Gbit/s
+    panel: int  # 0: step time vs Gbit/s (the train shape), 1: step time vs nodes, 2: alltoall share vs Gbit/s
     label: str
     x: list[float]
     y: list[float]
@@ -20,7 +20,7 @@ class Series:
 
 
 PANELS = (
-    ("2 nodes x 2 ranks: step time vs uplink", "inter-node uplink (Gbit/s)", "step time (ms)"),
+    ("{n} nodes x {k} rank(s): step time vs uplink", "inter-node uplink (Gbit/s)", "step time (ms)"),
     ("weak scaling, 1 rank per node: step time vs nodes", "nodes", "step time (ms)"),
     ("alltoall (embedding exchange) share of the step", "inter-node uplink (Gbit/s)", "share of the step (%)"),
 )
@@ -29,14 +29,15 @@ PANELS = (
 def plot_series(results: dict) -> list[Series]:
     """Every line of findings.png: measured ones solid, modelled ones dashed (label says which)."""
     out: list[Series] = []
+    n, k = shape_of(results)
     gbits = sorted({r["gbit"] for r in results["runs"] if r["gbit"] is not None})
     for i, v in enumerate(VARIANTS):
-        pts = [(g, median(train_cell(results, 2, 2, g, v, "step_s"))) for g in gbits]
+        pts = [(g, median(train_cell(results, n, k, g, v, "step_s"))) for g in gbits]
         pts = [(g, s * 1e3) for g, s in pts if s is not None]
         if pts:
             out.append(Series(0, f"{v} (measured)", [p[0] for p in pts], [p[1] for p in pts], True, f"C{i}"))
         if v in DENSE_SYNC:
-            mp = [(g, projected(results, g, "1x2", 2, DENSE_SYNC[v])) for g in gbits]
+            mp = [(g, projected(results, g, f"1x{k}", n, DENSE_SYNC[v])) for g in gbits]
             mp = [(g, s * 1e3) for g, s in mp if s is not None]
             if mp:
                 out.append(Series(0, f"{v} (modelled)", [p[0] for p in mp], [p[1] for p in mp], False, f"C{i}"))
@@ -50,7 +51,9 @@ def plot_series(results: dict) -> list[Series]:
         mp = [(n, s * 1e3) for n, s in mp if s is not None]
         if len(mp) > 1:
             out.append(Series(1, f"{g:g} Gbit/s (modelled)", [p[0] for p in mp], [p[1] for p in mp], False, f"C{j}"))
-    for j, (nodes, rpn, series) in enumerate(((2, 2, "1x2"), (4, 1, "1x1"), (2, 1, "1x1"))):
+    for j, (nodes, rpn, series) in enumerate(
+        dict.fromkeys(((n, k, f"1x{k}"), (2, 2, "1x2"), (4, 1, "1x1"), (2, 1, "1x1")))
+    ):
         pts = [(g, median(train_cell(results, nodes, rpn, g, "auto", "a2a_share"))) for g in gbits]
         pts = [(g, s * 100) for g, s in pts if s is not None]
         if pts:
@@ -84,8 +87,9 @@ def plot(results: dict) -> bytes:
             drawn[s.panel] += 1
             ax.plot(s.x, s.y, "--", marker=shapes[k % len(shapes)], ms=max(4, 11 - 2 * k), mfc="none", lw=1.5,
                     color=s.color, label=s.label)  # fmt: skip
+    n, k = shape_of(results)
     for ax, (title, xlabel, ylabel) in zip(axes, PANELS, strict=True):
-        ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+        ax.set(title=title.format(n=n, k=k), xlabel=xlabel, ylabel=ylabel)
         ax.grid(True, alpha=0.3)
         if ax.has_data():
             ax.legend(fontsize=8, title="solid: measured, dashed: modelled", title_fontsize=8, ncol=2,

@@ -10,13 +10,15 @@ Needs root (each run is a `dlrm.cluster` job: network namespaces, tc-shaped upli
   inter, against the cost model built from the emu_2x2 topology at that uplink rate (not fitted to the
   measurement): geometric-mean absolute error per collective and scope over sizes >= 64 KiB. Once, in
   the first round, per uplink rate.
-- ``train``: `dlrm.train` on 2 x 2 per variant (`--variants`: the planner's plan with DDP's flat
-  allreduce, hierarchical allreduce, local SGD every 4 steps, each sharding type) at every `--gbits`:
+- ``train``: `dlrm.train` on 2 x 2 (or `--shape`, e.g. 2x1) per variant (`--variants`: the planner's
+  plan with DDP's flat allreduce, hierarchical allreduce, local SGD every 4 steps, each sharding type) at
+  every `--gbits`:
   the measured step time (median over the run's log windows after the first), the exposed alltoall and
   allreduce shares of a profiled step (`summary.json` step_breakdown phases) and `comm_vs_model`.
 - ``scale``: weak scaling at `--batch-per-rank`: one-node runs (1 x 1 and 1 x 2, no inter-node link)
   calibrate `python -m dlrm.plan --scale ... --measured`; its projection is compared with the measured
-  2 x 1, 4 x 1 and 2 x 2 runs (the train experiment's `auto` run is the 2 x 2 one).
+  2 x 1, 4 x 1 and 2 x 2 runs (the train experiment's `auto` run is the 2 x 2 one). With another
+  `--shape` N x R: the 1 x R run calibrates and the train experiment's N x R `auto` run is compared.
 
 The variants run interleaved within a round (their order rotated by one each round), so slow phases of a
 shared machine fall on all of them; the figures are medians over rounds. Each run's record is appended to
@@ -46,6 +48,7 @@ from dlrm.cluster.bench.findings import findings, findings_md
 from dlrm.cluster.bench.model import comms_model_links, comms_rows, plan_overrides, projection_rows, remodel
 from dlrm.cluster.bench.plot import plot
 from dlrm.cluster.bench.report import (
+    DEFAULT_SHAPE,
     VARIANTS,
     comms_table,
     describe,
@@ -81,6 +84,7 @@ class Options:
     model: str = "dlrm_small"
     experiments: tuple[str, ...] = EXPERIMENTS
     variants: tuple[str, ...] = tuple(VARIANTS)
+    shape: tuple[int, int] = DEFAULT_SHAPE
     comms_max_bytes: str = "4M"
     comms_iters: int = 10
     max_minutes: float | None = None
@@ -118,6 +122,17 @@ def _names(text: str, flag: str, allowed: Sequence[str]) -> tuple[str, ...]:
     return names
 
 
+def _shape(text: str) -> tuple[int, int]:
+    """'NxR': N nodes (2 to 4) of R ranks (1 or 2), the shapes the emulated topologies describe."""
+    try:
+        nodes, rpn = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        nodes = rpn = 0
+    if not (2 <= nodes <= 4 and rpn in (1, 2)):
+        raise UsageError(f"--shape={text}: give NODESxRANKS, 2 to 4 nodes of 1 or 2 ranks (e.g. --shape 2x1)")
+    return nodes, rpn
+
+
 def parse_args(argv: Sequence[str] | None) -> Options:
     """The options, checked (UsageError names the bad one); `--quick` sets the values not given."""
     ap = ArgumentParser(prog="python -m dlrm.cluster.bench", description=(__doc__ or "").split("\n")[0])
@@ -128,7 +143,8 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     ap.add_argument("--batch-per-rank", type=int, help=f"samples per rank and step (default {Options.batch_per_rank})")
     ap.add_argument("--model", default=Options.model, help="the model config (conf/model)")
     ap.add_argument("--experiments", help=f"comma list of {','.join(EXPERIMENTS)} (default all)")
-    ap.add_argument("--variants", help=f"2 x 2 training variants, comma list of {','.join(VARIANTS)} (default all)")
+    ap.add_argument("--variants", help=f"training variants, comma list of {','.join(VARIANTS)} (default all)")
+    ap.add_argument("--shape", help="nodes x ranks per node of the train experiment (default 2x2; e.g. 2x1)")
     ap.add_argument("--comms-max-bytes", help="largest message of the comms benchmark (default 4M; from 64K)")
     ap.add_argument("--max-minutes", type=float, help="start no round that would end after this many minutes")
     ap.add_argument("--quick", action="store_true", help="1 round, 1 Gbit/s, 20 steps, auto and hierarchical")
@@ -149,6 +165,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         experiments=base.experiments if a.experiments is None else _names(a.experiments, "--experiments", EXPERIMENTS),
         variants=base.variants if a.variants is None else _names(a.variants, "--variants", tuple(VARIANTS)),
         comms_max_bytes=base.comms_max_bytes if a.comms_max_bytes is None else a.comms_max_bytes,
+        shape=base.shape if a.shape is None else _shape(a.shape),
     )
     if opts.rounds < 1:
         raise UsageError(f"--rounds={opts.rounds}: give 1 or more")
@@ -191,20 +208,24 @@ class Spec:
 
 
 def round_specs(opts: Options, round_index: int) -> list[Spec]:
-    """The jobs of one round, in the order they run (rotated by the round's index)."""
+    """The jobs of one round, in the order they run (rotated by the round's index). The scale experiment
+    calibrates on one node of the shape's ranks; on 2 x 2 it also measures 2 x 1 and 4 x 1 (1 x 1's)."""
     specs: list[Spec] = []
     if "comms" in opts.experiments and round_index == 0:
         specs += [Spec("comms", 2, 2, g, "bench") for g in opts.gbits]
+    nodes, rpn = opts.shape
+    default = opts.shape == DEFAULT_SHAPE
     jobs: list[Spec] = []
     if "scale" in opts.experiments:
-        jobs += [Spec("train", 1, 1, None, "auto"), Spec("train", 1, 2, None, "auto")]
+        jobs += [Spec("train", 1, r, None, "auto") for r in ((1, 2) if default else (rpn,))]
     for g in opts.gbits:
         if "train" in opts.experiments:
-            jobs += [Spec("train", 2, 2, g, v) for v in opts.variants]
+            jobs += [Spec("train", nodes, rpn, g, v) for v in opts.variants]
         if "scale" in opts.experiments:
-            jobs += [Spec("train", 2, 1, g, "auto"), Spec("train", 4, 1, g, "auto")]
+            if default:
+                jobs += [Spec("train", 2, 1, g, "auto"), Spec("train", 4, 1, g, "auto")]
             if "train" not in opts.experiments or "auto" not in opts.variants:
-                jobs.append(Spec("train", 2, 2, g, "auto"))
+                jobs.append(Spec("train", nodes, rpn, g, "auto"))
     k = round_index % len(jobs) if jobs else 0
     return specs + jobs[k:] + jobs[:k]
 
