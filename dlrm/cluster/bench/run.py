@@ -1,3 +1,4 @@
+# long file: one benchmark run end to end: its experiments (comms, train, scale), rounds and results.json
 """The Zion paper's questions measured on the emulated cluster (`python -m dlrm.cluster`), beside the model.
 
     python -m dlrm.cluster.bench --out outputs/cluster_bench              # all experiments, 3 rounds
