@@ -117,6 +117,17 @@ class RankWriter(FileSystemWriter):
         self.digests = {name: self.fs.digests.get(name) for name in (r.storage_data.relative_path for r in results)}
         return done
 
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Rank 0 writes `.metadata`; then the Metadata that `dcp.save` returns to every rank lists the files.
+
+        torch 2.13 fills `storage_data` into the object passed here, which `dcp.save` returns; torch 2.11
+        (the device image's) fills it into a copy (`dataclasses.replace`), so the returned one has none:
+        fill it here the same way, so `saved_files` works on both.
+        """
+        super().finish(metadata, results)
+        if metadata.storage_data is None:
+            metadata.storage_data = {wr.index: wr.storage_data for wr_list in results for wr in wr_list}
+
 
 def storage_writer(path: Path) -> RankWriter:
     """The writer of one save (a function: the tests replace it to inject failures)."""

@@ -25,7 +25,12 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import (
+    _MEM_FORMAT_ENCODING,
+    Metadata,
+    StorageMeta,
+    TensorStorageMetadata,
+)
 
 from dlrm.checkpoint.finite import everyones, listed, nonfinite_tensors
 from dlrm.checkpoint.layout import METADATA, CheckpointError, another_checkpoint
@@ -63,7 +68,17 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self.ALLOWED:
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         raise pickle.UnpicklingError(f"it names {module}.{name}, which a checkpoint of tensors never holds")
+
+
+def _enum_member(cls: Any, name: Any) -> Any:
+    """`getattr(cls, name)` as some Python releases pickle an Enum member, by name (3.11.2, Debian 12's,
+    does; 3.11.7 and 3.12 pickle it by value): admitted for DCP's `_MEM_FORMAT_ENCODING` members only."""
+    if cls is _MEM_FORMAT_ENCODING and isinstance(name, str) and name in _MEM_FORMAT_ENCODING.__members__:
+        return _MEM_FORMAT_ENCODING[name]
+    raise pickle.UnpicklingError(f"getattr({getattr(cls, '__name__', '?')}, {name!r}) is not a memory-format member")
 
 
 def _check_opcodes(data: bytes) -> None:

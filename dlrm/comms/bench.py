@@ -141,12 +141,16 @@ def make_op(collective: str, nbytes: int, group, ranks: list[int], rank: int, de
         ins, outs = uneven_splits(n, p, ranks.index(rank))
         x, y = buffers(sum(ins), sum(outs))
         return lambda: dist.all_to_all_single(y, x, outs, ins, group=group)
+    # torch 2.13 names the single-tensor reduce-scatter and allgather reduce_scatter_single and
+    # all_gather_single (the old names warn, deprecated); torch 2.11 (the GPU image's) has only the old ones.
     if collective == "reduce_scatter":
         x, y = buffers(n, n // p)
-        return lambda: dist.reduce_scatter_single(y, x, group=group)
+        reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return lambda: reduce_scatter(y, x, group=group)
     if collective == "allgather":
         x, y = buffers(n // p, n)
-        return lambda: dist.all_gather_single(y, x, group=group)
+        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda: all_gather(y, x, group=group)
     raise CommsError(f"unknown collective {collective!r}: choose from {','.join(COLLECTIVES)}")
 
 

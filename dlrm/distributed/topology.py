@@ -100,7 +100,8 @@ def no_gpu_reason() -> str:
     too_old = "too old" in reason
     fix = (
         f"this torch is built for CUDA {torch.version.cuda}: update the driver (CUDA 13 needs >= 580), "
-        "or install a torch built for your driver's CUDA"
+        "or install a torch and fbgemm-gpu built for your driver's CUDA (the image: docker build "
+        "--build-arg CUDA_VERSION=12.8; docs/gpu.md)"
         if too_old
         else "check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES, or use topology=cpu"
     )

@@ -5,6 +5,7 @@ runs, nothing is written, and the previous checkpoint stays intact."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import pickle
@@ -15,7 +16,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import CheckpointException
-from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING, BytesStorageMetadata, MetadataIndex
 
 from dlrm.checkpoint import METADATA, CheckpointError, load_checkpoint, write_manifest
 from tests.helpers import REPO_ROOT
@@ -157,6 +158,23 @@ def test_the_intact_checkpoint_exports(ckpts, tmp_path, capsys):
     assert torch.load(tmp_path / "model.pt", weights_only=True)
 
 
+class _EnumByName(pickle.Pickler):
+    """Pickles Enum members as Python 3.11.2 does, `getattr(cls, name)` (3.11.7 and 3.12: by value)."""
+
+    def reducer_override(self, obj):
+        return (getattr, (type(obj), obj.name)) if isinstance(obj, _MEM_FORMAT_ENCODING) else NotImplemented
+
+
+def test_metadata_with_enum_members_by_name_loads(ckpts, tmp_path, capsys):
+    """A checkpoint saved under Python 3.11.2 names builtins.getattr for DCP's memory-format enum: loaded."""
+    buf = io.BytesIO()
+    _EnumByName(buf, protocol=4).dump(real_metadata(ckpts / NEW))
+    assert b"getattr" in buf.getvalue()
+    _write_metadata(ckpts / NEW, buf.getvalue())
+    rc, err = run_export(ckpts / NEW, tmp_path / "model.pt", capsys)
+    assert rc == 0, err
+
+
 # --- crafted payloads: an attacker writes every file, manifest checksums included ---------------
 
 
@@ -169,6 +187,12 @@ def _s(text: str) -> bytes:
 def _dotted_system(cmd: str) -> bytes:
     """Protocol 4 STACK_GLOBAL of an allowed module + "os.system": pickle resolves it attribute by attribute."""
     return b"\x80\x04" + _s("torch.distributed.checkpoint.metadata") + _s("os.system") + b"\x93" + _s(cmd) + b"\x85R."
+
+
+def _getattr_of(module: str, name: str, attr: str) -> bytes:
+    """Protocol 4 `getattr(module.name, attr)`, the form an Enum member by name takes."""
+    get = _s("builtins") + _s("getattr") + b"\x93"
+    return b"\x80\x04" + get + _s(module) + _s(name) + b"\x93" + _s(attr) + b"\x86R."
 
 
 def _eval(cmd: str) -> bytes:
@@ -248,6 +272,18 @@ def _write_metadata(ckpt: Path, data: bytes) -> None:
 CRAFTED = [
     ("memo_bomb", lambda c: _write_metadata(c, b"\x80\x04Nr\xff\xff\xff\x7f."), "memo index"),
     ("not_metadata", lambda c: _write_metadata(c, pickle.dumps({"state_dict_metadata": {}})), "not a DCP Metadata"),
+    (
+        "getattr_beyond_the_enum",
+        lambda c: _write_metadata(c, _getattr_of("torch.distributed.checkpoint.metadata", "Metadata", "__init__")),
+        "getattr(Metadata, '__init__')",
+    ),
+    (
+        "getattr_of_an_enum_dunder",
+        lambda c: _write_metadata(
+            c, _getattr_of("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING", "__class__")
+        ),
+        "is not a memory-format member",
+    ),
     (
         "path_outside",
         lambda c: _rewrite_metadata(

@@ -17,7 +17,7 @@ import weakref
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
 
 from dlrm.checkpoint import METADATA, file_digest
@@ -100,5 +100,6 @@ def test_torchs_writer_threads_still_drop_their_failures(tmp_path, monkeypatch):
     """When this fails, torch's writer threads report their exceptions: RankWriter's `_FileSystem`
     (which notes them) can go."""
     writer = FileSystemWriter(str(tmp_path), single_file_per_rank=False, thread_count=WRITER_THREADS)
-    metadata = save_failing_off_the_main_thread(writer, monkeypatch)  # no exception: the save "succeeded"
-    assert len(metadata.storage_data) < VIEWS  # without the items of the failed threads
+    save_failing_off_the_main_thread(writer, monkeypatch)  # no exception: the save "succeeded"
+    written = FileSystemReader(str(tmp_path)).read_metadata()  # what dcp.save returns lacks it on torch 2.11
+    assert len(written.storage_data) < VIEWS  # without the items of the failed threads

@@ -29,7 +29,7 @@ def test_a_gpu_topology_without_a_gpu_is_one_line_printed_once(make_config, monk
         (
             "13.0",
             "The NVIDIA driver on your system is too old (found version 12040). Please update",
-            ["too old (found version 12040)", "CUDA 13.0", ">= 580"],
+            ["too old (found version 12040)", "CUDA 13.0", ">= 580", "CUDA_VERSION=12.8"],
         ),
         ("13.0", "Found no NVIDIA driver on your system. Please check", ["Found no NVIDIA driver", "nvidia-smi"]),
         ("13.0", None, ["reports no device", "CUDA_VISIBLE_DEVICES"]),

@@ -298,6 +298,30 @@ def test_dockerfile_pins_agree_with_pyproject_and_setup():
     assert ".venv" in ignored and ".git" in ignored
 
 
+@pytest.mark.parametrize(
+    "cuda, index",
+    [
+        ("13.0", ""),
+        ("12.8", "https://download.pytorch.org/whl/cu128"),
+        ("12.6", "https://download.pytorch.org/whl/cu126"),
+    ],
+)
+def test_dockerfile_takes_fbgemm_of_the_cuda_build_arg(cuda, index):
+    """--build-arg CUDA_VERSION=12.x: PyTorch's image for that CUDA and fbgemm-gpu from PyTorch's index for it."""
+    docker = (ROOT / "Dockerfile").read_text()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)$", docker, re.M))
+    assert args["CUDA_VERSION"] == "13.0" and "--build-arg CUDA_VERSION=12.8" in docker
+    (choose,) = re.findall(r'^RUN (if \[ "\$\{CUDA_VERSION\}" = 13\.0 \].*?fi) \\$', docker, re.M)
+    env = {"CUDA_VERSION": cuda, "PYTORCH_INDEX": args["PYTORCH_INDEX"], "PATH": os.environ["PATH"]}
+    got = subprocess.run(
+        ["bash", "-c", f'{choose}; echo "$index"'], env=env, capture_output=True, text=True, check=True
+    )
+    assert got.stdout.strip() == index
+    assert 'pip install --no-deps --index-url "$index" "fbgemm-gpu==${FBGEMM_GPU_VERSION}"' in docker
+    # the base image's torch must be that CUDA's build: the check after FROM compares torch.version.cuda
+    assert "c.startswith('${CUDA_VERSION}')" in docker
+
+
 def test_max_restarts_is_passed_to_torchrun_and_checked():
     cmd = torchrun_command(launch("run_node.sh", "trainer.resume=auto", MAX_RESTARTS="2"))
     assert "--max-restarts=2" in cmd and cmd.index("--max-restarts=2") < cmd.index("-m")
