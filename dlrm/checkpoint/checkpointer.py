@@ -8,7 +8,7 @@ import os
 import shutil
 import threading
 from collections.abc import Generator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -73,18 +73,43 @@ class _FileSystem(FileSystem):
         self.digests: dict[str, dict] = {}  # file name -> {size, sha256}; the metadata's .tmp too
         self.failures: list[Exception] = []
         self.caller: int | None = None  # the thread that calls write_data
+        self.writers: set[int] = set()  # the threads that opened a stream
+        self.stopped = False  # after a failure: no new file is created
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
+        self.writers.add(threading.get_ident())
+        caller = threading.get_ident() == self.caller
+        if self.stopped and "w" in mode:  # the save has failed: no new file
+            if caller:
+                raise self.failures[0]  # the failure that stopped it (e.g. ENOSPC on another thread)
+            with suppress(Exception):  # another thread's item goes nowhere (raising there prints a traceback)
+                yield io.BytesIO()
+            return
+        opened = False
         try:
             with super().create_stream(path, mode) as stream:
+                opened = True
                 yield stream
             if "w" in mode:
                 self.digests[Path(path).name] = file_digest(Path(path))
         except Exception as e:
             self.failures.append(e)
-            if threading.get_ident() == self.caller:
+            self.stopped = True
+            if caller:
                 raise
+            if not opened:  # the file could not be created: the item goes nowhere, write_data raises e
+                with suppress(Exception):
+                    yield io.BytesIO()
+
+    def join_writers(self, timeout_s: float = 120.0) -> None:
+        """Stop, and wait for torch's other writer threads of this save: when the calling thread's write
+        fails, DCP raises at once and leaves them running, so a file could appear after the caller has
+        removed the partial checkpoint. Stopped, each finishes the file it has open and creates no other."""
+        self.stopped = True
+        for thread in threading.enumerate():
+            if thread.ident in self.writers and thread.ident != self.caller:
+                thread.join(timeout_s)
 
 
 class RankWriter(FileSystemWriter):
@@ -108,8 +133,12 @@ class RankWriter(FileSystemWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         self.fs.caller = threading.get_ident()
-        done = super().write_data(plan, planner)
-        results = done.wait()
+        try:
+            done = super().write_data(plan, planner)
+            results = done.wait()
+        except BaseException:
+            self.fs.join_writers()
+            raise
         if self.fs.failures:  # a writer thread's, which torch dropped
             raise self.fs.failures[0]
         if len(results) != len(plan.items):
