@@ -389,8 +389,6 @@ class DotInteraction(InteractionArch):
     ) -> torch.Tensor:
         if self.F <= 0:
             return dense_features
-        if dense_features.shape[1] == 0 and self.dense_row:
-            raise ValueError("dense [B, 0] given to a dot interaction built with a dense row")
         upper, mirror = (self.upper, self.mirror) if positions is None else self._reordered(positions)
         with torch.autocast(dense_features.device.type, enabled=False):
             dtype = torch.promote_types(torch.promote_types(dense_features.dtype, sparse_features.dtype), torch.float32)
