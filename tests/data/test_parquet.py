@@ -237,6 +237,37 @@ def test_blocks_equal_column_by_column_on_a_mixed_schema(data, weights):
         assert_same_batch(src.make_batch(t, origin), src.make_batch_by_column(t, origin))
 
 
+def test_the_string_features_hashed_together_equal_each_hashed_alone(tmp_path):
+    """`make_batch` hashes every string feature of a batch in one call (strings of several lengths, a
+    list<string> column with empty lists, one column read by two features); column by column hashes
+    each alone: the same ids, over whole, sliced and two-chunk row groups."""
+    n, rng = 120, np.random.default_rng(5)
+    words = ["", "a", "paris", "lyon", "marseille", "x" * 40, "été", "東京"]
+    t = pa.table(
+        {
+            "d": rng.normal(size=n),
+            "y": pa.array(rng.integers(0, 2, n).astype(np.int8)),
+            "u": pa.array(rng.integers(0, 50, n)),
+            "city": [words[k] for k in rng.integers(0, len(words), n)],
+            "tags": [[words[k] for k in rng.integers(0, len(words), rng.integers(0, 4))] for _ in range(n)],
+            "shop": [f"s{k}" * int(k % 5) for k in rng.integers(0, 1000, n)],
+        }
+    )
+    write(tmp_path / "a.parquet", t, row_group_size=30)
+    sparse = [
+        SparseColumnConfig(name="city", kind=SparseKind.string),
+        SparseColumnConfig(name="u", kind=SparseKind.id),
+        SparseColumnConfig(name="tags", kind=SparseKind.strings),
+        SparseColumnConfig(name="shop", kind=SparseKind.string),
+        SparseColumnConfig(name="city2", column="city", kind=SparseKind.string),
+    ]
+    cfg = ParquetConfig(path=str(tmp_path), dense=["d"], sparse=sparse, labels=["y"])
+    src = ParquetSource(cfg, ["city", "u", "tags", "shop", "city2"], [64, 50, 1000, 7, 2**40], 30, 0)
+    for table_ in tables_of(src):
+        origin = [(0, "f", 0)]
+        assert_same_batch(src.make_batch(table_, origin), src.make_batch_by_column(table_, origin))
+
+
 @pytest.mark.parametrize("big", [False, True])  # int32 ids; int64 (a table of more than 2**31 rows)
 def test_blocks_equal_column_by_column_on_one_id_columns_only(tmp_path, big):
     n, rng = 200, np.random.default_rng(3)
