@@ -1,8 +1,9 @@
 """The trainer's measured communication beside the cost model's prediction for the same plan.
 
-The core records what it measured (`summary["step_breakdown"]`: `comm_s`, and `comm_wait_s`, the part
-spent waiting for the slowest rank) and its plan; this module, outside the core, models the same plan
-and puts the transfer (measured less waiting) beside it (`summary["comm_vs_model"]`),
+The core records what it measured (`summary["step_breakdown"]`: `comm_s`, `comm_wait_s`, the part
+spent waiting for the slowest rank, and `comm_behind_s`, the part spent behind a collective of another
+kind) and its plan; this module, outside the core, models the same plan and puts the transfer
+(measured less both) beside it (`summary["comm_vs_model"]`),
 with the model's intra-node link fitted to a comms bench result when one is given
 (trainer.comms_bench). `dlrm.train` attaches it to the Trainer as `summary_extras`.
 """
@@ -61,6 +62,7 @@ def comm_vs_model(
     comms_bench: dict | None,
     measured: dict,
     waits: dict | None = None,
+    behind: dict | None = None,
 ) -> dict:
     """Measured seconds per step of the embedding exchange (alltoall, and reduce-scatter/allgather
     of row-wise shards) and of the dense allreduce, beside the cost model's for the same plan (`tables`,
@@ -70,29 +72,35 @@ def comm_vs_model(
 
     measured: seconds per kind that the collectives ran (the breakdown's comm_s); waits: the part of
     them spent waiting for the last rank to enter (the breakdown's comm_wait_s; a kind missing from it
-    could not be told apart), or None when not measured. Per row: total_s, wait_s, measured_s (the
-    transfer: total less waiting), model_s, ratio = measured_s / model_s, and `compared`: False, with
+    could not be told apart), or None when not measured; behind: the part of them spent behind a
+    collective of another kind that entered earlier (the breakdown's comm_behind_s; DDP's allreduce
+    behind the gradient alltoall), which the model, pricing each collective alone, leaves out. Per row:
+    total_s, wait_s, behind_s, measured_s (the transfer: total less both), model_s (model_latency_s of
+    it: the latency terms, `dlrm.comms.calibrate` scales the rest), ratio =
+    measured_s / model_s, and `compared`: False, with
     `why`, where the ratio would mean nothing (the topology's figures are placeholders and no comms
     bench replaces them, no model figure, nothing ran, waiting not told apart);
     ratio is then None."""
 
-    def model(collective: str) -> dict:
-        run_cfg = cfg
+    def model(collective: str, latency_only: bool = False) -> dict:
+        topology = cfg.topology
         if comms_bench is not None:
-            run_cfg = replace(cfg, topology=fitted_topology(cfg.topology, comms_bench, collective, local_world_size))
+            topology = fitted_topology(topology, comms_bench, collective, local_world_size)
+        run_cfg = replace(cfg, topology=without_bandwidth_term(topology) if latency_only else topology)
         return comm_summary(run_cfg, tables, world_size, local_world_size, dense_params)["time_s"]
 
     out: dict = {}
     unmeasured = None if comms_bench is not None else placeholder_links(cfg.topology, local_world_size)
-    for name, kinds, modelled in (
-        ("embedding_exchange", EXCHANGE, model("alltoall")["alltoall_s"]),
-        ("dense_allreduce", ("allreduce",), model("allreduce")["allreduce_s"]),
+    for name, kinds, modelled, latency in (
+        ("embedding_exchange", EXCHANGE, model("alltoall")["alltoall_s"], model("alltoall", True)["alltoall_s"]),
+        ("dense_allreduce", ("allreduce",), model("allreduce")["allreduce_s"], model("allreduce", True)["allreduce_s"]),
     ):
         total = sum(measured.get(k, 0.0) for k in kinds)
         ran = [k for k in kinds if measured.get(k, 0.0) > 0]
         lost = [k for k in ran if waits is not None and k not in waits]
         wait = None if waits is None or lost else sum(waits.get(k, 0.0) for k in ran)
-        transfer = total if wait is None else max(0.0, total - wait)
+        queued = None if wait is None else sum((behind or {}).get(k, 0.0) for k in ran)
+        transfer = total if wait is None else max(0.0, total - wait - (queued or 0.0))
         why = None
         if unmeasured:
             why = (
@@ -111,8 +119,10 @@ def comm_vs_model(
         out[name] = {
             "total_s": total,
             "wait_s": wait,
+            "behind_s": queued,
             "measured_s": transfer,
             "model_s": modelled,
+            "model_latency_s": latency,
             "ratio": transfer / modelled if why is None else None,
             "compared": why is None,
         }
@@ -120,6 +130,18 @@ def comm_vs_model(
             out[name]["why"] = why
     out["model"] = f"fitted to {cfg.trainer.comms_bench}" if comms_bench is not None else "topology config"
     return out
+
+
+def without_bandwidth_term(topology):
+    """`topology` with every link's (and collective's) bandwidth so high that the cost model's time is its
+    latency terms alone."""
+    fast = 1e15  # GB/s: n / B below 1e-18 s for any message here
+
+    def link(cfg):
+        own = {c: replace(x, bandwidth_GBps=fast) for c, x in cfg.collectives.items()}
+        return replace(cfg, bandwidth_GBps=fast, collectives=own)
+
+    return replace(topology, intra_node=link(topology.intra_node), inter_node=link(topology.inter_node))
 
 
 def placeholder_links(topology, local_world_size: int) -> list[str]:
@@ -145,7 +167,7 @@ def summary_extras(cfg: Config, local_world_size: int) -> Callable[..., dict]:
         tables = table_plans(trainer.plan, cfg.model, world.world_size)
         measured = comm_vs_model(
             cfg, tables, world.world_size, world.local_world_size, trainer.dense_params, bench,
-            breakdown["comm_s"], breakdown.get("comm_wait_s"),
+            breakdown["comm_s"], breakdown.get("comm_wait_s"), breakdown.get("comm_behind_s"),
         )  # fmt: skip
         measured["slowest_rank"] = breakdown.get("slowest_rank")
         return {"comm_vs_model": measured}

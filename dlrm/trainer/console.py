@@ -138,16 +138,22 @@ def end_lines(
 
 
 def comm_lines(breakdown: dict, versus: dict | None) -> list[str]:
-    """The collectives of the profiled steps, transfer apart from waiting for peers, and (added outside
+    """The collectives of the profiled steps, transfer apart from waiting for peers and from time behind
+    a collective of another kind (said where there was any), and (added outside
     the core, dlrm.comms.measured) the transfer against the cost model where the comparison means
     something, else why not."""
     wait, transfer = breakdown.get("comm_wait_s", {}), breakdown.get("comm_transfer_s", {})
+    behind = breakdown.get("comm_behind_s", {})
     parts = []
     for kind, total in breakdown["comm_s"].items():
         if not total:
             continue
         if kind in wait:
-            parts.append(f"{kind} transfer {transfer[kind] * 1e3:.2f}, waiting for peers {wait[kind] * 1e3:.2f}")
+            queued = behind.get(kind, 0.0)
+            parts.append(
+                f"{kind} transfer {transfer[kind] * 1e3:.2f}, waiting for peers {wait[kind] * 1e3:.2f}"
+                + (f", behind other collectives {queued * 1e3:.2f}" if queued >= 5e-6 else "")
+            )
         else:
             parts.append(f"{kind} {total * 1e3:.2f} (waiting not told apart: the ranks' collectives differed)")
     lines = []

@@ -315,13 +315,18 @@ class Waits:
 
     wait_s: per kind, seconds of this rank's collectives before the last rank entered them (the union
     of those intervals, as `step_breakdown` counts a kind's seconds); kinds whose collectives the ranks
-    did not issue alike (counts differ) are left out and listed in `unmatched`. late_s: per rank, the
-    seconds the others waited for it, on average over them (the rank that enters last causes the wait).
+    did not issue alike (counts differ) are left out and listed in `unmatched`. behind_s: per kind (those
+    of wait_s), the further seconds its collectives ran while a collective of another kind, entered
+    earlier, was still running on this rank (DDP's allreduce issued while the gradient alltoall holds
+    the link): counted once, for the earlier one, as the link serves them in turn. The rest of a kind's
+    seconds is its transfer. late_s: per rank, the seconds the others waited for it, on average over
+    them (the rank that enters last causes the wait).
     """
 
     wait_s: dict[str, float]
     late_s: list[float]
     unmatched: list[str]
+    behind_s: dict[str, float] = field(default_factory=dict)
 
 
 def split_waits(own: dict[str, list[tuple[float, float]]], entries: list[dict[str, list[float]]], rank: int) -> Waits:
@@ -331,6 +336,7 @@ def split_waits(own: dict[str, list[tuple[float, float]]], entries: list[dict[st
     of a kind is the same one on every rank (collectives are issued in the same order everywhere)."""
     p = len(entries)
     wait: dict[str, float] = {}
+    behind: dict[str, float] = {}
     late = [0.0] * p
     unmatched = []
     for kind in sorted(set().union(own, *entries)):
@@ -349,4 +355,13 @@ def split_waits(own: dict[str, list[tuple[float, float]]], entries: list[dict[st
             if p > 1:
                 late[slowest] += sum(last - t for t in times) / (p - 1)
         wait[kind] = sum(b - a for a, b in _union(waits))
-    return Waits(wait, late, unmatched)
+        earlier = [  # while a collective of another kind, entered before it, still ran
+            (start, min(end, end_other))
+            for start, end in mine
+            for other, theirs in own.items()
+            if other != kind
+            for start_other, end_other in theirs
+            if start_other < start < end_other
+        ]
+        behind[kind] = max(0.0, sum(b - a for a, b in _union(waits + earlier)) - wait[kind])
+    return Waits(wait, late, unmatched, behind)

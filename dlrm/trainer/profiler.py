@@ -45,10 +45,11 @@ class StepProfiler:
     """Profiles and traces the steps that are due; sums the profiled steps' figures per log window.
 
     The sums are [count, wall s, profiling overhead s, s per phase..., s per collective kind..., s of
-    waiting for peers per kind..., steps whose kind could not be matched across ranks per kind..., s the
-    others waited for each rank...], over this rank's profiled steps; `window_record` adds them over
-    ranks at each log. The waiting is measured on the profiled steps only: their collectives' entry
-    times are gathered from every rank after the step (`phases.split_waits`).
+    waiting for peers per kind..., s behind another kind's collective per kind..., steps whose kind could
+    not be matched across ranks per kind..., s the others waited for each rank...], over this rank's
+    profiled steps; `window_record` adds them over ranks at each log. The waiting is measured on the
+    profiled steps only: their collectives' entry times are gathered from every rank after the step
+    (`phases.split_waits`).
     """
 
     def __init__(
@@ -64,7 +65,7 @@ class StepProfiler:
         self.cfg, self.log_every, self.device, self.pg, self.world_size = cfg, log_every, device, pg, world_size
         self.sync = sync  # waits for the device: a profiled step's time holds its device work
         self.activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        width = 3 + len(PHASES) + 3 * len(COMM_KINDS) + world_size
+        width = 3 + len(PHASES) + 4 * len(COMM_KINDS) + world_size
         self.window = torch.zeros(width, dtype=torch.float64)  # this log window's profiled steps
         self.run = torch.zeros(width, dtype=torch.float64)  # the windows after the first (warm-up)
         self.trace = None
@@ -132,6 +133,7 @@ class StepProfiler:
             + [phases[k] for k in PHASES]
             + [comm.get(k, 0.0) for k in COMM_KINDS]
             + [waits.wait_s.get(k, 0.0) for k in COMM_KINDS]
+            + [waits.behind_s.get(k, 0.0) for k in COMM_KINDS]
             + [float(k in waits.unmatched) for k in COMM_KINDS]
             + waits.late_s
         )
@@ -182,28 +184,32 @@ class StepProfiler:
     def record(self, summed: torch.Tensor) -> dict:
         """Mean seconds per profiled step: its wall time (the loop's clock), per phase (the profiler's
         events; they add up to the profiler's step time) and per collective kind (comm_s: all of it;
-        comm_wait_s: waiting for the last rank to enter; comm_transfer_s: the rest), from the sums over
+        comm_wait_s: waiting for the last rank to enter; comm_behind_s: running behind a collective of
+        another kind entered earlier (`phases.Waits`); comm_transfer_s: the rest), from the sums over
         ranks and steps (the class docstring). waited_for_rank_s: per rank, how long the others waited
         for it per step; slowest_rank: the rank they waited for most (None: nobody waited).
         comm_wait_unmatched: kinds whose collectives differed in count across ranks in some profiled
-        step, so waiting could not be told from transfer (left out of comm_wait_s / comm_transfer_s).
+        step, so waiting could not be told from transfer (left out of comm_wait_s, comm_behind_s and
+        comm_transfer_s).
         profile_overhead_s: what profiling added to the step (start, stop, reading the events)."""
         mean = (summed[1:] / summed[0]).tolist()
         at = 2 + len(PHASES)
         k = len(COMM_KINDS)
         comm: dict[str, float] = dict(zip(COMM_KINDS, mean[at : at + k], strict=True))
         wait: dict[str, float] = dict(zip(COMM_KINDS, mean[at + k : at + 2 * k], strict=True))
-        flags = summed[1 + at + 2 * k : 1 + at + 3 * k].tolist()
+        behind: dict[str, float] = dict(zip(COMM_KINDS, mean[at + 2 * k : at + 3 * k], strict=True))
+        flags = summed[1 + at + 3 * k : 1 + at + 4 * k].tolist()
         unmatched = [kind for kind, x in zip(COMM_KINDS, flags, strict=True) if x > 0]
         kept = [kind for kind in COMM_KINDS if kind not in unmatched]
-        late = mean[at + 3 * k :]
+        late = mean[at + 4 * k :]
         record = {
             "phase_s": dict(zip(PHASES, mean[2:at], strict=True)),
             "profiled_step_s": mean[0],
             "profile_overhead_s": mean[1],
             "comm_s": comm,
             "comm_wait_s": {kind: wait[kind] for kind in kept},
-            "comm_transfer_s": {kind: max(0.0, comm[kind] - wait[kind]) for kind in kept},
+            "comm_behind_s": {kind: behind[kind] for kind in kept},
+            "comm_transfer_s": {kind: max(0.0, comm[kind] - wait[kind] - behind[kind]) for kind in kept},
             "waited_for_rank_s": late,
             "slowest_rank": max(range(len(late)), key=lambda r: late[r]) if late and max(late) > 0 else None,
             "profiled_steps": int(summed[0].item()) // self.world_size,

@@ -24,6 +24,17 @@ def test_a_wait_never_exceeds_the_collective_and_overlaps_count_once():
     assert w.wait_s["alltoall"] == pytest.approx(0.010)  # [0, 10 ms] within the first, [5, 8] inside it
 
 
+def test_a_collective_entered_while_another_kind_runs_is_behind_it_for_the_overlap():
+    # DDP's allreduce enters at 30 ms while the gradient alltoall (entered at 0) runs to 40 ms: its first
+    # 10 ms are the alltoall's on the link; the peer entered the allreduce at 32 ms, which stays waiting
+    own = {"alltoall": [(0.000, 0.040)], "allreduce": [(0.030, 0.050)]}
+    entries = [{"alltoall": [0.000], "allreduce": [0.030]}, {"alltoall": [0.000], "allreduce": [0.032]}]
+    w = split_waits(own, entries, 0)
+    assert w.wait_s == pytest.approx({"alltoall": 0.0, "allreduce": 0.002})
+    assert w.behind_s == pytest.approx({"alltoall": 0.0, "allreduce": 0.008})  # [32, 40] ms: counted once
+    assert w.wait_s["allreduce"] + w.behind_s["allreduce"] <= 0.020  # never more than the collective
+
+
 def test_collectives_that_differ_across_ranks_are_not_split():
     own = {"alltoall": [(0.0, 0.01)], "allreduce": [(0.02, 0.03)]}
     entries = [{"alltoall": [0.0], "allreduce": [0.02]}, {"alltoall": [0.0, 0.015], "allreduce": [0.021]}]
