@@ -18,7 +18,8 @@ iproute2.
 
 Bandwidth: topology `inter_node.bandwidth_GBps` is per rank (dlrm.config.LinkConfig), and the R ranks of a
 node share its uplink, so the uplink is shaped to R x that rate; `--gbit G` sets the uplink instead and
-passes `topology.inter_node.bandwidth_GBps=G/8/R` to the trainer, so planner, cost model and fabric agree.
+passes `topology.inter_node.bandwidth_GBps=G/8/R` to the trainer (and each collective's own fitted
+bandwidth, `inter_node.collectives`, scaled alike), so planner, cost model and fabric agree.
 
 The fabric is dlrm.cluster.fabric; the faults (a link down, a node's agent killed) and the line each ends
 with are dlrm.cluster.faults.
@@ -41,6 +42,7 @@ from types import FrameType
 
 from dlrm.cluster.fabric import IFNAME, MAX_NODES, STORE_ADDRESS, Fabric, FabricError, check_rate, missing_right
 from dlrm.cluster.faults import FAILED_GRACE_S, SIGKILL_STATUS, AgentKill, Fault, FaultSchedule, LinkDown
+from dlrm.config.topology import UPLINK_GBIT_ENV
 from dlrm.errors import ArgumentParser, UsageError, UserError
 
 __all__ = ["Fabric", "FabricError", "Job", "agent_command", "main", "parse_args", "plan_job"]
@@ -105,7 +107,7 @@ def plan_job(nodes: int | None, ranks: int | None, gbit: float | None, overrides
         gbit = tp.inter_node.bandwidth_GBps * 8 * ranks
         check_rate(gbit, f"topology.inter_node.bandwidth_GBps x 8 bit x {ranks} ranks per node")
     else:  # the trainer's topology describes the fabric it runs on
-        overrides = [*overrides, f"topology.inter_node.bandwidth_GBps={gbit / 8 / ranks!r}"]
+        overrides = [*overrides, *tp.inter_node.rate_overrides("topology.inter_node", gbit / 8 / ranks)]
     run_dir = override_value(overrides, "hydra.run.dir")
     if run_dir is None:
         name = override_value(overrides, "run.name")
@@ -126,13 +128,16 @@ def agent_command(job: Job, fabric: Fabric, i: int) -> list[str]:
     ]  # fmt: skip
 
 
-def agent_env() -> dict[str, str]:
-    """This environment for the agents, less another launcher's variables, with the node's interface and
-    the ranks hosting their own store (dlrm.torchrun sets that too; $TORCHRUN may be another launcher)."""
+def agent_env(uplink_gbit: float | None = None) -> dict[str, str]:
+    """This environment for the agents, less another launcher's variables, with the node's interface,
+    the ranks hosting their own store (dlrm.torchrun sets that too; $TORCHRUN may be another launcher)
+    and the uplink's shaped rate (`dlrm.comms.fit` writes it as the inter-node link's bandwidth)."""
     drop = ("SLURM_", "TORCHELASTIC_", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env.update(GLOO_SOCKET_IFNAME=IFNAME, NCCL_SOCKET_IFNAME=IFNAME, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     env.setdefault("OMP_NUM_THREADS", "1")
+    if uplink_gbit is not None:
+        env[UPLINK_GBIT_ENV] = repr(uplink_gbit)
     return env
 
 
@@ -216,7 +221,7 @@ def run_cluster(job: Job, faults: list[Fault], stop: StopRequest) -> int:
             f"fabric up: {job.nodes} nodes ({fabric.node(0)}..{job.nodes - 1}, {fabric.address(0)}.."
             f"{fabric.address(job.nodes - 1)}), {job.uplink_gbit:g} Gbit/s per uplink (tc tbf, each direction)"
         )
-        env = agent_env()
+        env = agent_env(job.uplink_gbit)
 
         def start(i: int) -> subprocess.Popen:
             return subprocess.Popen(agent_command(job, fabric, i), env=env, start_new_session=True)

@@ -36,6 +36,7 @@ from pathlib import Path
 from dlrm.comms.bench import Request, check_request, format_table, group_layout, measure, parse_size, sweep_sizes
 from dlrm.comms.costmodel import CommsError, Fit, backend_of, fit_points, level_coefficients
 from dlrm.config import CollectiveLinkConfig, LinkConfig, TopologyConfig
+from dlrm.config.topology import UPLINK_GBIT_ENV
 from dlrm.errors import ArgumentParser, run_rank_command
 from dlrm.io import write_atomic
 
@@ -105,15 +106,31 @@ def _figures(fit: Fit) -> dict[str, float]:
     return {"latency_us": round(fit.alpha_s * 1e6, 2), "bandwidth_GBps": float(f"{fit.bandwidth_Bps / 1e9:.4g}")}
 
 
-def fitted_topology(base: TopologyConfig, name: str, fits: Sequence[LinkFit]) -> TopologyConfig:
-    """`base` renamed `name`, with each fitted scope's link (LINK_OF_SCOPE) replaced by its fit."""
+def fitted_topology(
+    base: TopologyConfig, name: str, fits: Sequence[LinkFit], uplink_GBps: float | None = None
+) -> TopologyConfig:
+    """`base` renamed `name`, with each fitted scope's link (LINK_OF_SCOPE) replaced by its fit. With
+    `uplink_GBps` (an emulated cluster's shaped uplink per rank, `uplink_GBps_of_env`), the inter-node
+    link's bandwidth is that rate and every collective's own fit is written beside it: what each
+    reaches of it, which dlrm.cluster's --gbit scales alike (`LinkConfig.rate_overrides`)."""
     topo = replace(base, name=name)
     for f in fits:
         key = LINK_OF_SCOPE[f.scope]
         old: LinkConfig = getattr(topo, key)
-        own = {c: CollectiveLinkConfig(**_figures(x)) for c, x in f.own.items()} if f.per_collective else {}
-        topo = replace(topo, **{key: replace(old, **_figures(f.joint), collectives=own, placeholder=False)})
+        shaped = uplink_GBps is not None and key == "inter_node"
+        own = {c: CollectiveLinkConfig(**_figures(x)) for c, x in f.own.items()} if f.per_collective or shaped else {}
+        figures = _figures(f.joint)
+        if shaped:
+            figures["bandwidth_GBps"] = float(f"{uplink_GBps:.4g}")
+        topo = replace(topo, **{key: replace(old, **figures, collectives=own, placeholder=False)})
     return topo
+
+
+def uplink_GBps_of_env(ranks_per_node: int) -> float | None:
+    """The shaped uplink's rate per rank (GB/s) that dlrm.cluster sets for its ranks (UPLINK_GBIT_ENV: the
+    node's uplink, shared by its ranks), or None outside it."""
+    gbit = os.environ.get(UPLINK_GBIT_ENV)
+    return float(gbit) / 8 / ranks_per_node if gbit else None
 
 
 def _scalar(value) -> str:
@@ -131,9 +148,13 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def topology_yaml(topo: TopologyConfig, fits: Sequence[LinkFit], header: Sequence[str]) -> str:
+def topology_yaml(
+    topo: TopologyConfig, fits: Sequence[LinkFit], header: Sequence[str], notes: dict[str, str] | None = None
+) -> str:
     """The topology as YAML that `load_topology` and Hydra's topology group read, with `header` and
-    each fitted link's errors as comments."""
+    each fitted link's errors as comments; `notes`: a comment for a link's line or a collective's
+    ('inter_node', 'inter_node.alltoall') instead of the fit's."""
+    notes = notes or {}
     by_key = {LINK_OF_SCOPE[f.scope]: f for f in fits}
     lines = [f"# {part}" for h in header for part in textwrap.wrap(h, 108, break_on_hyphens=False) or [""]]
     for key in ("name", "nodes", "ranks_per_node", "device", "backend"):
@@ -141,10 +162,14 @@ def topology_yaml(topo: TopologyConfig, fits: Sequence[LinkFit], header: Sequenc
     for key in ("intra_node", "inter_node"):
         link: LinkConfig = getattr(topo, key)
         f = by_key.get(key)
-        lines.append(f"{key}:" + ("" if f else "  # not measured here: the figures of the topology it came from"))
+        unmeasured = "  # not measured here: the figures of the topology it came from"
+        lines.append(f"{key}:" + (f"  # {notes[key]}" if key in notes else "" if f else unmeasured))
         lines.append(f"  fabric: {_scalar(link.fabric)}")
         note = ""
-        if f:
+        shaped = f is not None and link.bandwidth_GBps != _figures(f.joint)["bandwidth_GBps"]  # fitted_topology
+        if shaped:
+            note = "  # the shaped uplink's rate per rank; the joint fit's figure is in the header"
+        elif f:
             note = (
                 f"  # fitted: {f.points} points, {', '.join(sorted(f.own))}, {f.group_size} ranks; "
                 f"max relative residual {_pct(f.joint.max_rel)}, rms {_pct(f.joint.rel_rms)}"
@@ -153,12 +178,15 @@ def topology_yaml(topo: TopologyConfig, fits: Sequence[LinkFit], header: Sequenc
         lines.append(f"  latency_us: {_scalar(link.latency_us)}")
         lines.append(f"  placeholder: {_scalar(link.placeholder)}")
         if link.collectives:
-            lines.append("  collectives:  # each one's own fit: the joint one misses them by more (--material)")
+            said = "what it reaches of that rate" if shaped else "the joint one misses them by more (--material)"
+            said = notes.get(f"{key}.collectives", f"each one's own fit: {said}")
+            lines.append(f"  collectives:  # {said}")
             for c, own in link.collectives.items():
-                err = f.own[c] if f else None
+                err = f.own[c] if f and c in f.own else None
+                note = notes.get(f"{key}.{c}", f"max relative residual {_pct(err.max_rel)}" if err else "")
                 lines.append(
                     f"    {c}: {{bandwidth_GBps: {_scalar(own.bandwidth_GBps)}, latency_us: {_scalar(own.latency_us)}}}"
-                    + (f"  # max relative residual {_pct(err.max_rel)}" if err else "")
+                    + (f"  # {note}" if note else "")
                 )
     for key in ("hbm_GB", "ddr_GB", "dense_tflops", "mem_bw_GBps"):
         lines.append(f"{key}: {_scalar(getattr(topo, key))}")
@@ -268,7 +296,8 @@ def main(argv: Sequence[str] | None = None) -> TopologyConfig | None:
             fit_scope(rows, s, str(getattr(base, LINK_OF_SCOPE[s]).fabric), backend, args.material, MIN_SIZES)
             for s in scopes
         ]
-        topo = fitted_topology(base, name, fits)
+        uplink = uplink_GBps_of_env(rpn) if base.nodes > 1 else None
+        topo = fitted_topology(base, name, fits, uplink)
         topo.check()
         command = "python -m dlrm.comms.fit " + shlex.join(argv if argv is not None else sys.argv[1:])
         header = [
@@ -287,6 +316,12 @@ def main(argv: Sequence[str] | None = None) -> TopologyConfig | None:
             header.append(
                 f"scope {f.scope} ({f.group_size} ranks) -> {LINK_OF_SCOPE[f.scope]}: {f.joint.alpha_s * 1e6:.1f} us / "
                 f"{f.joint.bandwidth_Bps / 1e9:.3g} GB/s, max relative residual {_pct(f.joint.max_rel)}; {own}"
+            )
+        if uplink is not None:
+            header.append(
+                f"On dlrm.cluster's emulated fabric ({UPLINK_GBIT_ENV}={os.environ[UPLINK_GBIT_ENV]}): inter_node's "
+                f"bandwidth is the shaped uplink's {uplink:.4g} GB/s per rank and its collectives' own fits what each "
+                "reaches of it; dlrm.cluster --gbit scales them alike."
             )
         header.append(
             f"Other figures (memory, compute) are those of topology {args.topology!r}; set them to your machine."

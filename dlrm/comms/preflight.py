@@ -47,8 +47,9 @@ ADVICE = {
 
 def expected_busbw_GBps(topo: TopologyConfig, ranks_per_node: int, collective: str, scope: str, nbytes: int) -> float:
     """busbw (GB/s) that the cost model predicts from the topology config for one scope's groups, each
-    collective as the topology's backend runs it (`costmodel.level_time`, `world_time`)."""
-    intra, inter = Link.from_config(topo.intra_node), Link.from_config(topo.inter_node)
+    collective as the topology's backend runs it (`costmodel.level_time`, `world_time`), on each link's
+    figures for that collective (`Link.from_config`)."""
+    intra, inter = Link.from_config(topo.intra_node, collective), Link.from_config(topo.inter_node, collective)
     g, n, backend = ranks_per_node, topo.nodes, backend_of(topo)
     if scope == "intra":
         p, seconds = g, level_time(collective, intra, g, nbytes, backend)

@@ -9,6 +9,7 @@ from dlrm.config.choices import Backend, Device, Fabric
 from dlrm.config.errors import _fail, _require_positive
 
 COLLECTIVES = ("allreduce", "alltoall", "reduce_scatter", "allgather")  # as dlrm.comms.costmodel
+UPLINK_GBIT_ENV = "DLRM_UPLINK_GBIT"  # dlrm.cluster's shaped uplink rate (Gbit/s), set for the ranks it starts
 
 
 @dataclass
@@ -42,6 +43,16 @@ class LinkConfig:
     measured nor from a datasheet, so a run does not compare its measured communication with a model
     built on them (comm_vs_model says why). A topology file with measured or published figures says
     `placeholder: false`; `python -m dlrm.comms.fit` writes that."""
+
+    def rate_overrides(self, key: str, bandwidth_GBps: float) -> list[str]:
+        """Hydra overrides that set this link (at config key `key`) to `bandwidth_GBps`, each collective's
+        own bandwidth scaled by the same factor: a fit on an emulated link at one rate (its collectives'
+        shares of it: Gloo's 2-rank alltoall reached half of it) carried to another rate."""
+        scale = bandwidth_GBps / self.bandwidth_GBps
+        return [f"{key}.bandwidth_GBps={bandwidth_GBps!r}"] + [
+            f"{key}.collectives.{name}.bandwidth_GBps={link.bandwidth_GBps * scale!r}"
+            for name, link in sorted(self.collectives.items())
+        ]
 
     def check(self, key: str) -> None:
         _check_link(key, self.bandwidth_GBps, self.latency_us)

@@ -199,6 +199,40 @@ def build_process_groups(device: torch.device, nodes: int, ranks_per_node: int) 
     )
 
 
+PLANNER_COLLECTIVES = {  # TorchRec's collective types, by the names of TopologyConfig's LinkConfig.collectives
+    CollectiveType.ALL_TO_ALL: "alltoall",
+    CollectiveType.REDUCE_SCATTER: "reduce_scatter",
+    CollectiveType.ALL_GATHER: "allgather",
+    CollectiveType.ALL_REDUCE: "allreduce",
+}
+
+
+def bytes_counted(collective_type: CollectiveType, world_size: int, local_world_size: int) -> float:
+    """How many times the bytes a rank's collective moves TorchRec's perf estimator counts (1.8,
+    torchrec/distributed/planner/estimator/estimator.py; tests/plan/test_planner.py notices a change):
+
+    - ALL_TO_ALL (the input and output distribution of table-, column- and row-wise shards): it counts
+      batch x world_size x dim, the rank's own share included, of which (W - 1) / W leaves the rank:
+      W / (W - 1), 2 on 2 ranks (the pooled embeddings priced at twice their bytes);
+    - ALL_REDUCE (a data-parallel table's gradients, T bytes): it counts T (2N - 1) / N, N = min(nodes,
+      2), where a ring allreduce (Gloo's; NCCL's on these sizes) moves 2 (W - 1) / W T per rank: 1.5 on
+      2 nodes of 1 rank, 0.57 on one node of 8.
+
+    Replication against table-wise on 2 nodes x 1 rank was so priced 2 / 1.5 too cheap, and the planner
+    replicated dlrm_wide's tables on the emulated cluster, 5-21% slower (docs/cluster_findings.md).
+    Reduce-scatter and allgather are left as counted (Gloo runs its reduce-scatter as an allreduce).
+    """
+    w = world_size
+    if w <= 1:
+        return 1.0
+    if collective_type == CollectiveType.ALL_TO_ALL:
+        return w / (w - 1)
+    if collective_type == CollectiveType.ALL_REDUCE:
+        n = min(w / local_world_size, 2)
+        return ((2 * n - 1) / n) / (2 * (w - 1) / w)
+    return 1.0
+
+
 class LinkBandwidths(BasicCommsBandwidths):
     """TorchRec's bandwidth per collective (bytes/ms), with the allreduce priced on the links it crosses.
 
@@ -209,14 +243,37 @@ class LinkBandwidths(BasicCommsBandwidths):
     replicated every table of dlrm_small, for steps twice as slow. Here an allreduce on one node runs
     at the intra-node link, across nodes at the slower of it and the node's NICs (a ring crosses both).
     tests/plan/test_planner.py notices a TorchRec that fixes its own.
+
+    own: per collective, its own (inter, intra) bandwidths where the topology has fitted them
+    (`LinkConfig.collectives`: Gloo's 2-rank alltoall reached half the rate of its allreduce on a
+    shaped link), used for that collective instead of the two above.
+
+    The bandwidth returned is the link's times `bytes_counted`: TorchRec's estimator counts other bytes
+    than a rank's collective moves, and its time (bytes counted / bandwidth) is then the bytes moved
+    over the link's bandwidth.
     """
 
+    def __init__(
+        self, inter_host_bw: float, intra_host_bw: float, own: dict[CollectiveType, tuple[float, float]] | None = None
+    ) -> None:
+        super().__init__(inter_host_bw=inter_host_bw, intra_host_bw=intra_host_bw)
+        self.own = dict(own or {})
+
     def get_bw(self, local_world_size: int, world_size: int, collective_type: CollectiveType) -> float:
-        if collective_type != CollectiveType.ALL_REDUCE:
-            return super().get_bw(local_world_size, world_size, collective_type)
+        inter, intra = self.own.get(collective_type, (self.inter_host_bw, self.intra_host_bw))
         if world_size <= local_world_size:
-            return self.intra_host_bw
-        return min(self.intra_host_bw, self.inter_host_bw * local_world_size)
+            bw = intra
+        elif collective_type != CollectiveType.ALL_REDUCE:
+            bw = inter
+        else:
+            bw = min(intra, inter * local_world_size)
+        return bw * bytes_counted(collective_type, world_size, local_world_size)
+
+    def __hash__(self) -> int:
+        return hash((super().__hash__(), tuple(sorted((k.value, v) for k, v in self.own.items()))))
+
+    def __eq__(self, other: object) -> bool:
+        return super().__eq__(other) and getattr(other, "own", None) == self.own
 
 
 def planner_topology(cfg: TopologyConfig, world_size: int, local_world_size: int) -> Topology:
@@ -227,6 +284,12 @@ def planner_topology(cfg: TopologyConfig, world_size: int, local_world_size: int
     to_bytes_per_ms = GB / 1000.0
     intra = cfg.intra_node.bandwidth_GBps * to_bytes_per_ms
     inter = cfg.inter_node.bandwidth_GBps * to_bytes_per_ms
+    own = {}
+    for kind, name in PLANNER_COLLECTIVES.items():
+        links = (cfg.inter_node, cfg.intra_node)
+        if any(name in link.collectives for link in links):
+            figures = [link.collectives[name] if name in link.collectives else link for link in links]
+            own[kind] = (figures[0].bandwidth_GBps * to_bytes_per_ms, figures[1].bandwidth_GBps * to_bytes_per_ms)
     return TopologyFactory.create_topology(  # the supported constructor (a direct Topology warns)
         trainer_config=TrainerConfig(
             world_size=world_size,
@@ -237,6 +300,6 @@ def planner_topology(cfg: TopologyConfig, world_size: int, local_world_size: int
         hardware_config=HardwareConfig(intra_host_bw=intra, inter_host_bw=inter),
         kernel_config=KernelConfig(
             compute_device=cfg.device,
-            generalized_comms_bandwidths=LinkBandwidths(inter_host_bw=inter, intra_host_bw=intra),
+            generalized_comms_bandwidths=LinkBandwidths(inter_host_bw=inter, intra_host_bw=intra, own=own),
         ),
     )

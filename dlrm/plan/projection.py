@@ -191,7 +191,10 @@ def replace_shards(tables, world: int, ranks_per_node: int):
 def flat_allreduce_time(topology, nodes: int, g: int, nbytes: float) -> float:
     """One ring over all N g ranks (`costmodel.ring_time`): at the intra-node rate, or once N > 1 at
     min(intra-node rate, g x the inter-node rate per rank), each node's uplink carrying one ring edge."""
-    intra, inter = Link.from_config(topology.intra_node), Link.from_config(topology.inter_node)
+    intra, inter = (
+        Link.from_config(topology.intra_node, "allreduce"),
+        Link.from_config(topology.inter_node, "allreduce"),
+    )
     return ring_time("allreduce", intra, inter, nodes, g, nbytes)
 
 
@@ -216,7 +219,8 @@ def _comms(cfg: Config, tables, dense_params: int, g: int, b_local: float, n: in
     comms = comm_summary(cfg_n, replace_shards(tables, world, g), world, g, dense_params)
     nbytes = comms["allreduce_bytes"]
     flat = flat_allreduce_time(cfg.topology, n, g, nbytes)
-    intra, inter = Link.from_config(cfg.topology.intra_node), Link.from_config(cfg.topology.inter_node)
+    intra = Link.from_config(cfg.topology.intra_node, "allreduce")
+    inter = Link.from_config(cfg.topology.inter_node, "allreduce")
     backend = backend_of(cfg.topology)
     return {
         "cfg": cfg_n,

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from dlrm.cluster.bench import findings as cbf
+from dlrm.cluster.bench import model as cbm
 from dlrm.cluster.bench import plot as cbp
 from dlrm.cluster.bench import report as cbr
 from dlrm.cluster.bench import run as cb
@@ -81,7 +82,11 @@ def test_another_shape_trains_there_and_calibrates_on_one_node_of_it(tmp_path):
     names = {s.name for s in cb.round_specs(opts, 0)}
     assert names == {"train-1x1-local-auto"} | {f"train-2x1-{g}g-{v}" for g in ("0.05", "0.5") for v in opts.variants}
     cmd = cb.cluster_command(opts, cb.Spec("train", 2, 1, 0.05, "data_parallel"), tmp_path)
-    assert {"topology=emu_4x1", "topology.nodes=2", "sharding=data_parallel", "--gbit"} <= set(cmd)
+    assert {"topology=emu_2x1", "topology.nodes=2", "sharding=data_parallel", "--gbit"} <= set(cmd)  # its own fit
+    assert "topology=emu_4x1" in cb.cluster_command(opts, cb.Spec("train", 1, 1, None, "auto"), tmp_path)
+    overrides, counts = cbm.plan_overrides("dlrm_wide", 512, 0.05, "1x1", opts.shape)
+    assert "topology=emu_2x1" in overrides and counts == "1,2"  # projected on the 2 x 1 fit
+    assert cbm.plan_overrides("dlrm_wide", 512, 0.05, "1x1")[1] == "1,2,4"  # the default shape: 2 x 1 and 4 x 1
     # The tables, findings and plot follow the results' shape.
     results = fabricated()
     results["options"]["shape"] = [2, 1]
@@ -113,6 +118,30 @@ def test_commands_size_the_job_for_weak_scaling(tmp_path):
     assert "--gbit" not in local and "topology=emu_2x2" in local and "topology.nodes=1" in local
     bench = cb.cluster_command(opts, cb.Spec("comms", 2, 2, 2.0, "bench"), tmp_path)
     assert bench[bench.index("--module") + 1] == "dlrm.comms.bench" and "world,intra,inter" in bench
+
+
+def test_another_uplink_rate_scales_each_collectives_own_fit_alike():
+    """--gbit G sets the trainer's inter-node link to G/8/R GB/s; a collective fitted apart
+    (LinkConfig.collectives: Gloo's 2-rank alltoall at about half the link) keeps its share of it,
+    and the cost model and the planner then read the composed figures."""
+    from dlrm.cluster.run import plan_job
+    from dlrm.comms.costmodel import Link
+    from dlrm.config import CollectiveLinkConfig, LinkConfig
+    from dlrm.config.compose import compose
+
+    link = LinkConfig(bandwidth_GBps=0.0625, collectives={"alltoall": CollectiveLinkConfig(0.03125, 100.0)})
+    assert link.rate_overrides("topology.inter_node", 0.25) == [
+        "topology.inter_node.bandwidth_GBps=0.25",
+        "topology.inter_node.collectives.alltoall.bandwidth_GBps=0.125",
+    ]
+    fitted = compose(["topology=emu_2x1"]).topology.inter_node
+    job = plan_job(2, 1, 0.1, ["topology=emu_2x1", "model=tiny", "data.global_batch_size=64"])
+    topo = compose(job.overrides).topology
+    assert topo.inter_node.bandwidth_GBps == pytest.approx(0.1 / 8)
+    for name, own in fitted.collectives.items():  # emu_2x1's shipped fit has its alltoall apart
+        share = own.bandwidth_GBps / fitted.bandwidth_GBps
+        assert Link.from_config(topo.inter_node, name).bandwidth_Bps == pytest.approx(0.1 / 8 * share * 1e9)
+    assert "alltoall" in fitted.collectives
 
 
 def test_a_training_run_is_read_from_its_summary_and_metrics(tmp_path):
@@ -245,7 +274,6 @@ def test_render_rewrites_the_findings(tmp_path, capsys):
 
 
 def test_render_remodels_the_collectives_and_keeps_the_runs_own_figures():
-    from dlrm.cluster.bench import model as cbm
 
     results = fabricated()
     n = 4 * 2**20

@@ -85,3 +85,29 @@ def test_written_topology_loads_composes_and_drives_the_model(tmp_path, monkeypa
         link = Link.from_config(cfg.topology.intra_node, c)
         assert link.alpha_s == pytest.approx(alpha, rel=0.10) and link.bandwidth_Bps == pytest.approx(bw, rel=0.10)
     assert Link.from_config(cfg.topology.intra_node).alpha_s == pytest.approx(fit.joint.alpha_s, rel=1e-3)
+
+
+def test_on_a_shaped_uplink_the_link_is_its_rate_and_each_collective_its_share(tmp_path, monkeypatch):
+    """Under dlrm.cluster (DLRM_UPLINK_GBIT set) the inter-node link is written at the uplink's rate per
+    rank and every collective's own fit beside it, even one the joint fit would have served, so that
+    --gbit at another rate scales each one's share (LinkConfig.rate_overrides)."""
+    from dlrm.comms.fit import uplink_GBps_of_env
+    from dlrm.config.topology import UPLINK_GBIT_ENV
+
+    rows = [dict(r, scope="inter") for r in rows_from({"allreduce": (0.0, 0.0235e9), "alltoall": (0.0, 0.0119e9)}, 0.0)]
+    fit = fit_scope(rows, "inter", "switch", "gloo", 10.0, MIN_SIZES)  # --material too high to split on its own
+    assert not fit.per_collective
+    monkeypatch.setenv(UPLINK_GBIT_ENV, "0.2")
+    uplink = uplink_GBps_of_env(ranks_per_node=1)
+    assert uplink == pytest.approx(0.025)
+    topo = fitted_topology(load_topology("emu_2x1"), "emu_fit", [fit], uplink)
+    path = tmp_path / "emu_fit.yaml"
+    path.write_text(topology_yaml(topo, [fit], ["fitted on a test's synthetic timings"]))
+    link = load_topology(str(path)).inter_node
+    assert link.bandwidth_GBps == pytest.approx(0.025)
+    assert link.collectives["allreduce"].bandwidth_GBps == pytest.approx(0.0235, rel=1e-3)
+    assert link.collectives["alltoall"].bandwidth_GBps == pytest.approx(0.0119, rel=1e-3)
+    scaled = link.rate_overrides("topology.inter_node", 0.05)  # --gbit 0.4
+    assert scaled[2] == f"topology.inter_node.collectives.alltoall.bandwidth_GBps={0.0119 * 2!r}"
+    monkeypatch.delenv(UPLINK_GBIT_ENV)
+    assert uplink_GBps_of_env(1) is None

@@ -310,16 +310,80 @@ def test_allreduce_bandwidth_is_the_links_it_crosses():
     one-node allreduce at the inter-node NICs: when a release stops doing so, LinkBandwidths can go."""
     from torchrec.distributed.planner.types import BasicCommsBandwidths, CollectiveType
 
-    from dlrm.distributed.topology import LinkBandwidths
+    from dlrm.distributed.topology import LinkBandwidths, bytes_counted
 
     ours, torchrec = LinkBandwidths(inter_host_bw=10.0, intra_host_bw=3.0), BasicCommsBandwidths(10.0, 3.0)
-    assert ours.get_bw(2, 2, CollectiveType.ALL_REDUCE) == 3.0  # one node
+    assert ours.get_bw(2, 2, CollectiveType.ALL_REDUCE) == 3.0  # one node (2 ranks: counted as moved)
     assert ours.get_bw(2, 4, CollectiveType.ALL_REDUCE) == 3.0  # min(3, 10 x 2)
     assert LinkBandwidths(inter_host_bw=1.0, intra_host_bw=3.0).get_bw(2, 4, CollectiveType.ALL_REDUCE) == 2.0
     for collective in (CollectiveType.ALL_TO_ALL, CollectiveType.REDUCE_SCATTER, CollectiveType.ALL_GATHER):
-        for local, world in ((2, 2), (2, 4)):
-            assert ours.get_bw(local, world, collective) == torchrec.get_bw(local, world, collective)
+        for local, world in ((2, 2), (2, 4)):  # TorchRec's link, times the bytes it counts per byte moved
+            counted = bytes_counted(collective, world, local)
+            assert ours.get_bw(local, world, collective) == pytest.approx(
+                torchrec.get_bw(local, world, collective) * counted
+            )
     assert torchrec.get_bw(2, 2, CollectiveType.ALL_REDUCE) == 20.0  # TorchRec's: 1 NIC per GPU, on one node too
+
+
+def test_the_planner_prices_each_collective_on_its_own_fitted_figures():
+    """A topology whose links carry a collective's own fit (LinkConfig.collectives, as dlrm.comms.fit
+    writes it) gives TorchRec's planner that bandwidth for that collective, the link's for the others."""
+    from torchrec.distributed.planner.types import CollectiveType
+
+    from dlrm.config import CollectiveLinkConfig, LinkConfig, TopologyConfig
+    from dlrm.distributed.topology import planner_topology
+
+    topo = TopologyConfig(
+        nodes=2,
+        intra_node=LinkConfig(bandwidth_GBps=4.0, latency_us=10.0),
+        inter_node=LinkConfig(bandwidth_GBps=1.0, collectives={"alltoall": CollectiveLinkConfig(0.5, 10.0)}),
+    )
+    bw = planner_topology(topo, world_size=4, local_world_size=2).comms_bandwidths
+    per_ms = 1e9 / 1000  # TorchRec's bytes per millisecond
+    a2a = 4 / 3  # TorchRec counts 4/3 of what an alltoall among 4 ranks moves (bytes_counted)
+    assert bw.get_bw(2, 4, CollectiveType.ALL_TO_ALL) == pytest.approx(0.5 * per_ms * a2a)  # its own, across nodes
+    assert bw.get_bw(2, 2, CollectiveType.ALL_TO_ALL) == pytest.approx(4.0 * per_ms * 2)  # the intra link's (no own)
+    assert bw.get_bw(2, 4, CollectiveType.REDUCE_SCATTER) == pytest.approx(1.0 * per_ms)
+    assert bw.get_bw(2, 4, CollectiveType.ALL_REDUCE) == pytest.approx(2.0 * per_ms)  # min(4, 1 x 2), counted right
+
+
+def test_torchrec_counts_the_bytes_that_bytes_counted_corrects():
+    """TorchRec's estimator prices a table-wise shard's pooled output at batch x world_size x dim (the
+    rank's own share too) and a replicated table's gradients at T (2N - 1) / N: what `bytes_counted`
+    divides out. A TorchRec that counts otherwise fails here, and bytes_counted must follow it."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator
+    from torchrec.distributed.planner.types import (
+        BasicCommsBandwidths,
+        HardwareConfig,
+        KernelConfig,
+        TopologyFactory,
+        TrainerConfig,
+    )
+
+    from dlrm.config import ModelConfig, TableConfig
+    from dlrm.models.dlrm import build_model
+
+    rows, dim, batch = 1000, 64, 512
+    table = TableConfig(name="t", rows=rows, dim=dim, features=["f"])
+    model = build_model(ModelConfig(tables=[table], bottom_mlp=[dim], top_mlp=[8, 1]))
+
+    def perf(bw: float) -> dict:  # per (sharding type, shard): TorchRec's Perf on 2 nodes of 1 rank
+        topo = TopologyFactory.create_topology(
+            trainer_config=TrainerConfig(world_size=2, local_world_size=1, ddr_cap_bytes=2**32),
+            hardware_config=HardwareConfig(intra_host_bw=bw, inter_host_bw=bw),
+            kernel_config=KernelConfig(compute_device="cpu", generalized_comms_bandwidths=BasicCommsBandwidths(bw, bw)),
+        )
+        enum = EmbeddingEnumerator(topology=topo, batch_size=batch, estimator=EmbeddingPerfEstimator(topo))
+        options = enum.enumerate(model, [EmbeddingBagCollectionSharder()])
+        return {(o.sharding_type, i): s.perf for o in options for i, s in enumerate(o.shards)}
+
+    bw = 1e6  # bytes per ms
+    slow, fast = perf(bw), perf(2 * bw)  # the communication terms halve, the rest stays
+    assert slow["table_wise", 0].fwd_comms == pytest.approx(batch * 2 * dim * 4 / bw, rel=1e-6)
+    replicated = slow["data_parallel", 0].bwd_comms - fast["data_parallel", 0].bwd_comms
+    assert 2 * replicated == pytest.approx(rows * dim * 4 * 1.5 / bw, rel=1e-6)
 
 
 def test_auto_on_gloo_plans_every_table_alike_among_the_one_alltoall_types(make_config, capsys):

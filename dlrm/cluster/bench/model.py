@@ -22,24 +22,32 @@ PROPOSER = "default"  # dlrm.plan --proposer's default
 # --- collectives ---------------------------------------------------------------------------------------
 
 
-def comms_model_links(gbit: float, nodes: int, ranks_per_node: int):
-    """(intra, inter, backend) of the model of the emulated topology at this uplink rate, as dlrm.cluster sets it."""
-    from dlrm.comms.costmodel import Link, backend_of
+def emulated_topology(gbit: float, nodes: int, ranks_per_node: int):
+    """The emulated topology emu_{nodes}x{ranks_per_node} at this uplink rate, as dlrm.cluster sets it
+    (`LinkConfig.rate_overrides`)."""
     from dlrm.config.compose import compose
 
-    cfg = compose(
-        [f"topology=emu_{nodes}x{ranks_per_node}", f"topology.inter_node.bandwidth_GBps={gbit / 8 / ranks_per_node!r}"]
-    )
-    topo = cfg.topology
-    return Link.from_config(topo.intra_node), Link.from_config(topo.inter_node), backend_of(topo)
+    overrides = [f"topology=emu_{nodes}x{ranks_per_node}"]
+    link = compose(overrides).topology.inter_node
+    return compose(overrides + link.rate_overrides("topology.inter_node", gbit / 8 / ranks_per_node)).topology
+
+
+def comms_model_links(gbit: float, nodes: int, ranks_per_node: int):
+    """(topology, backend) of the model of the emulated topology at this uplink rate (`emulated_topology`)."""
+    from dlrm.comms.costmodel import backend_of
+
+    topo = emulated_topology(gbit, nodes, ranks_per_node)
+    return topo, backend_of(topo)
 
 
 def model_time(links, collective: str, scope: str, group_size: int, nodes: int, nbytes: float) -> float:
     """The cost model's seconds for one benchmark row: `world` spans the nodes (`world_time`), `intra` and
-    `inter` are one level (`level_time`), each as the topology's backend runs it."""
-    from dlrm.comms.costmodel import level_time, world_time
+    `inter` are one level (`level_time`), each as the topology's backend runs it, with each link's figures
+    for this collective (`Link.from_config`)."""
+    from dlrm.comms.costmodel import Link, level_time, world_time
 
-    intra, inter, backend = links
+    topo, backend = links
+    intra, inter = Link.from_config(topo.intra_node, collective), Link.from_config(topo.inter_node, collective)
     if scope == "world":
         return world_time(collective, intra, inter, nodes, group_size // nodes, nbytes, backend)
     return level_time(collective, intra if scope == "intra" else inter, group_size, nbytes, backend)
@@ -76,15 +84,36 @@ def remodel_comms(results: dict) -> int:
 # --- the --scale projection ------------------------------------------------------------------------------
 
 
-def plan_overrides(model: str, batch_per_rank: int, gbit: float, series: str) -> tuple[list[str], str]:
-    """(dlrm.plan's overrides, its --scale node counts) for the projection calibrated on `series` ('1x1', '1x2')."""
+def emulated_name(nodes: int, ranks_per_node: int) -> str:
+    """The emulated topology fitted on this shape (conf/topology/emu_NxR.yaml: what each collective reaches
+    of the uplink depends on the ranks it spans), else the one with its ranks per node (emu_4x1, emu_2x2),
+    which a run resizes with topology.nodes."""
+    from dlrm.config.compose import CONF_DIR
+
+    name = f"emu_{nodes}x{ranks_per_node}"
+    if (CONF_DIR / "topology" / f"{name}.yaml").is_file():
+        return name
+    return "emu_2x2" if ranks_per_node == 2 else "emu_4x1"
+
+
+def plan_overrides(
+    model: str, batch_per_rank: int, gbit: float, series: str, shape: tuple[int, int] = (2, 2)
+) -> tuple[list[str], str]:
+    """(dlrm.plan's overrides, its --scale node counts) for the projection calibrated on `series` ('1x1', '1x2'):
+    on the topology fitted on `shape` (the train experiment's N x R) where the series has its ranks per node,
+    else on emu_4x1 (1, 2 and 4 nodes) or emu_2x2 (1 and 2)."""
+    from dlrm.config.compose import compose
+
     rpn = int(series[-1])
-    topology, counts = ("emu_4x1", "1,2,4") if rpn == 1 else ("emu_2x2", "1,2")
+    nodes = shape[0] if shape[1] == rpn else (4 if rpn == 1 else 2)
+    topology = emulated_name(nodes, rpn)
+    counts = "1,2,4" if nodes == 4 else f"1,{nodes}"
+    link = compose([f"topology={topology}"]).topology.inter_node
     overrides = [
         f"model={model}",
         f"topology={topology}",
         "topology.nodes=1",
-        f"topology.inter_node.bandwidth_GBps={gbit / 8 / rpn!r}",
+        *link.rate_overrides("topology.inter_node", gbit / 8 / rpn),
         f"data.global_batch_size={batch_per_rank * rpn}",
     ]
     return overrides, counts
@@ -121,7 +150,9 @@ def remodel_projections(results: dict) -> int:
     rows: list[dict] = []
     for series in sorted({s for _, s, _ in calibrations}):
         for g in gbits:
-            overrides, counts = plan_overrides(o["model"], o["batch_per_rank"], g, series)
+            overrides, counts = plan_overrides(
+                o["model"], o["batch_per_rank"], g, series, tuple(o.get("shape", (2, 2)))
+            )
             cfg, node_counts = compose(overrides), parse_scale(counts)
             report, planned = plan_pair(cfg, None, PROPOSER, node_counts)
             for k, s, path in calibrations:

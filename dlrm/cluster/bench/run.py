@@ -46,7 +46,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from dlrm.cluster.bench.findings import findings, findings_md
-from dlrm.cluster.bench.model import comms_model_links, comms_rows, plan_overrides, projection_rows, remodel
+from dlrm.cluster.bench.model import (
+    comms_model_links,
+    comms_rows,
+    emulated_name,
+    plan_overrides,
+    projection_rows,
+    remodel,
+)
 from dlrm.cluster.bench.plot import plot
 from dlrm.cluster.bench.report import (
     DEFAULT_SHAPE,
@@ -234,7 +241,7 @@ def round_specs(opts: Options, round_index: int) -> list[Spec]:
 def train_overrides(opts: Options, spec: Spec, run_dir: Path) -> list[str]:
     """dlrm.train's overrides for one run: weak scaling at batch_per_rank, quiet, one small eval."""
     ranks = spec.nodes * spec.ranks_per_node
-    topology = "emu_2x2" if spec.ranks_per_node == 2 else "emu_4x1"
+    topology = emulated_name(spec.nodes, spec.ranks_per_node)
     return [
         f"model={opts.model}",
         f"topology={topology}",
@@ -300,7 +307,7 @@ def run_job(opts: Options, spec: Spec, run_dir: Path) -> tuple[bool, str, float]
 
 def run_plan(opts: Options, gbit: float, series: str, calibration: Path) -> dict:
     """`dlrm.plan --json --scale` calibrated on a one-node run of `series` ('1x1' or '1x2')."""
-    overrides, counts = plan_overrides(opts.model, opts.batch_per_rank, gbit, series)
+    overrides, counts = plan_overrides(opts.model, opts.batch_per_rank, gbit, series, opts.shape)
     cmd = [sys.executable, "-m", "dlrm.plan", "--json", "--scale", counts]
     cmd += ["--measured", str(calibration / "summary.json"), *overrides]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)

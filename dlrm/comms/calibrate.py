@@ -1,0 +1,161 @@
+"""Calibrate a topology's collectives on a profiled training run: what they reach as the trainer issues them.
+
+    python -m dlrm.comms.calibrate --run outputs/RUN [--collectives alltoall,allreduce] [--topology NAME_OR_PATH]
+                                   [--out FILE]
+
+`dlrm.comms.fit` times each collective with every rank entering it together. In training the ranks
+enter apart (the faster one waits), and a collective can reach more or less of the link than it does
+there: on dlrm.cluster's shaped links two bulk transfers in opposite directions on one Gloo connection
+take twice one of them when they start together (raw isend/irecv alike), so the fit gives the 2-rank
+alltoall 0.47x of the uplink, while in training, the early rank's bytes crossing as the late one
+computes, the exchange reached about 0.64x (comm_vs_model x0.70-x0.74).
+
+This command reads a profiled run's `comm_vs_model` (per step, the transfer of the embedding exchange
+and of the dense allreduce beside the model's seconds and their latency part, `dlrm.comms.measured`)
+and scales each chosen collective's bandwidth by (model - latency) / (measured - latency): the
+alltoall from the embedding exchange, the allreduce from the dense allreduce (`--collectives`; an
+allreduce that shared the link with the gradient alltoall is not one to calibrate on). It changes the
+link the run's collectives crossed: inter_node with several nodes of one rank, intra_node on one node
+(a run over both levels is refused). Latencies stay. The topology (default: the run's own, its file in
+conf/topology/) is written atomically, its comments kept and the calibration added.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from dlrm.comms import load_topology
+from dlrm.comms.costmodel import CommsError
+from dlrm.comms.fit import output_path, topology_yaml
+from dlrm.config import CollectiveLinkConfig, TopologyConfig
+from dlrm.errors import ArgumentParser, run_rank_command
+from dlrm.io import write_atomic
+
+ROWS = {"embedding_exchange": "alltoall", "dense_allreduce": "allreduce"}  # comm_vs_model row -> collective
+
+
+def read_run(run: str) -> tuple[dict, dict]:
+    """(summary, config) of a run directory (or its summary.json): CommsError naming what is missing."""
+    path = Path(run)
+    summary_path = path / "summary.json" if path.is_dir() else path
+    config_path = summary_path.parent / "config.yaml"
+    if not summary_path.is_file():
+        raise CommsError(f"{summary_path} does not exist; pass a training run's directory (it holds summary.json)")
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (OSError, ValueError) as e:
+        raise CommsError(
+            f"{summary_path}: not a readable JSON summary ({e}); pass a finished run's directory"
+        ) from None
+    versus = summary.get("comm_vs_model") if isinstance(summary, dict) else None
+    if not isinstance(versus, dict):
+        raise CommsError(
+            f"{summary_path} has no comm_vs_model: train with trainer.breakdown=true (the default) and let the run end"
+        )
+    from omegaconf import OmegaConf
+
+    if not config_path.is_file():
+        raise CommsError(f"{config_path} does not exist: the run's resolved config sits beside its summary.json")
+    config = OmegaConf.to_container(OmegaConf.load(config_path))
+    if not isinstance(config, dict) or not isinstance(config.get("topology"), dict):
+        raise CommsError(f"{config_path} has no topology section; pass a dlrm.train run's directory")
+    return summary, config
+
+
+def link_key(run_topology: dict) -> str:
+    """The link a run's collectives crossed: CommsError for a run over both levels."""
+    nodes, ranks = int(run_topology.get("nodes", 1)), run_topology.get("ranks_per_node")
+    if nodes > 1 and ranks not in (None, 1):
+        raise CommsError(
+            f"the run spans {nodes} nodes of {ranks} ranks: its collectives crossed both links and cannot be told "
+            "apart; calibrate on a run of one node, or of one rank per node"
+        )
+    return "inter_node" if nodes > 1 else "intra_node"
+
+
+def calibrated(
+    topo: TopologyConfig, key: str, versus: dict, collectives: Sequence[str] = tuple(ROWS.values())
+) -> tuple[TopologyConfig, dict[str, str]]:
+    """`topo` with link `key`'s bandwidths of `collectives` (alltoall, allreduce) scaled to the run's
+    transfer (module docstring), and per collective a line saying what changed; CommsError if none could
+    be."""
+    link = getattr(topo, key)
+    own = dict(link.collectives)
+    said: dict[str, str] = {}
+    for row, collective in ROWS.items():
+        if collective not in collectives:
+            continue
+        r = versus.get(row)
+        if not isinstance(r, dict) or not r.get("compared"):
+            why = r.get("why", "not measured") if isinstance(r, dict) else "not in the run"
+            said[collective] = f"not calibrated: {row} was not compared ({why})"
+            continue
+        latency = float(r.get("model_latency_s", 0.0))
+        modelled, measured = float(r["model_s"]) - latency, float(r["measured_s"]) - latency
+        if modelled <= 0 or measured <= 0:
+            said[collective] = f"not calibrated: {row}'s transfer is within its latency terms"
+            continue
+        before = own.get(collective, CollectiveLinkConfig(link.bandwidth_GBps, link.latency_us))
+        factor = modelled / measured
+        own[collective] = replace(before, bandwidth_GBps=float(f"{before.bandwidth_GBps * factor:.4g}"))
+        after = own[collective].bandwidth_GBps
+        said[collective] = (
+            f"calibrated: {row} measured {r['measured_s'] * 1e3:.1f} ms against {r['model_s'] * 1e3:.1f} ms "
+            f"(x{r['measured_s'] / r['model_s']:.2f}), so {before.bandwidth_GBps:.4g} -> {after:.4g} GB/s"
+        )
+    if not any(line.startswith("calibrated") for line in said.values()):
+        raise CommsError("nothing to calibrate: " + "; ".join(said.values()))
+    return replace(topo, **{key: replace(link, collectives=own, placeholder=False)}), said
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = ArgumentParser(prog="python -m dlrm.comms.calibrate", description="Calibrate a topology on a training run.")
+    ap.add_argument("--run", required=True, help="a profiled training run's directory (summary.json, config.yaml)")
+    ap.add_argument(
+        "--collectives", default="alltoall,allreduce", help="comma list of alltoall (the embedding exchange), allreduce"
+    )
+    ap.add_argument("--topology", help="topology to calibrate, a name or YAML path (default: the run's)")
+    ap.add_argument("--out", help="YAML file to write (default conf/topology/NAME.yaml)")
+    return ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> TopologyConfig:
+    args = parse_args(argv)
+    collectives = [c for c in args.collectives.split(",") if c]
+    unknown = sorted(set(collectives) - set(ROWS.values()))
+    if unknown or not collectives:
+        raise CommsError(f"--collectives={args.collectives}: give a comma list of {', '.join(ROWS.values())}")
+    summary, config = read_run(args.run)
+    name = args.topology or str(config["topology"].get("name") or summary.get("topology"))
+    try:
+        topo = load_topology(name)
+    except FileNotFoundError as e:
+        raise CommsError(str(e)) from None
+    key = link_key(config["topology"])
+    topo, said = calibrated(topo, key, summary["comm_vs_model"], collectives)
+    source = Path(name) if Path(name).suffix else output_path(name, None)
+    kept = [line[2:] for line in source.read_text().splitlines() if line.startswith("# ")] if source.is_file() else []
+    command = "python -m dlrm.comms.calibrate " + " ".join(argv if argv is not None else sys.argv[1:])
+    header = [*kept, f"Calibrated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{command}` on {args.run}:"]
+    header += [f"- {collective}: {line}" for collective, line in said.items()]
+    notes = {f"{key}.{c}": line.split(":")[0] + " on a training run (header)" for c, line in said.items()}
+    notes = {k: v for k, v in notes.items() if v.startswith("calibrated")}
+    notes[f"{key}.collectives"] = "each one's own figures: fitted, then calibrated as the header says"
+    notes[key] = "fitted, then calibrated on a training run (the header)"
+    out = Path(args.out) if args.out else output_path(topo.name, None)
+    write_atomic(out, topology_yaml(topo, [], header, notes).encode())
+    load_topology(str(out))  # what was written reads back as a topology
+    for line in header[len(kept) :]:
+        print(line)
+    print(f"wrote {out}")
+    return topo
+
+
+if __name__ == "__main__":
+    run_rank_command(main, CommsError)
