@@ -23,7 +23,7 @@ conf/topology/) is written atomically, its comments kept and the calibration add
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -35,7 +35,7 @@ from dlrm.comms.costmodel import CommsError
 from dlrm.comms.fit import output_path, topology_yaml
 from dlrm.config import CollectiveLinkConfig, TopologyConfig
 from dlrm.errors import ArgumentParser, run_rank_command
-from dlrm.io import write_atomic
+from dlrm.io import JSON_LIMIT, UnreadableFileError, parse_json, read_bounded, write_atomic
 
 ROWS = {"embedding_exchange": "alltoall", "dense_allreduce": "allreduce"}  # comm_vs_model row -> collective
 
@@ -48,24 +48,28 @@ def read_run(run: str) -> tuple[dict, dict]:
     if not summary_path.is_file():
         raise CommsError(f"{summary_path} does not exist; pass a training run's directory (it holds summary.json)")
     try:
-        summary = json.loads(summary_path.read_text())
-    except (OSError, ValueError) as e:
-        raise CommsError(
-            f"{summary_path}: not a readable JSON summary ({e}); pass a finished run's directory"
-        ) from None
+        summary = parse_json(read_bounded(summary_path, JSON_LIMIT))
+    except (OSError, ValueError, UnreadableFileError) as e:
+        raise CommsError(f"{summary_path}: not a readable JSON summary ({e}); pass a finished run's folder") from None
     versus = summary.get("comm_vs_model") if isinstance(summary, dict) else None
     if not isinstance(versus, dict):
         raise CommsError(
             f"{summary_path} has no comm_vs_model: train with trainer.breakdown=true (the default) and let the run end"
         )
-    from omegaconf import OmegaConf
+    from dlrm.trainer.run_dir import read_config
 
-    if not config_path.is_file():
-        raise CommsError(f"{config_path} does not exist: the run's resolved config sits beside its summary.json")
-    config = OmegaConf.to_container(OmegaConf.load(config_path))
-    if not isinstance(config, dict) or not isinstance(config.get("topology"), dict):
+    config = read_config(summary_path.parent)  # plain data, bounded; ConfigError (one line) if unreadable
+    if config is None or not isinstance(config.get("topology"), dict):
         raise CommsError(f"{config_path} has no topology section; pass a dlrm.train run's directory")
     return summary, config
+
+
+def _seconds(row: dict, key: str, name: str) -> float:
+    """A comm_vs_model row's seconds (a file's number: checked), CommsError naming it otherwise."""
+    value = row.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise CommsError(f"comm_vs_model.{name}.{key} = {value!r} is not seconds >= 0; pass an untouched run's summary")
+    return float(value)
 
 
 def link_key(run_topology: dict) -> str:
@@ -96,8 +100,8 @@ def calibrated(
             why = r.get("why", "not measured") if isinstance(r, dict) else "not in the run"
             said[collective] = f"not calibrated: {row} was not compared ({why})"
             continue
-        latency = float(r.get("model_latency_s", 0.0))
-        modelled, measured = float(r["model_s"]) - latency, float(r["measured_s"]) - latency
+        latency = _seconds(r, "model_latency_s", row)
+        modelled, measured = _seconds(r, "model_s", row) - latency, _seconds(r, "measured_s", row) - latency
         if modelled <= 0 or measured <= 0:
             said[collective] = f"not calibrated: {row}'s transfer is within its latency terms"
             continue

@@ -118,7 +118,10 @@ def fitted_topology(
         key = LINK_OF_SCOPE[f.scope]
         old: LinkConfig = getattr(topo, key)
         shaped = uplink_GBps is not None and key == "inter_node"
-        own = {c: CollectiveLinkConfig(**_figures(x)) for c, x in f.own.items()} if f.per_collective or shaped else {}
+        own = {  # a collective whose bandwidth term is lost in the noise keeps the link's figures
+            c: CollectiveLinkConfig(**_figures(x)) for c, x in f.own.items() if not math.isinf(x.bandwidth_Bps)
+        }
+        own = own if f.per_collective or shaped else {}
         figures = _figures(f.joint)
         if shaped:
             figures["bandwidth_GBps"] = float(f"{uplink_GBps:.4g}")

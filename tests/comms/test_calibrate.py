@@ -68,14 +68,16 @@ def test_the_command_writes_a_topology_that_loads_and_keeps_the_fits_comments(tm
 
 
 @pytest.mark.parametrize(
-    ("args", "says"),
+    ("args", "versus", "says"),
     [
-        (["--run", "nowhere"], "nowhere does not exist"),
-        (["--collectives", "broadcast"], "--collectives=broadcast"),
+        (["--run", "nowhere"], None, "nowhere does not exist"),
+        (["--collectives", "broadcast"], None, "--collectives=broadcast"),
+        ([], {"embedding_exchange": {**row(0.2, 0.3), "model_s": "fast"}}, "model_s = 'fast' is not seconds"),
+        ([], {"embedding_exchange": {**row(0.2, 0.3), "measured_s": float("nan")}}, "measured_s = nan"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
-    run = fake_run(tmp_path, {"embedding_exchange": row(0.2, 0.3)})
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, versus, says):
+    run = fake_run(tmp_path, versus or {"embedding_exchange": row(0.2, 0.3)})
     argv = [sys.executable, "-m", "dlrm.comms.calibrate", "--run", str(run), "--out", str(tmp_path / "t.yaml"), *args]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
