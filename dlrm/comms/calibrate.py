@@ -142,14 +142,15 @@ def main(argv: Sequence[str] | None = None) -> TopologyConfig:
     except FileNotFoundError as e:
         raise CommsError(str(e)) from None
     key = link_key(config["topology"])
+    before = getattr(topo, key).collectives
     topo, said = calibrated(topo, key, summary["comm_vs_model"], collectives)
+    changed = {c for c, own in getattr(topo, key).collectives.items() if before.get(c) != own}
     source = Path(name) if Path(name).suffix else output_path(name, None)
     kept = [line[2:] for line in source.read_text().splitlines() if line.startswith("# ")] if source.is_file() else []
     command = "python -m dlrm.comms.calibrate " + " ".join(argv if argv is not None else sys.argv[1:])
     header = [*kept, f"Calibrated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{command}` on {args.run}:"]
     header += [f"- {collective}: {line}" for collective, line in said.items()]
-    notes = {f"{key}.{c}": line.split(":")[0] + " on a training run (header)" for c, line in said.items()}
-    notes = {k: v for k, v in notes.items() if v.startswith("calibrated")}
+    notes = {f"{key}.{c}": "calibrated on a training run (header)" for c, line in said.items() if c in changed}
     notes[f"{key}.collectives"] = "each one's own figures: fitted, then calibrated as the header says"
     notes[key] = "fitted, then calibrated on a training run (the header)"
     out = Path(args.out) if args.out else output_path(topo.name, None)
