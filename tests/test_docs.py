@@ -38,6 +38,8 @@ def _repo_path(token: str) -> Path | None:
     if "/" not in token or not PATHLIKE.fullmatch(token) or token in ELSEWHERE:
         return None
     first = token.split("/", 1)[0]
+    if first == "..":  # beside the checkout (the workplace's ../shared/data), not in it
+        return None
     if token.endswith(".py") and (ROOT / "dlrm" / first).is_dir():
         return ROOT / "dlrm"
     if first in NOT_IN_CLONE or not (ROOT / first).is_dir():
