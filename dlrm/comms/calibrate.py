@@ -1,29 +1,28 @@
-"""Calibrate a topology's collectives on a profiled training run: what they reach as the trainer issues them.
+"""Calibrate a topology's collectives on profiled training runs: what they reach as the trainer issues them.
 
-    python -m dlrm.comms.calibrate --run outputs/RUN [--collectives alltoall,allreduce] [--topology NAME_OR_PATH]
-                                   [--out FILE]
+    python -m dlrm.comms.calibrate --run outputs/RUN [outputs/RUN2 ...] [--collectives alltoall,allreduce]
+                                   [--topology NAME_OR_PATH] [--out FILE]
 
-`dlrm.comms.fit` times each collective with every rank entering it together. In training the ranks
-enter apart (the faster one waits), and a collective can reach more or less of the link than it does
-there: on dlrm.cluster's shaped links two bulk transfers in opposite directions on one Gloo connection
-take twice one of them when they start together (raw isend/irecv alike), so the fit gives the 2-rank
-alltoall 0.47x of the uplink, while in training, the early rank's bytes crossing as the late one
-computes, the exchange reached about 0.64x (comm_vs_model x0.70-x0.74).
+`dlrm.comms.fit` times each collective alone, every rank entering it together. In training the
+messages, their sizes and what else runs differ, and a collective can reach more or less of the link:
+on the emulated 2 x 1 cluster the table-wise exchange took x0.89-x0.97 of what the fit predicts.
 
-This command reads a profiled run's `comm_vs_model` (per step, the transfer of the embedding exchange
-and of the dense allreduce beside the model's seconds and their latency part, `dlrm.comms.measured`)
-and scales each chosen collective's bandwidth by (model - latency) / (measured - latency): the
-alltoall from the embedding exchange, the allreduce from the dense allreduce (`--collectives`; an
-allreduce that shared the link with the gradient alltoall is not one to calibrate on). It changes the
-link the run's collectives crossed: inter_node with several nodes of one rank, intra_node on one node
-(a run over both levels is refused). Latencies stay. The topology (default: the run's own, its file in
-conf/topology/) is written atomically, its comments kept and the calibration added.
+This command reads profiled runs' `comm_vs_model` (per step, the embedding exchange's and the dense
+allreduce's own time, from the last rank's entry to the last exit, beside the model's seconds and
+their latency part, `dlrm.comms.measured`) and scales each chosen collective's bandwidth by
+(model - latency) / (measured - latency), the median over the runs: the alltoall from the embedding
+exchange, the allreduce from the dense allreduce (`--collectives`). It changes the link the runs'
+collectives crossed: inter_node with several nodes of one rank, intra_node on one node (a run over
+both levels is refused; so are runs of different topologies or links). Latencies stay. The topology
+(default: the runs' own, its file in conf/topology/) is written atomically, its comments kept and the
+calibration added.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -84,34 +83,43 @@ def link_key(run_topology: dict) -> str:
 
 
 def calibrated(
-    topo: TopologyConfig, key: str, versus: dict, collectives: Sequence[str] = tuple(ROWS.values())
+    topo: TopologyConfig, key: str, runs: Sequence[dict], collectives: Sequence[str] = tuple(ROWS.values())
 ) -> tuple[TopologyConfig, dict[str, str]]:
-    """`topo` with link `key`'s bandwidths of `collectives` (alltoall, allreduce) scaled to the run's
-    transfer (module docstring), and per collective a line saying what changed; CommsError if none could
-    be."""
+    """`topo` with link `key`'s bandwidths of `collectives` (alltoall, allreduce) scaled to what the runs
+    measured (`runs`: their comm_vs_model; the median factor, module docstring), and per collective a
+    line saying what changed; CommsError if none could be."""
     link = getattr(topo, key)
     own = dict(link.collectives)
     said: dict[str, str] = {}
     for row, collective in ROWS.items():
         if collective not in collectives:
             continue
-        r = versus.get(row)
-        if not isinstance(r, dict) or not r.get("compared"):
-            why = r.get("why", "not measured") if isinstance(r, dict) else "not in the run"
-            said[collective] = f"not calibrated: {row} was not compared ({why})"
-            continue
-        latency = _seconds(r, "model_latency_s", row)
-        modelled, measured = _seconds(r, "model_s", row) - latency, _seconds(r, "measured_s", row) - latency
-        if modelled <= 0 or measured <= 0:
-            said[collective] = f"not calibrated: {row}'s transfer is within its latency terms"
+        factors, seen, why = [], [], ""
+        for versus in runs:
+            r = versus.get(row)
+            if not isinstance(r, dict) or not r.get("compared"):
+                reason = r.get("why", "not measured") if isinstance(r, dict) else "not in the run"
+                why = f"{row} was not compared ({reason})"
+                continue
+            latency = _seconds(r, "model_latency_s", row)
+            modelled, measured = _seconds(r, "model_s", row) - latency, _seconds(r, "measured_s", row) - latency
+            if modelled <= 0 or measured <= 0:
+                why = f"{row}'s time is within its latency terms"
+                continue
+            factors.append(modelled / measured)
+            ms, model_ms = r["measured_s"] * 1e3, r["model_s"] * 1e3
+            seen.append(f"{ms:.1f} ms against {model_ms:.1f} ms (x{ms / model_ms:.2f})")
+        if not factors:
+            said[collective] = f"not calibrated: {why}"
             continue
         before = own.get(collective, CollectiveLinkConfig(link.bandwidth_GBps, link.latency_us))
-        factor = modelled / measured
+        factor = statistics.median(factors)
         own[collective] = replace(before, bandwidth_GBps=float(f"{before.bandwidth_GBps * factor:.4g}"))
         after = own[collective].bandwidth_GBps
         said[collective] = (
-            f"calibrated: {row} measured {r['measured_s'] * 1e3:.1f} ms against {r['model_s'] * 1e3:.1f} ms "
-            f"(x{r['measured_s'] / r['model_s']:.2f}), so {before.bandwidth_GBps:.4g} -> {after:.4g} GB/s"
+            f"calibrated: {row} measured {'; '.join(seen)}"
+            + (f": the median factor {factor:.3f} of {len(factors)} runs" if len(factors) > 1 else "")
+            + f", so {before.bandwidth_GBps:.4g} -> {after:.4g} GB/s"
         )
     if not any(line.startswith("calibrated") for line in said.values()):
         raise CommsError("nothing to calibrate: " + "; ".join(said.values()))
@@ -120,7 +128,9 @@ def calibrated(
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = ArgumentParser(prog="python -m dlrm.comms.calibrate", description="Calibrate a topology on a training run.")
-    ap.add_argument("--run", required=True, help="a profiled training run's directory (summary.json, config.yaml)")
+    ap.add_argument(
+        "--run", required=True, nargs="+", help="profiled training runs' directories (summary.json, config.yaml)"
+    )
     ap.add_argument(
         "--collectives", default="alltoall,allreduce", help="comma list of alltoall (the embedding exchange), allreduce"
     )
@@ -135,20 +145,27 @@ def main(argv: Sequence[str] | None = None) -> TopologyConfig:
     unknown = sorted(set(collectives) - set(ROWS.values()))
     if unknown or not collectives:
         raise CommsError(f"--collectives={args.collectives}: give a comma list of {', '.join(ROWS.values())}")
-    summary, config = read_run(args.run)
-    name = args.topology or str(config["topology"].get("name") or summary.get("topology"))
+    read = [read_run(run) for run in args.run]
+    names = {str(config["topology"].get("name") or summary.get("topology")) for summary, config in read}
+    keys = {link_key(config["topology"]) for _, config in read}
+    if len(names) > 1 or len(keys) > 1:
+        raise CommsError(
+            f"the runs used topologies {sorted(names)} over links {sorted(keys)}: calibrate on runs of one topology "
+            "and link"
+        )
+    name = args.topology or names.pop()
     try:
         topo = load_topology(name)
     except FileNotFoundError as e:
         raise CommsError(str(e)) from None
-    key = link_key(config["topology"])
+    key = keys.pop()
     before = getattr(topo, key).collectives
-    topo, said = calibrated(topo, key, summary["comm_vs_model"], collectives)
+    topo, said = calibrated(topo, key, [summary["comm_vs_model"] for summary, _ in read], collectives)
     changed = {c for c, own in getattr(topo, key).collectives.items() if before.get(c) != own}
     source = Path(name) if Path(name).suffix else output_path(name, None)
     kept = [line[2:] for line in source.read_text().splitlines() if line.startswith("# ")] if source.is_file() else []
     command = "python -m dlrm.comms.calibrate " + " ".join(argv if argv is not None else sys.argv[1:])
-    header = [*kept, f"Calibrated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{command}` on {args.run}:"]
+    header = [*kept, f"Calibrated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `{command}`:"]
     header += [f"- {collective}: {line}" for collective, line in said.items()]
     notes = {f"{key}.{c}": "calibrated on a training run (header)" for c, line in said.items() if c in changed}
     notes[f"{key}.collectives"] = "each one's own figures: fitted, then calibrated as the header says"

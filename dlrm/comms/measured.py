@@ -1,9 +1,10 @@
 """The trainer's measured communication beside the cost model's prediction for the same plan.
 
-The core records what it measured (`summary["step_breakdown"]`: `comm_s`, `comm_wait_s`, the part
-spent waiting for the slowest rank, and `comm_behind_s`, the part spent behind a collective of another
-kind) and its plan; this module, outside the core, models the same plan and puts the transfer
-(measured less both) beside it (`summary["comm_vs_model"]`),
+The core records what it measured (`summary["step_breakdown"]`: per rank `comm_s`, `comm_wait_s`, the
+part spent waiting for the slowest rank, and `comm_behind_s`, the part spent behind a collective of
+another kind; and `comm_critical_s`, the collectives' own time, from the last rank's entry to the last
+rank's exit) and its plan; this module, outside the core, models the same plan and puts the
+collectives' own time beside it (`summary["comm_vs_model"]`),
 with the model's intra-node link fitted to a comms bench result when one is given
 (trainer.comms_bench). `dlrm.train` attaches it to the Trainer as `summary_extras`.
 """
@@ -63,6 +64,7 @@ def comm_vs_model(
     measured: dict,
     waits: dict | None = None,
     behind: dict | None = None,
+    critical: dict | None = None,
 ) -> dict:
     """Measured seconds per step of the embedding exchange (alltoall, and reduce-scatter/allgather
     of row-wise shards) and of the dense allreduce, beside the cost model's for the same plan (`tables`,
@@ -70,17 +72,20 @@ def comm_vs_model(
     the model's intra-node link takes the alpha and B fitted to the bench's alltoall (for the exchange)
     and allreduce (for the allreduce).
 
-    measured: seconds per kind that the collectives ran (the breakdown's comm_s); waits: the part of
-    them spent waiting for the last rank to enter (the breakdown's comm_wait_s; a kind missing from it
-    could not be told apart), or None when not measured; behind: the part of them spent behind a
-    collective of another kind that entered earlier (the breakdown's comm_behind_s; DDP's allreduce
-    behind the gradient alltoall), which the model, pricing each collective alone, leaves out. Per row:
-    total_s, wait_s, behind_s, measured_s (the transfer: total less both), model_s (model_latency_s of
-    it: the latency terms, `dlrm.comms.calibrate` scales the rest), ratio =
-    measured_s / model_s, and `compared`: False, with
-    `why`, where the ratio would mean nothing (the topology's figures are placeholders and no comms
-    bench replaces them, no model figure, nothing ran, waiting not told apart);
-    ratio is then None."""
+    measured: seconds per kind that this rank's collectives ran, on average over ranks (the breakdown's
+    comm_s); waits: the part of them spent waiting for the last rank to enter (comm_wait_s; a kind
+    missing from it could not be told apart), or None when not measured; behind: the part spent behind
+    a collective of another kind that entered earlier (comm_behind_s; DDP's allreduce behind the
+    gradient alltoall); critical: per kind, the collectives' own seconds, from the last rank's entry to
+    the last rank's exit, less the time behind another kind's (comm_critical_s). A rank can leave a
+    collective before the others (it has its data; the peer still waits for its bytes), so its
+    transfer (total less waiting and behind) undercounts the collective, which the model prices from
+    all ranks in to all out, as `dlrm.comms.bench` times it. Per row: total_s, wait_s, behind_s,
+    transfer_s (this rank's: total less both, the mean over ranks), measured_s (the collectives' own
+    time, compared), model_s (model_latency_s of it: the latency terms, `dlrm.comms.calibrate` scales
+    the rest), ratio = measured_s / model_s, and `compared`: False, with `why`, where the ratio would
+    mean nothing (the topology's figures are placeholders and no comms bench replaces them, no model
+    figure, nothing ran, waiting not told apart); ratio is then None."""
 
     def model(collective: str, latency_only: bool = False) -> dict:
         topology = cfg.topology
@@ -100,7 +105,8 @@ def comm_vs_model(
         lost = [k for k in ran if waits is not None and k not in waits]
         wait = None if waits is None or lost else sum(waits.get(k, 0.0) for k in ran)
         queued = None if wait is None else sum((behind or {}).get(k, 0.0) for k in ran)
-        transfer = total if wait is None else max(0.0, total - wait - (queued or 0.0))
+        transfer = None if wait is None else max(0.0, total - wait - (queued or 0.0))
+        own = None if wait is None or critical is None else sum(critical.get(k, 0.0) for k in ran)
         why = None
         if unmeasured:
             why = (
@@ -112,18 +118,19 @@ def comm_vs_model(
             why = "the model sends nothing for this plan"
         elif not total:
             why = "no such collective ran in the profiled steps"
-        elif waits is None:
-            why = "waiting for peers was not measured apart from transfer"
         elif lost:
             why = f"waiting could not be told from transfer: the ranks issued different {'/'.join(lost)} collectives"
+        elif own is None:
+            why = "the collectives' own time (last entry to last exit) was not measured"
         out[name] = {
             "total_s": total,
             "wait_s": wait,
             "behind_s": queued,
-            "measured_s": transfer,
+            "transfer_s": transfer,
+            "measured_s": own,
             "model_s": modelled,
             "model_latency_s": latency,
-            "ratio": transfer / modelled if why is None else None,
+            "ratio": own / modelled if why is None and own is not None else None,
             "compared": why is None,
         }
         if why is not None:
@@ -168,6 +175,7 @@ def summary_extras(cfg: Config, local_world_size: int) -> Callable[..., dict]:
         measured = comm_vs_model(
             cfg, tables, world.world_size, world.local_world_size, trainer.dense_params, bench,
             breakdown["comm_s"], breakdown.get("comm_wait_s"), breakdown.get("comm_behind_s"),
+            breakdown.get("comm_critical_s"),
         )  # fmt: skip
         measured["slowest_rank"] = breakdown.get("slowest_rank")
         return {"comm_vs_model": measured}

@@ -138,12 +138,12 @@ def end_lines(
 
 
 def comm_lines(breakdown: dict, versus: dict | None) -> list[str]:
-    """The collectives of the profiled steps, transfer apart from waiting for peers and from time behind
-    a collective of another kind (said where there was any), and (added outside
-    the core, dlrm.comms.measured) the transfer against the cost model where the comparison means
-    something, else why not."""
+    """The collectives of the profiled steps: their own time (last entry to last exit, where measured),
+    and a rank's transfer apart from waiting for peers and from time behind a collective of another kind
+    (said where there was any); and (added outside the core, dlrm.comms.measured) their own time
+    against the cost model where the comparison means something, else why not."""
     wait, transfer = breakdown.get("comm_wait_s", {}), breakdown.get("comm_transfer_s", {})
-    behind = breakdown.get("comm_behind_s", {})
+    behind, critical = breakdown.get("comm_behind_s", {}), breakdown.get("comm_critical_s", {})
     parts = []
     for kind, total in breakdown["comm_s"].items():
         if not total:
@@ -151,7 +151,8 @@ def comm_lines(breakdown: dict, versus: dict | None) -> list[str]:
         if kind in wait:
             queued = behind.get(kind, 0.0)
             parts.append(
-                f"{kind} transfer {transfer[kind] * 1e3:.2f}, waiting for peers {wait[kind] * 1e3:.2f}"
+                (f"{kind} {critical[kind] * 1e3:.2f} all in to all out, per rank: " if kind in critical else f"{kind} ")
+                + f"transfer {transfer[kind] * 1e3:.2f}, waiting for peers {wait[kind] * 1e3:.2f}"
                 + (f", behind other collectives {queued * 1e3:.2f}" if queued >= 5e-6 else "")
             )
         else:
@@ -183,7 +184,7 @@ def _versus_text(versus: dict) -> str:
     parts = [
         f"{k} not compared ({why[k]})"
         if k in why
-        else f"{k} transfer {v['measured_s'] * 1e3:.2f} vs {v['model_s'] * 1e3:.2f} ms (x{v['ratio']:.2f})"
+        else f"{k} {v['measured_s'] * 1e3:.2f} vs {v['model_s'] * 1e3:.2f} ms (x{v['ratio']:.2f})"
         for k, v in rows.items()
     ]
     return "; ".join(parts) + f" (model: {versus.get('model', 'topology config')})"

@@ -320,23 +320,36 @@ class Waits:
     earlier, was still running on this rank (DDP's allreduce issued while the gradient alltoall holds
     the link): counted once, for the earlier one, as the link serves them in turn. The rest of a kind's
     seconds is its transfer. late_s: per rank, the seconds the others waited for it, on average over
-    them (the rank that enters last causes the wait).
+    them (the rank that enters last causes the wait). critical_s: per kind (given every rank's exit
+    times), the collectives' own seconds, the same on every rank: from the last rank's entry to the last
+    rank's exit of each (a rank that has its data leaves while its peer still waits for its bytes, so
+    one rank's transfer can be less), less the part behind another kind's collective entered earlier
+    (its span likewise), the union over the kind's collectives: what the cost model and
+    `dlrm.comms.bench` price.
     """
 
     wait_s: dict[str, float]
     late_s: list[float]
     unmatched: list[str]
     behind_s: dict[str, float] = field(default_factory=dict)
+    critical_s: dict[str, float] = field(default_factory=dict)
 
 
-def split_waits(own: dict[str, list[tuple[float, float]]], entries: list[dict[str, list[float]]], rank: int) -> Waits:
+def split_waits(
+    own: dict[str, list[tuple[float, float]]],
+    entries: list[dict[str, list[float]]],
+    rank: int,
+    exits: list[dict[str, list[float]]] | None = None,
+) -> Waits:
     """Waiting apart from transfer. own: this rank's collectives per kind (`collective_spans`); entries:
     every rank's entry (start) times per kind, in rank order, in seconds of one clock (the profiler's,
-    Unix time: the ranks of one host share it, hosts as far as their clocks agree). The i-th collective
-    of a kind is the same one on every rank (collectives are issued in the same order everywhere)."""
+    Unix time: the ranks of one host share it, hosts as far as their clocks agree); exits: their exit
+    (end) times likewise, for `Waits.critical_s`. The i-th collective of a kind is the same one on every
+    rank (collectives are issued in the same order everywhere)."""
     p = len(entries)
     wait: dict[str, float] = {}
     behind: dict[str, float] = {}
+    together: dict[str, list[tuple[float, float]]] = {}  # per kind: (last entry, last exit) of each collective
     late = [0.0] * p
     unmatched = []
     for kind in sorted(set().union(own, *entries)):
@@ -346,6 +359,10 @@ def split_waits(own: dict[str, list[tuple[float, float]]], entries: list[dict[st
             unmatched.append(kind)
             continue
         waits = []
+        if exits is not None:
+            firsts = [max(e[kind][i] for e in entries) for i in range(len(mine))]
+            lasts = [max(x[kind][i] for x in exits) for i in range(len(mine))]
+            together[kind] = [(a, b) for a, b in zip(firsts, lasts, strict=True) if b > a]
         for i, (start, end) in enumerate(mine):
             times = [e[kind][i] for e in entries]
             last = max(times)
@@ -364,4 +381,15 @@ def split_waits(own: dict[str, list[tuple[float, float]]], entries: list[dict[st
             if start_other < start < end_other
         ]
         behind[kind] = max(0.0, sum(b - a for a, b in _union(waits + earlier)) - wait[kind])
-    return Waits(wait, late, unmatched, behind)
+    critical = {}
+    for kind, spans in together.items():
+        queued = [
+            (a, min(b, b_other))
+            for a, b in spans
+            for other, theirs in together.items()
+            if other != kind
+            for a_other, b_other in theirs
+            if a_other < a < b_other
+        ]
+        critical[kind] = sum(b - a for a, b in _union(spans)) - sum(b - a for a, b in _union(queued))
+    return Waits(wait, late, unmatched, behind, critical)

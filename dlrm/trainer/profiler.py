@@ -65,7 +65,7 @@ class StepProfiler:
         self.cfg, self.log_every, self.device, self.pg, self.world_size = cfg, log_every, device, pg, world_size
         self.sync = sync  # waits for the device: a profiled step's time holds its device work
         self.activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        width = 3 + len(PHASES) + 4 * len(COMM_KINDS) + world_size
+        width = 3 + len(PHASES) + 5 * len(COMM_KINDS) + world_size
         self.window = torch.zeros(width, dtype=torch.float64)  # this log window's profiled steps
         self.run = torch.zeros(width, dtype=torch.float64)  # the windows after the first (warm-up)
         self.trace = None
@@ -135,6 +135,7 @@ class StepProfiler:
             + [waits.wait_s.get(k, 0.0) for k in COMM_KINDS]
             + [waits.behind_s.get(k, 0.0) for k in COMM_KINDS]
             + [float(k in waits.unmatched) for k in COMM_KINDS]
+            + [waits.critical_s.get(k, 0.0) for k in COMM_KINDS]
             + waits.late_s
         )
         self.window += torch.tensor(figures, dtype=self.window.dtype)
@@ -148,17 +149,21 @@ class StepProfiler:
         dist.all_gather(gathered, counts.to(self.device), group=self.pg)
         all_counts = [[int(x) for x in c.tolist()] for c in gathered]
         width = max(1, max(max(c) for c in all_counts))
-        starts = torch.zeros((k, width), dtype=torch.float64)
+        times = torch.zeros((2, k, width), dtype=torch.float64)  # entry and exit times
         for i, kind in enumerate(COMM_KINDS):
-            for j, (start, _) in enumerate(own.get(kind, [])):
-                starts[i, j] = start
-        gathered = [torch.zeros((k, width), dtype=torch.float64, device=self.device) for _ in range(self.world_size)]
-        dist.all_gather(gathered, starts.to(self.device), group=self.pg)
-        entries = [
-            {kind: g[i, : c[i]].tolist() for i, kind in enumerate(COMM_KINDS) if c[i]}
-            for g, c in zip((g.cpu() for g in gathered), all_counts, strict=True)
-        ]
-        return split_waits(own, entries, dist.get_rank(self.pg))
+            for j, (start, end) in enumerate(own.get(kind, [])):
+                times[0, i, j], times[1, i, j] = start, end
+        gathered = [torch.zeros((2, k, width), dtype=torch.float64, device=self.device) for _ in range(self.world_size)]
+        dist.all_gather(gathered, times.to(self.device), group=self.pg)
+        gathered = [g.cpu() for g in gathered]
+        entries, exits = (
+            [
+                {kind: g[x, i, : c[i]].tolist() for i, kind in enumerate(COMM_KINDS) if c[i]}
+                for g, c in zip(gathered, all_counts, strict=True)
+            ]
+            for x in (0, 1)
+        )
+        return split_waits(own, entries, dist.get_rank(self.pg), exits)
 
     def window_record(self, warm_up: bool, last: bool) -> dict:
         """The breakdown of this log window, summed over ranks (a collective: every rank calls it at
@@ -199,9 +204,10 @@ class StepProfiler:
         wait: dict[str, float] = dict(zip(COMM_KINDS, mean[at + k : at + 2 * k], strict=True))
         behind: dict[str, float] = dict(zip(COMM_KINDS, mean[at + 2 * k : at + 3 * k], strict=True))
         flags = summed[1 + at + 3 * k : 1 + at + 4 * k].tolist()
+        critical: dict[str, float] = dict(zip(COMM_KINDS, mean[at + 4 * k : at + 5 * k], strict=True))
         unmatched = [kind for kind, x in zip(COMM_KINDS, flags, strict=True) if x > 0]
         kept = [kind for kind in COMM_KINDS if kind not in unmatched]
-        late = mean[at + 4 * k :]
+        late = mean[at + 5 * k :]
         record = {
             "phase_s": dict(zip(PHASES, mean[2:at], strict=True)),
             "profiled_step_s": mean[0],
@@ -210,6 +216,7 @@ class StepProfiler:
             "comm_wait_s": {kind: wait[kind] for kind in kept},
             "comm_behind_s": {kind: behind[kind] for kind in kept},
             "comm_transfer_s": {kind: max(0.0, comm[kind] - wait[kind] - behind[kind]) for kind in kept},
+            "comm_critical_s": {kind: critical[kind] for kind in kept},
             "waited_for_rank_s": late,
             "slowest_rank": max(range(len(late)), key=lambda r: late[r]) if late and max(late) > 0 else None,
             "profiled_steps": int(summed[0].item()) // self.world_size,

@@ -22,13 +22,13 @@ def test_the_bandwidth_term_is_scaled_to_the_measured_transfer_and_the_latency_s
     topo = TopologyConfig(intra_node=link)
     # exchange: 5 ms modelled of which 1 ms latency, 9 ms measured: the bytes took 8 ms, not 4: half the bandwidth
     versus = {"embedding_exchange": row(0.009, 0.005, 0.001), "dense_allreduce": row(0.002, 0.003, 0.001)}
-    out, said = calibrated(topo, "intra_node", versus)
+    out, said = calibrated(topo, "intra_node", [versus])
     assert Link.from_config(out.intra_node, "alltoall").bandwidth_Bps == pytest.approx(0.5e9)
     assert Link.from_config(out.intra_node, "alltoall").alpha_s == pytest.approx(100e-6)  # the link's, kept
     assert out.intra_node.collectives["allreduce"] == CollectiveLinkConfig(1.6, 50.0)  # 2 ms modelled, 1 measured
     assert out.intra_node.bandwidth_GBps == 1.0 and out.inter_node == topo.inter_node
     assert said["alltoall"].startswith("calibrated: embedding_exchange measured 9.0 ms against 5.0 ms (x1.80)")
-    only, said = calibrated(topo, "intra_node", versus, ["alltoall"])
+    only, said = calibrated(topo, "intra_node", [versus], ["alltoall"])
     assert only.intra_node.collectives["allreduce"] == link.collectives["allreduce"] and set(said) == {"alltoall"}
 
 
@@ -39,17 +39,25 @@ def test_rows_it_cannot_use_are_said_and_none_at_all_is_refused():
         "dense_allreduce": row(0.0005, 0.002, 0.001),  # measured below the latency terms
     }
     with pytest.raises(CommsError, match="nothing to calibrate: not calibrated: embedding_exchange was not compared"):
-        calibrated(topo, "intra_node", versus)
+        calibrated(topo, "intra_node", [versus])
     with pytest.raises(CommsError, match="both links"):
         link_key({"nodes": 2, "ranks_per_node": 2})
     assert link_key({"nodes": 2, "ranks_per_node": 1}) == "inter_node" and link_key({"nodes": 1}) == "intra_node"
 
 
-def fake_run(tmp_path, versus: dict, nodes: int = 2, ranks: int = 1):
-    run = tmp_path / "run"
+def test_several_runs_give_the_median_factor():
+    topo = TopologyConfig(intra_node=LinkConfig(bandwidth_GBps=1.0, latency_us=0.0))
+    runs = [{"embedding_exchange": row(m, 0.010)} for m in (0.020, 0.008, 0.010)]  # factors 0.5, 1.25, 1
+    out, said = calibrated(topo, "intra_node", runs, ["alltoall"])
+    assert out.intra_node.collectives["alltoall"].bandwidth_GBps == pytest.approx(1.0)
+    assert "the median factor 1.000 of 3 runs" in said["alltoall"]
+
+
+def fake_run(tmp_path, versus: dict, nodes: int = 2, ranks: int = 1, name: str = "run", topology: str = "emu_2x1"):
+    run = tmp_path / name
     run.mkdir()
-    (run / "summary.json").write_text(json.dumps({"topology": "emu_2x1", "comm_vs_model": versus}))
-    (run / "config.yaml").write_text(f"topology:\n  name: emu_2x1\n  nodes: {nodes}\n  ranks_per_node: {ranks}\n")
+    (run / "summary.json").write_text(json.dumps({"topology": topology, "comm_vs_model": versus}))
+    (run / "config.yaml").write_text(f"topology:\n  name: {topology}\n  nodes: {nodes}\n  ranks_per_node: {ranks}\n")
     return run
 
 
@@ -74,10 +82,14 @@ def test_the_command_writes_a_topology_that_loads_and_keeps_the_fits_comments(tm
         (["--collectives", "broadcast"], None, "--collectives=broadcast"),
         ([], {"embedding_exchange": {**row(0.2, 0.3), "model_s": "fast"}}, "model_s = 'fast' is not seconds"),
         ([], {"embedding_exchange": {**row(0.2, 0.3), "measured_s": float("nan")}}, "measured_s = nan"),
+        (["other"], None, "the runs used topologies ['emu_2x1', 'emu_4x1']"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, versus, says):
     run = fake_run(tmp_path, versus or {"embedding_exchange": row(0.2, 0.3)})
+    if args == ["other"]:  # with a second run, of another topology (the last --run given counts)
+        other = fake_run(tmp_path, {"embedding_exchange": row(0.2, 0.3)}, name="other", topology="emu_4x1")
+        args = ["--run", str(run), str(other)]
     argv = [sys.executable, "-m", "dlrm.comms.calibrate", "--run", str(run), "--out", str(tmp_path / "t.yaml"), *args]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and says in done.stderr, done.stderr

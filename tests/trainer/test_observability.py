@@ -239,7 +239,8 @@ def test_placeholder_figures_are_not_compared(make_config):
     from dlrm.comms.measured import comm_vs_model
 
     measured, waits = {"alltoall": 4e-3, "allreduce": 3e-3}, {"alltoall": 1e-3, "allreduce": 0.0}
-    args = ([], 2, 2, 10_000, None, measured, waits)  # no tables: the dense allreduce alone is modelled
+    critical = {"alltoall": 3.5e-3, "allreduce": 3.2e-3}  # all in to all out: a rank may leave early
+    args = ([], 2, 2, 10_000, None, measured, waits, None, critical)  # no tables: the dense allreduce alone
     placeholder = comm_vs_model(make_config("topology=cpu", "topology.intra_node.placeholder=true"), *args)
     for kind in ("embedding_exchange", "dense_allreduce"):
         row = placeholder[kind]
@@ -247,7 +248,13 @@ def test_placeholder_figures_are_not_compared(make_config):
         assert "topology cpu's intra_node figures are placeholders" in row["why"] and "dlrm.comms.fit" in row["why"]
     measured_links = comm_vs_model(make_config("topology=cpu"), *args)
     row = measured_links["dense_allreduce"]
-    assert row["compared"] and row["ratio"] == pytest.approx(3e-3 / row["model_s"])
+    assert row["compared"] and row["ratio"] == pytest.approx(3.2e-3 / row["model_s"])
+    assert row["transfer_s"] == pytest.approx(3e-3) and row["measured_s"] == pytest.approx(3.2e-3)
+    unmeasured = comm_vs_model(make_config("topology=cpu"), *args[:-1])  # a breakdown without comm_critical_s
+    assert (
+        not unmeasured["dense_allreduce"]["compared"]
+        and "last entry to last exit" in unmeasured["dense_allreduce"]["why"]
+    )
     assert measured_links["embedding_exchange"]["why"] == "the model sends nothing for this plan"
 
 
@@ -427,5 +434,5 @@ def test_the_console_says_one_reason_once():
     assert line == f"comms per step, measured vs model: not compared ({why})"
     rows["dense_allreduce"] = {"compared": True, "ratio": 2.0, "measured_s": 2e-3, "model_s": 1e-3}
     (line,) = [x for x in comm_lines(breakdown, {**rows, "model": "topology config"}) if "measured vs model" in x]
-    tail = "dense_allreduce transfer 2.00 vs 1.00 ms (x2.00) (model: topology config)"
+    tail = "dense_allreduce 2.00 vs 1.00 ms (x2.00) (model: topology config)"
     assert line.endswith(f"embedding_exchange not compared ({why}); {tail}"), line
