@@ -77,8 +77,8 @@ def comm_vs_model(
     missing from it could not be told apart), or None when not measured; behind: the part spent behind
     a collective of another kind that entered earlier (comm_behind_s; DDP's allreduce behind the
     gradient alltoall); critical: per kind, the collectives' own seconds, from the last rank's entry to
-    the last rank's exit, time shared with another kind's in flight split between them (comm_critical_s,
-    `dlrm.trainer.phases.Waits`). A rank can leave a
+    the last rank's exit, collectives in flight together counted as the link serves them in turn
+    (comm_critical_s, `dlrm.trainer.phases.Waits`). A rank can leave a
     collective before the others (it has its data; the peer still waits for its bytes), so its
     transfer (total less waiting and behind) undercounts the collective, which the model prices from
     all ranks in to all out, as `dlrm.comms.bench` times it. Per row: total_s, wait_s, behind_s,

@@ -25,7 +25,6 @@ On CUDA the CPU-side ranges include the waits on the GPU that the step performs,
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import sys
@@ -324,10 +323,10 @@ class Waits:
     them (the rank that enters last causes the wait). critical_s: per kind (given every rank's exit
     times), the collectives' own seconds, the same on every rank: from the last rank's entry to the last
     rank's exit of each (a rank that has its data leaves while its peer still waits for its bytes, so
-    one rank's transfer can be less), the union over the kind's collectives, and where collectives of
-    k kinds are in flight together (DDP's allreduce beside the gradient alltoall, entered before or
-    after it) each kind counts 1/k of that time, as they share the link: under a fair share, each
-    kind's figure is then its time alone, what the cost model and `dlrm.comms.bench` price.
+    one rank's transfer can be less); where several are in flight together (DDP's allreduce beside the
+    gradient alltoall, entered before or after it) the link serves them in turn, so in order of their
+    ends each counts from its start or the previous one's end, whichever is later: each one's time
+    alone, what the cost model and `dlrm.comms.bench` price.
     """
 
     wait_s: dict[str, float]
@@ -383,18 +382,16 @@ def split_waits(
             if start_other < start < end_other
         ]
         behind[kind] = max(0.0, sum(b - a for a, b in _union(waits + earlier)) - wait[kind])
-    return Waits(wait, late, unmatched, behind, _shared(together))
+    return Waits(wait, late, unmatched, behind, _served_in_turn(together))
 
 
-def _shared(spans: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
-    """Per kind, the seconds its spans cover, an instant that k kinds' spans cover counting 1/k for each
-    (the link serves the collectives in flight together alike)."""
-    unions = {kind: _union(s) for kind, s in spans.items()}
-    cuts = sorted({t for u in unions.values() for a, b in u for t in (a, b)})
-    out = dict.fromkeys(unions, 0.0)
-    for lo, hi in itertools.pairwise(cuts):
-        mid = (lo + hi) / 2
-        covering = [kind for kind, u in unions.items() if any(a <= mid < b for a, b in u)]
-        for kind in covering:
-            out[kind] += (hi - lo) / len(covering)
+def _served_in_turn(spans: dict[str, list[tuple[float, float]]]) -> dict[str, float]:
+    """Per kind, the seconds of its spans (start: all ranks in; end: all out) as the link serves them in
+    turn: taken in order of end, each counts from its start or the previous one's end, whichever is
+    later (the one that ends next is the one being served)."""
+    out = dict.fromkeys(spans, 0.0)
+    served_until = float("-inf")
+    for end, start, kind in sorted((b, a, kind) for kind, s in spans.items() for a, b in s):
+        out[kind] += max(0.0, end - max(start, served_until))
+        served_until = max(served_until, end)
     return out
