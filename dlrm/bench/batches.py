@@ -2,7 +2,7 @@
 
     python -m dlrm.bench.batches [--sources synthetic,criteo,parquet] [--threads N] [--rows N]
                                       [--warmup N --window N --windows N] [--parquet-layout base|lists]
-                                      [--out F] [hydra overrides]
+                                      [--row-group-rows N] [--out F] [hydra overrides]
 
 The goals: synthetic and multi-hot Criteo batches at >= 3M samples/s per GPU-feeding process
 (`--target`), and the Parquet source at least as fast as the `.npy` loader on the same rows.
@@ -20,15 +20,15 @@ on the host:
   thread receives;
 - parquet: `dlrm.data.parquet.ParquetSource` over the same rows, written once as one Parquet file
   (`write_parquet_day`: as `dlrm.data.convert --required` writes it, PLAIN-encoded numbers, snappy,
-  REQUIRED columns; row groups
-  of one rank's batch) in the layout `data.source=parquet` reads: 13 float32 dense columns, an int32
-  label and 26 sparse ones, by `--parquet-layout`: base (the default), the .npy day's ids as int
-  columns, expanded by the source as the criteo source expands them (`data.parquet.multi_hot_sizes`),
-  the same data stored; lists, the expanded ids the criteo source gives the model stored (an int
-  column where the pooling is 1, else list<int>: 214 ids per sample to decode, not 26); decoded,
-  checked and made into a KeyedJaggedTensor on the source's reader thread. `--rows` must
-  hold more than 4 global batches (the default: 6 at 65,536): the reader keeps its last 4 decoded row
-  groups, and rank 0 cycling through fewer would be timed from that cache.
+  REQUIRED columns; row groups of one rank's batch, or `--row-group-rows`) in the layout
+  `data.source=parquet` reads: 13 float32 dense columns, an int32 label and 26 sparse ones, by
+  `--parquet-layout`: base (the default), the .npy day's ids as int columns, expanded by the source as
+  the criteo source expands them (`data.parquet.multi_hot_sizes`), the same data stored; lists, the
+  expanded ids the criteo source gives the model stored (an int column where the pooling is 1, else
+  list<int>: 214 ids per sample to decode, not 26); decoded, checked and made into a KeyedJaggedTensor
+  on the source's reader thread. `--rows` must hold more than 4 global batches and row groups (the
+  default: 6 at 65,536): the reader keeps its last 4 decoded row groups, and rank 0 cycling through
+  fewer would be timed from that cache.
 criteo and parquet read in file order (shuffle off), so they give the same batches.
 Prints one line per source and, with `--out`, writes the figures as JSON.
 """
@@ -171,7 +171,8 @@ def measure(args: argparse.Namespace, cfg: Config, source: str, directory: Path,
         cfg.data.source = type(cfg.data.source)(source)
         cfg.data.synthetic.on_device = True  # made on `device`: the host here
         return source_only(timing, cfg)
-    use_random_day(cfg, source, directory, args.rows, cfg.data.global_batch_size // ranks, args.parquet_layout)
+    group_rows = args.row_group_rows or cfg.data.global_batch_size // ranks
+    use_random_day(cfg, source, directory, args.rows, group_rows, args.parquet_layout)
     result = source_only(timing, cfg)
     result["bytes_on_disk"] = sum(f.stat().st_size for f in (directory / source).iterdir())
     return result
@@ -192,6 +193,9 @@ def main(argv: list[str] | None = None) -> None:
         choices=("base", "lists"),
         help="parquet: the day's ids, expanded as read (base), or the expanded ids stored (lists)",
     )
+    parser.add_argument(
+        "--row-group-rows", type=int, default=0, help="parquet: rows per row group (0: one rank's batch)"
+    )
     parser.add_argument("--target", type=float, default=TARGET_SAMPLES_PER_S, help="samples/s per process to reach")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     try:
@@ -199,8 +203,13 @@ def main(argv: list[str] | None = None) -> None:
         sources = [s.strip() for s in args.sources.split(",") if s.strip()]
         if not sources or any(s not in SOURCES for s in sources):
             parser.error(f"--sources {args.sources!r}: choose from {', '.join(SOURCES)}")
-        if min(args.ranks, args.threads, args.warmup) < 0 or min(args.window, args.windows, args.rows) < 1:
-            parser.error("--ranks, --threads, --warmup must be >= 0; --window, --windows, --rows >= 1")
+        if (
+            min(args.ranks, args.threads, args.warmup, args.row_group_rows) < 0
+            or min(args.window, args.windows, args.rows) < 1
+        ):
+            parser.error(
+                "--ranks, --threads, --warmup, --row-group-rows must be >= 0; --window, --windows, --rows >= 1"
+            )
         if not any(o.startswith(("experiment=", "+experiment=")) for o in overrides):
             overrides = ["experiment=bench_dcnv2", *overrides]
         from dlrm.bench.training import compose_config
@@ -217,9 +226,10 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(
                 f"--rows {args.rows}: at least one global batch ({cfg.data.global_batch_size}) for criteo and parquet"
             )
-        if "parquet" in sources and args.rows // cfg.data.global_batch_size <= _CACHED_ROW_GROUPS:
+        unit = max(cfg.data.global_batch_size, args.row_group_rows)  # rank 0 reads a group per unit at least
+        if "parquet" in sources and args.rows // unit <= _CACHED_ROW_GROUPS:
             parser.error(
-                f"--rows {args.rows}: more than {_CACHED_ROW_GROUPS} global batches ({cfg.data.global_batch_size}) for "
+                f"--rows {args.rows}: more than {_CACHED_ROW_GROUPS} global batches and row groups ({unit} rows) for "
                 f"parquet, else rank 0 rereads its row groups from the reader's cache of {_CACHED_ROW_GROUPS} decoded"
             )
         results = {}

@@ -11,7 +11,10 @@ This command reads profiled runs' `comm_vs_model` (per step, the embedding excha
 allreduce's own time, from the last rank's entry to the last exit, beside the model's seconds and
 their latency part, `dlrm.comms.measured`) and scales each chosen collective's bandwidth by
 (model - latency) / (measured - latency), the median over the runs: the alltoall from the embedding
-exchange, the allreduce from the dense allreduce (`--collectives`). It changes the link the runs'
+exchange, the allreduce from the dense allreduce (`--collectives`). With `--term latency` it scales the
+latency instead, by (measured - bandwidth terms) / latency: for collectives of small messages, which a
+busy CPU machine slows by waking its communication threads late (the one-machine main job: 2 ranks
+on 2 cores). It changes the link the runs'
 collectives crossed: inter_node with several nodes of one rank, intra_node on one node (a run over
 both levels is refused; so are runs of different topologies or links). Latencies stay. The topology
 (default: the runs' own, its file in conf/topology/) is written atomically, its comments kept and the
@@ -83,11 +86,15 @@ def link_key(run_topology: dict) -> str:
 
 
 def calibrated(
-    topo: TopologyConfig, key: str, runs: Sequence[dict], collectives: Sequence[str] = tuple(ROWS.values())
+    topo: TopologyConfig,
+    key: str,
+    runs: Sequence[dict],
+    collectives: Sequence[str] = tuple(ROWS.values()),
+    term: str = "bandwidth",
 ) -> tuple[TopologyConfig, dict[str, str]]:
-    """`topo` with link `key`'s bandwidths of `collectives` (alltoall, allreduce) scaled to what the runs
-    measured (`runs`: their comm_vs_model; the median factor, module docstring), and per collective a
-    line saying what changed; CommsError if none could be."""
+    """`topo` with link `key`'s bandwidths (or, term="latency", latencies) of `collectives` (alltoall,
+    allreduce) scaled to what the runs measured (`runs`: their comm_vs_model; the median factor, module
+    docstring), and per collective a line saying what changed; CommsError if none could be."""
     link = getattr(topo, key)
     own = dict(link.collectives)
     said: dict[str, str] = {}
@@ -103,10 +110,16 @@ def calibrated(
                 continue
             latency = _seconds(r, "model_latency_s", row)
             modelled, measured = _seconds(r, "model_s", row) - latency, _seconds(r, "measured_s", row) - latency
-            if modelled <= 0 or measured <= 0:
+            if term == "latency":  # the bandwidth terms kept, the latency terms take the rest
+                if latency <= 0 or measured + latency - modelled <= 0:
+                    why = f"{row}'s time is within its bandwidth terms, or the model has no latency terms"
+                    continue
+                factors.append((measured + latency - modelled) / latency)
+            elif modelled <= 0 or measured <= 0:
                 why = f"{row}'s time is within its latency terms"
                 continue
-            factors.append(modelled / measured)
+            else:
+                factors.append(modelled / measured)
             ms, model_ms = r["measured_s"] * 1e3, r["model_s"] * 1e3
             seen.append(f"{ms:.1f} ms against {model_ms:.1f} ms (x{ms / model_ms:.2f})")
         if not factors:
@@ -114,12 +127,16 @@ def calibrated(
             continue
         before = own.get(collective, CollectiveLinkConfig(link.bandwidth_GBps, link.latency_us))
         factor = statistics.median(factors)
-        own[collective] = replace(before, bandwidth_GBps=float(f"{before.bandwidth_GBps * factor:.4g}"))
-        after = own[collective].bandwidth_GBps
+        if term == "latency":
+            own[collective] = replace(before, latency_us=float(f"{before.latency_us * factor:.4g}"))
+            change = f"latency {before.latency_us:.4g} -> {own[collective].latency_us:.4g} us"
+        else:
+            own[collective] = replace(before, bandwidth_GBps=float(f"{before.bandwidth_GBps * factor:.4g}"))
+            change = f"{before.bandwidth_GBps:.4g} -> {own[collective].bandwidth_GBps:.4g} GB/s"
         said[collective] = (
             f"calibrated: {row} measured {'; '.join(seen)}"
             + (f": the median factor {factor:.3f} of {len(factors)} runs" if len(factors) > 1 else "")
-            + f", so {before.bandwidth_GBps:.4g} -> {after:.4g} GB/s"
+            + f", so {change}"
         )
     if not any(line.startswith("calibrated") for line in said.values()):
         raise CommsError("nothing to calibrate: " + "; ".join(said.values()))
@@ -133,6 +150,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     ap.add_argument(
         "--collectives", default="alltoall,allreduce", help="comma list of alltoall (the embedding exchange), allreduce"
+    )
+    ap.add_argument(
+        "--term",
+        default="bandwidth",
+        choices=("bandwidth", "latency"),
+        help="the term scaled: bandwidth (bulk messages), or latency (collectives that small messages make "
+        "latency-bound, as on one CPU machine)",
     )
     ap.add_argument("--topology", help="topology to calibrate, a name or YAML path (default: the run's)")
     ap.add_argument("--out", help="YAML file to write (default conf/topology/NAME.yaml)")
@@ -160,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> TopologyConfig:
         raise CommsError(str(e)) from None
     key = keys.pop()
     before = getattr(topo, key).collectives
-    topo, said = calibrated(topo, key, [summary["comm_vs_model"] for summary, _ in read], collectives)
+    topo, said = calibrated(topo, key, [summary["comm_vs_model"] for summary, _ in read], collectives, args.term)
     changed = {c for c, own in getattr(topo, key).collectives.items() if before.get(c) != own}
     source = Path(name) if Path(name).suffix else output_path(name, None)
     kept = [line[2:] for line in source.read_text().splitlines() if line.startswith("# ")] if source.is_file() else []

@@ -82,10 +82,10 @@ def test_the_random_day_is_a_valid_preprocessed_directory(tmp_path):
         bench_batches.write_random_day(tmp_path, 10, [10] * 3)
 
 
-@pytest.mark.parametrize("layout", ["base", "lists"])
+@pytest.mark.parametrize(("layout", "group_rows"), [("base", 48), ("lists", 48), ("base", 144)])
 @pytest.mark.parametrize("rank", [0, 1])
-def test_the_parquet_day_gives_the_criteo_sources_batches(tmp_path, rank, layout):
-    """The random day written as Parquet (row groups of a rank's batch; base: the day's ids, expanded
+def test_the_parquet_day_gives_the_criteo_sources_batches(tmp_path, rank, layout, group_rows):
+    """The random day written as Parquet (row groups of a rank's batch or 3; base: the day's ids, expanded
     by the source, data.parquet.multi_hot_sizes; lists: list<int> of the multi-hot ids) and read by
     ParquetSource gives, step by step, the batches CriteoSource makes from the .npy day: the same
     dense features, labels, keys, ids (expanded) and lengths, into the next epoch."""
@@ -93,11 +93,11 @@ def test_the_parquet_day_gives_the_criteo_sources_batches(tmp_path, rank, layout
     rows, per_rank, steps = 3 * 96 + 40, 48, 4  # 3 global batches (the rest dropped); step 3 starts epoch 1
     got = {}
     for source in ("criteo", "parquet"):
-        bench_batches.use_random_day(cfg, source, tmp_path, rows, per_rank, layout)
+        bench_batches.use_random_day(cfg, source, tmp_path, rows, group_rows, layout)
         batches = make_source(cfg, torch.device("cpu")).batches("train", rank, 2)
         got[source] = [next(batches) for _ in range(steps)]
     parquet = pq.ParquetFile(tmp_path / "parquet" / "day_0.parquet")
-    assert parquet.metadata.num_rows == rows and parquet.metadata.num_row_groups == 7  # 48 rows each, one short
+    assert parquet.metadata.num_rows == rows and parquet.metadata.num_row_groups == -(-rows // group_rows)
     assert pa.types.is_list(parquet.schema_arrow.field("C21").type) == (layout == "lists")
     assert parquet.schema_arrow.field("C3").type == "int32"
     assert (cfg.data.parquet.multi_hot_sizes is not None) == (layout == "base")
@@ -112,6 +112,29 @@ def test_the_parquet_day_gives_the_criteo_sources_batches(tmp_path, rank, layout
         assert h.lengths().long().tolist() == [p for p in pooling for _ in range(per_rank)]  # 214 ids a sample
     first, second = got["parquet"][0].sparse_features.values(), got["parquet"][1].sparse_features.values()
     assert not torch.equal(first, second) and torch.equal(got["parquet"][3].sparse_features.values(), first)
+
+
+def test_the_parquet_day_has_row_groups_of_the_size_asked_for(tmp_path, monkeypatch):
+    """--row-group-rows: the Parquet day is written in row groups of that many rows (the batches are the
+    same whatever the row groups: `test_the_parquet_day_gives_the_criteo_sources_batches`)."""
+    sizes = {}
+    write = bench_batches.write_parquet_day
+
+    def recording(day, out, pooling, table_rows, row_group_rows, lists=False):
+        sizes[out.parent.name] = row_group_rows
+        return write(day, out, pooling, table_rows, row_group_rows, lists)
+
+    monkeypatch.setattr(bench_batches, "write_parquet_day", recording)
+    got = {}
+    for group_rows in (0, 192):  # one rank's batch (64), three of them
+        out = tmp_path / f"g{group_rows}.json"
+        bench_batches.main(["--sources", "parquet", "--ranks", "1", "--rows", "1280",
+                            "--row-group-rows", str(group_rows), "--warmup", "0", "--window", "1", "--windows", "1",
+                            "--out", str(out), "data.global_batch_size=64"])  # fmt: skip
+        got[group_rows] = json.loads(out.read_text())["parquet"]
+    assert sorted(sizes.values()) == [64, 192]
+    assert got[0]["samples_per_rank"] == got[192]["samples_per_rank"] == 64
+    assert got[192]["bytes_on_disk"] < got[0]["bytes_on_disk"]  # fewer row groups: less metadata
 
 
 def test_the_sources_at_the_mlperf_shape_report_against_the_target(tmp_path, capsys):
@@ -137,9 +160,11 @@ def test_the_sources_at_the_mlperf_shape_report_against_the_target(tmp_path, cap
     [
         (["--sources", "synthetic,files"], "--sources 'synthetic,files'"),
         (["--windows", "0"], "--window, --windows, --rows >= 1"),
-        (["--threads", "-1"], "--threads, --warmup must be >= 0"),
+        (["--threads", "-1"], "--threads, --warmup, --row-group-rows must be >= 0"),
+        (["--row-group-rows", "-8"], "--threads, --warmup, --row-group-rows must be >= 0"),
         (["--rows", "100"], "--rows 100: at least one global batch (65536)"),
-        (["--rows", "262144"], "--rows 262144: more than 4 global batches (65536) for parquet, else rank 0"),
+        (["--rows", "262144"], "--rows 262144: more than 4 global batches and row groups (65536 rows) for parquet"),
+        (["--row-group-rows", "131072"], "--rows 393216: more than 4 global batches and row groups (131072 rows)"),
     ],
 )
 def test_bad_options_exit_2(args, message, capsys):

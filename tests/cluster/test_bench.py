@@ -283,8 +283,14 @@ def test_render_remodels_the_collectives_and_keeps_the_runs_own_figures():
     row = results["comms"][-1]
     assert row["model_s_at_run"] == 0.0362
     # emu_2x2 is Gloo: its reduce-scatter over both nodes is one flat ring allreduce, 1.5 n through each
-    # node's 0.5 Gbit/s uplink, 6 steps of 250 us
-    assert row["model_s"] == pytest.approx(6 * 250e-6 + 1.5 * n / 62.5e6)
+    # node's 0.5 Gbit/s uplink (its 2 ranks' share), 6 steps at the larger latency
+    from dlrm.comms.costmodel import Link
+
+    topo = cbm.emulated_topology(0.5, 2, 2)
+    intra, inter = Link.from_config(topo.intra_node, "allreduce"), Link.from_config(topo.inter_node, "allreduce")
+    assert 2 * inter.bandwidth_Bps <= 62.5e6 * 1.0001  # at most the uplink's 0.5 Gbit/s
+    rate = min(intra.bandwidth_Bps, 2 * inter.bandwidth_Bps)
+    assert row["model_s"] == pytest.approx(6 * max(intra.alpha_s, inter.alpha_s) + 1.5 * n / rate)
     assert done["comms_rows"] == len(results["comms"]) and done["projections"] == 0  # no calibration runs kept
     assert done["comm_vs_model_runs"] == 0 and results["projections"]  # the stored projections stay
     assert "re-evaluated on" in cbf.findings_md(results)

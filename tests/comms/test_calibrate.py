@@ -53,6 +53,17 @@ def test_several_runs_give_the_median_factor():
     assert "the median factor 1.000 of 3 runs" in said["alltoall"]
 
 
+def test_the_latency_term_takes_what_the_bandwidth_term_leaves():
+    link = LinkConfig(bandwidth_GBps=1.0, latency_us=100.0)
+    topo = TopologyConfig(intra_node=link)
+    # 5 ms modelled of which 1 ms latency: the bytes' 4 ms kept, the latency terms take 9 - 4 = 5 ms, 5x
+    versus = {"embedding_exchange": row(0.009, 0.005, 0.001), "dense_allreduce": row(0.002, 0.003, 0.0)}
+    out, said = calibrated(topo, "intra_node", [versus], term="latency")
+    assert out.intra_node.collectives["alltoall"] == CollectiveLinkConfig(1.0, 500.0)
+    assert "latency 100 -> 500 us" in said["alltoall"]
+    assert "allreduce" not in out.intra_node.collectives and "no latency terms" in said["allreduce"]
+
+
 def fake_run(tmp_path, versus: dict, nodes: int = 2, ranks: int = 1, name: str = "run", topology: str = "emu_2x1"):
     run = tmp_path / name
     run.mkdir()

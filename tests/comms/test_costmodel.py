@@ -148,8 +148,8 @@ def test_step_comm_time_limits_and_errors():
 
 
 # --- backends -------------------------------------------------------------------------------------------
-# The emulated 2 x 2 cluster at 0.5 Gbit/s per node uplink (conf/topology/emu_2x2.yaml as dlrm.cluster.bench
-# sets it): loopback 1 GB/s, 250 us; inter-node 0.0625 GB/s per node = 31.25 MB/s per rank, 250 us.
+# Links like the emulated 2 x 2 cluster's at 0.5 Gbit/s per node uplink: loopback 1 GB/s, 250 us;
+# inter-node 0.0625 GB/s per node = 31.25 MB/s per rank, 250 us.
 EMU_INTRA, EMU_INTER = Link("switch", 250e-6, 1e9), Link("switch", 250e-6, 31.25e6)
 
 
@@ -237,10 +237,13 @@ def test_backend_of_a_topology_and_step_comm_time_on_gloo():
     topo = load_topology("emu_2x2")
     topo.backend = "nccl"
     assert backend_of(topo) == "nccl"
-    emu = load_topology("emu_2x2")  # 1 Gbit/s per node: 0.0625 GB/s per rank
-    intra, inter, n = Link.from_config(emu.intra_node), Link.from_config(emu.inter_node), 1e6
+    emu = load_topology("emu_2x2")  # 2 nodes x 2 ranks
+    intra, inter = Link.from_config(emu.intra_node, "allreduce"), Link.from_config(emu.inter_node, "allreduce")
+    n = 1e6
     flat = step_comm_time(emu, 0, 0, n)["allreduce_s"]
-    assert flat == pytest.approx(6 * 250e-6 + 1.5 * n / 125e6)  # DDP's flat allreduce: one ring over 4 ranks
+    # DDP's flat allreduce: one ring over 4 ranks, 6 steps, 1.5 n through each node's uplink (2 ranks' share)
+    rate = min(intra.bandwidth_Bps, 2 * inter.bandwidth_Bps)
+    assert flat == pytest.approx(6 * max(intra.alpha_s, inter.alpha_s) + 1.5 * n / rate)
     hier = step_comm_time(emu, 0, 0, n, dense_allreduce="hierarchical")["allreduce_s"]
     assert hier == pytest.approx(two_level_time("allreduce", intra, inter, 2, 2, n, "gloo"))
     with pytest.raises(CommsError, match="dense_allreduce='tree'"):

@@ -136,12 +136,17 @@ def test_calibration_carries_the_one_node_offsets_to_every_node_count(base):
 
 
 def test_flat_allreduce_is_one_ring_with_each_uplink_carrying_one_edge():
-    """emu_2x2 (Gloo, 2 x 2) at 1 Gbit/s per node (0.0625 GB/s per rank): 2(p-1)/p n = 1.5 n through each
-    node's whole uplink, 6 steps of 250 us; once the per-rank rate, 2x too slow."""
+    """emu_2x2 (Gloo, 2 x 2): 2(p-1)/p n = 1.5 n through each node's whole uplink (its 2 ranks' share),
+    6 steps at the larger latency; once the per-rank rate, 2x too slow."""
+    from dlrm.comms.costmodel import Link
+
     topo = dplan.compose(["topology=emu_2x2"]).topology
-    n = 110e3
-    assert projection.flat_allreduce_time(topo, 2, 2, n) == pytest.approx(6 * 250e-6 + 1.5 * n / 125e6)
-    assert projection.flat_allreduce_time(topo, 1, 2, n) == pytest.approx(2 * 250e-6 + n / 1e9)  # loopback
+    intra, inter = Link.from_config(topo.intra_node, "allreduce"), Link.from_config(topo.inter_node, "allreduce")
+    n, alpha = 110e3, max(intra.alpha_s, inter.alpha_s)
+    rate = min(intra.bandwidth_Bps, 2 * inter.bandwidth_Bps)
+    assert projection.flat_allreduce_time(topo, 2, 2, n) == pytest.approx(6 * alpha + 1.5 * n / rate)
+    loopback = 2 * intra.alpha_s + n / intra.bandwidth_Bps  # one node: a 2-rank ring
+    assert projection.flat_allreduce_time(topo, 1, 2, n) == pytest.approx(loopback)
 
 
 def test_out_writes_json_markdown_and_png(capsys, tmp_path):
