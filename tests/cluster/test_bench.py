@@ -287,8 +287,8 @@ def test_render_remodels_the_collectives_and_keeps_the_runs_own_figures():
     from dlrm.comms.costmodel import Link
 
     topo = cbm.emulated_topology(0.5, 2, 2)
-    intra, inter = Link.from_config(topo.intra_node, "allreduce"), Link.from_config(topo.inter_node, "allreduce")
-    assert 2 * inter.bandwidth_Bps <= 62.5e6 * 1.0001  # at most the uplink's 0.5 Gbit/s
+    intra, inter = (Link.from_config(level, "reduce_scatter") for level in (topo.intra_node, topo.inter_node))
+    assert 2 * inter.bandwidth_Bps == pytest.approx(62.5e6)  # no fit of its own: the uplink's 0.5 Gbit/s
     rate = min(intra.bandwidth_Bps, 2 * inter.bandwidth_Bps)
     assert row["model_s"] == pytest.approx(6 * max(intra.alpha_s, inter.alpha_s) + 1.5 * n / rate)
     assert done["comms_rows"] == len(results["comms"]) and done["projections"] == 0  # no calibration runs kept
