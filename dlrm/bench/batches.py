@@ -213,25 +213,9 @@ def main(argv: list[str] | None = None) -> None:
         if not any(o.startswith(("experiment=", "+experiment=")) for o in overrides):
             overrides = ["experiment=bench_dcnv2", *overrides]
         from dlrm.bench.training import compose_config
-        from dlrm.data.parquet import _CACHED_ROW_GROUPS
 
         cfg = compose_config(overrides)
-        tp = cfg.topology
-        ranks = args.ranks or tp.nodes * (tp.ranks_per_node or 1)
-        if cfg.data.global_batch_size % ranks:
-            parser.error(
-                f"--ranks {ranks}: data.global_batch_size={cfg.data.global_batch_size} must be divisible by it"
-            )
-        if {"criteo", "parquet"} & set(sources) and args.rows < cfg.data.global_batch_size:
-            parser.error(
-                f"--rows {args.rows}: at least one global batch ({cfg.data.global_batch_size}) for criteo and parquet"
-            )
-        unit = max(cfg.data.global_batch_size, args.row_group_rows)  # rank 0 reads a group per unit at least
-        if "parquet" in sources and args.rows // unit <= _CACHED_ROW_GROUPS:
-            parser.error(
-                f"--rows {args.rows}: more than {_CACHED_ROW_GROUPS} global batches and row groups ({unit} rows) for "
-                f"parquet, else rank 0 rereads its row groups from the reader's cache of {_CACHED_ROW_GROUPS} decoded"
-            )
+        ranks = checked_ranks(parser, args, cfg, sources)
         results = {}
         with tempfile.TemporaryDirectory(prefix="dlrm_bench_batches_") as tmp:  # the random day, removed at the end
             for source in sources:
@@ -244,6 +228,26 @@ def main(argv: list[str] | None = None) -> None:
         raise
     if args.out is not None:
         write_json_atomic(args.out, results)
+
+
+def checked_ranks(parser: ArgumentParser, args: argparse.Namespace, cfg: Config, sources: list[str]) -> int:
+    """The world size whose rank 0 is timed; `parser.error` (exit 2) where the options cannot measure."""
+    from dlrm.data.parquet import _CACHED_ROW_GROUPS
+
+    tp = cfg.topology
+    ranks = args.ranks or tp.nodes * (tp.ranks_per_node or 1)
+    batch = cfg.data.global_batch_size
+    if batch % ranks:
+        parser.error(f"--ranks {ranks}: data.global_batch_size={batch} must be divisible by it")
+    if {"criteo", "parquet"} & set(sources) and args.rows < batch:
+        parser.error(f"--rows {args.rows}: at least one global batch ({batch}) for criteo and parquet")
+    unit = max(batch, args.row_group_rows)  # rank 0 reads a row group per unit at least
+    if "parquet" in sources and args.rows // unit <= _CACHED_ROW_GROUPS:
+        parser.error(
+            f"--rows {args.rows}: more than {_CACHED_ROW_GROUPS} global batches and row groups ({unit} rows) for "
+            f"parquet, else rank 0 rereads its row groups from the reader's cache of {_CACHED_ROW_GROUPS} decoded"
+        )
+    return ranks
 
 
 def line(result: dict, ranks: int) -> str:

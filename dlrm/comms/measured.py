@@ -72,21 +72,17 @@ def comm_vs_model(
     the model's intra-node link takes the alpha and B fitted to the bench's alltoall (for the exchange)
     and allreduce (for the allreduce).
 
-    measured: seconds per kind that this rank's collectives ran, on average over ranks (the breakdown's
-    comm_s); waits: the part of them spent waiting for the last rank to enter (comm_wait_s; a kind
-    missing from it could not be told apart), or None when not measured; behind: the part spent behind
-    a collective of another kind that entered earlier (comm_behind_s; DDP's allreduce behind the
-    gradient alltoall); critical: per kind, the collectives' own seconds, from the last rank's entry to
-    the last rank's exit, collectives in flight together counted as the link serves them in turn
-    (comm_critical_s, `dlrm.trainer.phases.Waits`). A rank can leave a
-    collective before the others (it has its data; the peer still waits for its bytes), so its
-    transfer (total less waiting and behind) undercounts the collective, which the model prices from
-    all ranks in to all out, as `dlrm.comms.bench` times it. Per row: total_s, wait_s, behind_s,
-    transfer_s (this rank's: total less both, the mean over ranks), measured_s (the collectives' own
-    time, compared), model_s (model_latency_s of it: the latency terms, `dlrm.comms.calibrate` scales
-    the rest), ratio = measured_s / model_s, and `compared`: False, with `why`, where the ratio would
-    mean nothing (the topology's figures are placeholders and no comms bench replaces them, no model
-    figure, nothing ran, waiting not told apart); ratio is then None."""
+    measured, waits, behind, critical: the breakdown's comm_s (a rank's seconds in each kind, the mean
+    over ranks), comm_wait_s (of them waiting for the last entry; a kind missing could not be told
+    apart; None: not measured), comm_behind_s (behind another kind entered earlier) and comm_critical_s
+    (the collectives' own seconds, all ranks in to all out, as the link serves them: `phases.Waits`).
+    A rank can leave a collective while its peer still waits for its bytes, so a rank's transfer
+    undercounts the collective that the model and `dlrm.comms.bench` price. Per row: total_s, wait_s,
+    behind_s, transfer_s (a rank's: total less both), measured_s (the own time, compared), model_s
+    (model_latency_s of it: the latency terms, `dlrm.comms.calibrate` scales the rest), ratio =
+    measured_s / model_s, and `compared`: False, with `why`, where the ratio would mean nothing
+    (placeholder figures that no comms bench replaces, no model figure, nothing ran, waiting not told
+    apart); ratio is then None."""
 
     def model(collective: str, latency_only: bool = False) -> dict:
         topology = cfg.topology
@@ -123,19 +119,10 @@ def comm_vs_model(
             why = f"waiting could not be told from transfer: the ranks issued different {'/'.join(lost)} collectives"
         elif own is None:
             why = "the collectives' own time (last entry to last exit) was not measured"
-        out[name] = {
-            "total_s": total,
-            "wait_s": wait,
-            "behind_s": queued,
-            "transfer_s": transfer,
-            "measured_s": own,
-            "model_s": modelled,
-            "model_latency_s": latency,
-            "ratio": own / modelled if why is None and own is not None else None,
-            "compared": why is None,
-        }
-        if why is not None:
-            out[name]["why"] = why
+        out[name] = {"total_s": total, "wait_s": wait, "behind_s": queued, "transfer_s": transfer,
+                     "measured_s": own, "model_s": modelled, "model_latency_s": latency,
+                     "ratio": own / modelled if why is None and own is not None else None,
+                     "compared": why is None} | ({} if why is None else {"why": why})  # fmt: skip
     out["model"] = f"fitted to {cfg.trainer.comms_bench}" if comms_bench is not None else "topology config"
     return out
 
