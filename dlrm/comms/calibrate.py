@@ -5,20 +5,19 @@
 
 `dlrm.comms.fit` times each collective alone, every rank entering it together. In training the
 messages, their sizes and what else runs differ, and a collective can reach more or less of the link:
-on the emulated 2 x 1 cluster the table-wise exchange took x0.89-x0.97 of what the fit predicts.
+on the emulated 2 x 1 cluster the table-wise exchange took x0.86-x0.98 of what the fit predicts.
 
 This command reads profiled runs' `comm_vs_model` (per step, the embedding exchange's and the dense
 allreduce's own time, from the last rank's entry to the last exit, beside the model's seconds and
 their latency part, `dlrm.comms.measured`) and scales each chosen collective's bandwidth by
 (model - latency) / (measured - latency), the median over the runs: the alltoall from the embedding
-exchange, the allreduce from the dense allreduce (`--collectives`). With `--term latency` it scales the
-latency instead, by (measured - bandwidth terms) / latency: for collectives of small messages, which a
-busy CPU machine slows by waking its communication threads late (the one-machine main job: 2 ranks
-on 2 cores). It changes the link the runs'
-collectives crossed: inter_node with several nodes of one rank, intra_node on one node (a run over
-both levels is refused; so are runs of different topologies or links). Latencies stay. The topology
-(default: the runs' own, its file in conf/topology/) is written atomically, its comments kept and the
-calibration added.
+exchange, the allreduce from the dense allreduce (`--collectives`), latencies kept. With `--term
+latency` it scales the latency instead, by (measured - bandwidth terms) / latency, bandwidths kept: for
+collectives of small messages, which a busy CPU machine slows by waking its communication threads late
+(the one-machine main job: 2 ranks on 2 cores). It changes the link the runs' collectives crossed:
+inter_node with several nodes of one rank, intra_node on one node (a run over both levels is refused;
+so are runs of different topologies or links). The topology (default: the runs' own, its file in
+conf/topology/) is written atomically, its comments kept and the calibration added.
 """
 
 from __future__ import annotations

@@ -46,10 +46,10 @@ class StepProfiler:
 
     The sums are [count, wall s, profiling overhead s, s per phase..., s per collective kind..., s of
     waiting for peers per kind..., s behind another kind's collective per kind..., steps whose kind could
-    not be matched across ranks per kind..., s the others waited for each rank...], over this rank's
-    profiled steps; `window_record` adds them over ranks at each log. The waiting is measured on the
-    profiled steps only: their collectives' entry times are gathered from every rank after the step
-    (`phases.split_waits`).
+    not be matched across ranks per kind..., the collectives' own s per kind (all ranks in to all out)...,
+    s the others waited for each rank...], over this rank's profiled steps; `window_record` adds them
+    over ranks at each log. The waiting is measured on the profiled steps only: their collectives' entry
+    and exit times are gathered from every rank after the step (`phases.split_waits`).
     """
 
     def __init__(
@@ -141,8 +141,8 @@ class StepProfiler:
         self.window += torch.tensor(figures, dtype=self.window.dtype)
 
     def _waits(self, own: dict[str, list[tuple[float, float]]]) -> Waits:
-        """Every rank's collective entry times, gathered (two collectives of the training group, on the
-        profiled step only), and this rank's waiting for peers (`phases.split_waits`)."""
+        """Every rank's collective entry and exit times, gathered (two collectives of the training group,
+        on the profiled step only), and this rank's waiting for peers (`phases.split_waits`)."""
         k = len(COMM_KINDS)
         counts = torch.tensor([len(own.get(kind, [])) for kind in COMM_KINDS], dtype=torch.float64)
         gathered = [torch.zeros(k, dtype=torch.float64, device=self.device) for _ in range(self.world_size)]
@@ -190,7 +190,8 @@ class StepProfiler:
         """Mean seconds per profiled step: its wall time (the loop's clock), per phase (the profiler's
         events; they add up to the profiler's step time) and per collective kind (comm_s: all of it;
         comm_wait_s: waiting for the last rank to enter; comm_behind_s: running behind a collective of
-        another kind entered earlier (`phases.Waits`); comm_transfer_s: the rest), from the sums over
+        another kind entered earlier (`phases.Waits`); comm_transfer_s: the rest; comm_critical_s: the
+        collectives' own time, from the last rank's entry to the last exit), from the sums over
         ranks and steps (the class docstring). waited_for_rank_s: per rank, how long the others waited
         for it per step; slowest_rank: the rank they waited for most (None: nobody waited).
         comm_wait_unmatched: kinds whose collectives differed in count across ranks in some profiled
