@@ -130,6 +130,23 @@ def auto_types(cfg: Config, table: TableConfig) -> list[str] | None:
 GLOO_AUTO_TYPES = (ShardingType.data_parallel, ShardingType.table_wise, ShardingType.column_wise)
 
 
+# Sharding types in the order a tie between uniform plans goes: TorchRec's enumerator lists a constrained
+# table's types in set order (`set(constrained) & set(allowed)`), which Python's string hashing varies
+# from process to process, and its planner keeps the first of equally rated plans. On 2 ranks table- and
+# column-wise rate alike, and `auto` planned either by chance; table-wise first: column-wise also sends
+# every feature's ids to every rank.
+TIE_ORDER = ("table_wise", "column_wise", "data_parallel", "table_column_wise", "row_wise", "table_row_wise")
+
+
+class OrderedUniformProposer(UniformProposer):
+    """TorchRec's UniformProposer over a search space in a fixed order of sharding types (`TIE_ORDER`),
+    each table's options otherwise as enumerated: the same plan in every process."""
+
+    def load(self, search_space, enumerator=None) -> None:
+        rank = {kind: i for i, kind in enumerate(TIE_ORDER)}
+        super().load(sorted(search_space, key=lambda o: rank.get(o.sharding_type, len(rank))), enumerator)
+
+
 def uniform_on_gloo(cfg: Config) -> bool:
     """Whether `auto` plans every table alike (see GLOO_AUTO_TYPES): on CPU, with no table pinned."""
     pinned = table_sharding(cfg.sharding, cfg.model)
@@ -143,7 +160,7 @@ def make_planner(cfg: Config, topology: Topology, proposer: Proposer | None = No
     differ). None: the default four, or TorchRec's UniformProposer where `uniform_on_gloo`.
     """
     if proposer is None and uniform_on_gloo(cfg):
-        proposer = UniformProposer()
+        proposer = OrderedUniformProposer()
     return EmbeddingShardingPlanner(
         topology=topology,
         batch_size=cfg.data.global_batch_size // topology.world_size,

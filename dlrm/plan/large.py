@@ -33,9 +33,8 @@ def is_large(world: int, proposer: str) -> bool:
 def large_world_planner(cfg: Config, topology, uniform: bool = True):
     """TorchRec's planner with the narrowed search above; logs one line to stderr saying so."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner
-    from torchrec.distributed.planner.proposers import UniformProposer
 
-    from dlrm.distributed.sharding import AnyDeviceEmbeddingBagCollectionSharder, constraints
+    from dlrm.distributed.sharding import AnyDeviceEmbeddingBagCollectionSharder, OrderedUniformProposer, constraints
 
     kinds = [k for k in AnyDeviceEmbeddingBagCollectionSharder().sharding_types("cuda") if k not in SKIPPED_TYPES]
     pinned = constraints(cfg, topology.world_size)
@@ -49,5 +48,5 @@ def large_world_planner(cfg: Config, topology, uniform: bool = True):
         topology=topology,
         batch_size=cfg.data.global_batch_size // topology.world_size,
         constraints=narrowed,
-        proposer=UniformProposer() if uniform else None,
+        proposer=OrderedUniformProposer() if uniform else None,
     )

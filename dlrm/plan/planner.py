@@ -55,14 +55,14 @@ def run_planner(cfg: Config, model, world: int, ranks_per_node: int, proposer: s
     up to `dlrm.plan.large.LARGE_WORLD` ranks, above which it narrows the search (see `dlrm.plan.large`);
     'greedy' and 'uniform' replace TorchRec's proposers by one cheaper one (faster on many ranks; the plan may differ).
     """
-    from torchrec.distributed.planner.proposers import GreedyProposer, UniformProposer
+    from torchrec.distributed.planner.proposers import GreedyProposer
     from torchrec.distributed.planner.types import PlannerError
 
-    from dlrm.distributed.sharding import plan_sharding, sharders
+    from dlrm.distributed.sharding import OrderedUniformProposer, plan_sharding, sharders
     from dlrm.distributed.topology import planner_topology
 
     topology = planner_topology(cfg.topology, world, ranks_per_node)
-    one = {"default": None, "exact": None, "greedy": GreedyProposer, "uniform": UniformProposer}[proposer]
+    one = {"default": None, "exact": None, "greedy": GreedyProposer, "uniform": OrderedUniformProposer}[proposer]
     try:
         if is_large(world, proposer):
             return large_world_planner(cfg, topology).plan(model, sharders(cfg))

@@ -1,5 +1,6 @@
 """`python -m dlrm.plan`: sharding plan, per-rank memory and communication without the hardware."""
 
+import inspect
 import json
 import os
 import subprocess
@@ -406,3 +407,23 @@ def test_auto_on_gloo_plans_every_table_alike_among_the_one_alltoall_types(make_
     gpu = constraints(make_config("topology=dgx_h100", "model=tiny", "model.tables.3.pooling_type=mean"), 8)
     assert gpu["t_C1"].sharding_types is None
     assert "row_wise" not in gpu["t_C4"].sharding_types and "table_wise" in gpu["t_C4"].sharding_types
+
+
+def test_auto_plans_the_same_in_every_process_whatever_the_string_hashing():
+    """TorchRec's enumerator lists a constrained table's sharding types in set order, which Python's
+    string hashing varies per process, and its planner keeps the first of equally rated plans: `auto`
+    on 2 CPU ranks (table- and column-wise rate alike) planned either by chance. It plans table-wise
+    under any PYTHONHASHSEED now (`OrderedUniformProposer`); if TorchRec orders its types itself one
+    day, the check on the enumerator below fails and the proposer can go."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+
+    plans = set()
+    for seed in ("0", "1"):  # they planned column- and table-wise before
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-m", "dlrm.plan", "--json", "--ranks-per-node", "2"], env=env,
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        plans.add(tuple(t["sharding_type"] for t in json.loads(out.stdout)["plan"]))
+    assert len(plans) == 1 and {kind for plan in plans for kind in plan} == {"table_wise"}, plans
+    source = inspect.getsource(EmbeddingEnumerator._filter_sharding_types)
+    assert "set(constrained_sharding_types) & set(allowed_sharding_types)" in source
