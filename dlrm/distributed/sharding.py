@@ -132,9 +132,10 @@ GLOO_AUTO_TYPES = (ShardingType.data_parallel, ShardingType.table_wise, Sharding
 
 # Sharding types in the order a tie between uniform plans goes: TorchRec's enumerator lists a constrained
 # table's types in set order (`set(constrained) & set(allowed)`), which Python's string hashing varies
-# from process to process, and its planner keeps the first of equally rated plans. On 2 ranks table- and
-# column-wise rate alike, and `auto` planned either by chance; table-wise first: column-wise also sends
-# every feature's ids to every rank.
+# from process to process, and its planner keeps the first of equally rated plans. A table no wider than
+# TorchRec's column shard is one column-wise shard on one rank, placed and moved as table-wise: the two
+# rate alike, and `auto` planned either by chance (dlrm_small, dlrm_wide). Table-wise first: the same
+# work, without the column-shard bookkeeping.
 TIE_ORDER = ("table_wise", "column_wise", "data_parallel", "table_column_wise", "row_wise", "table_row_wise")
 
 
