@@ -39,7 +39,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # dlrm from this checkout
-from dlrm.io import sha256_file  # noqa: E402
+from dlrm.common.io import sha256_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -147,7 +147,7 @@ def source_tree(dest: Path, source: str) -> str:
             with tarfile.open(fileobj=f) as tar:
                 tar.extractall(dest, filter="data")
         # The check itself must travel even before it is committed.
-        for rel in ("launch/gpu_check.py", "dev/gpu_install.sh"):
+        for rel in ("dev/gpu_check.py", "dev/gpu_install.sh"):
             if not (dest / rel).exists():
                 log(f"warning: {rel} is not in HEAD; taken from the working tree")
                 shutil.copy2(ROOT / rel, dest / rel)

@@ -36,9 +36,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dlrm.checkpoint import CheckpointError, load_checkpoint, read_manifest, step_tensor
+from dlrm.common.errors import ArgumentParser, UserError
+from dlrm.common.io import atomic_path, refuse_alias
 from dlrm.config import ModelConfig, ParquetConfig
-from dlrm.errors import ArgumentParser, UserError
-from dlrm.io import atomic_path, refuse_alias
 from dlrm.models.dlrm import build_model
 
 FORMAT, VERSION = "dlrm-export", 2

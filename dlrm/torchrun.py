@@ -2,7 +2,7 @@
 
 Takes exactly torchrun's arguments and runs torchrun's own `run`. The difference is what a failure
 prints: when a rank exits with status 2 (a user error: the rank has printed `error: <message>`,
-see `dlrm.errors`) and every other failed rank exited 2 too or was stopped by torchrun (SIGTERM),
+see `dlrm.common.errors`) and every other failed rank exited 2 too or was stopped by torchrun (SIGTERM),
 the job exits 2 with nothing more: no "failed (exitcode: 2)" log line, no ChildFailedError summary
 and traceback repeating the message. The same for a clean stop on SIGINT/SIGTERM (dlrm.trainer.stop:
 exit 130/143), also when torchrun itself got the signal and forwarded it to the ranks, and for a
@@ -32,7 +32,7 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
 from torch.distributed.run import parse_args, parse_min_max_nnodes, run
 
-USER_ERROR = 2  # dlrm.errors.UserError.exit_code
+USER_ERROR = 2  # dlrm.common.errors.UserError.exit_code
 COLLECTIVE_FAILED = 3  # a collective timed out or lost a rank (core.topology), or fell short (comms.preflight)
 # A clean stop on a signal (dlrm.trainer.stop.TrainingStopped): 128 + SIGINT / SIGTERM / SIGHUP.
 STOPPED = (128 + signal.SIGINT, 128 + signal.SIGTERM, 128 + signal.SIGHUP)

@@ -7,7 +7,7 @@ in the run directory (as `@hydra.main` would: `.hydra/`, `HydraConfig`): `run` c
 can fit, then builds and runs the trainer. Under torchrun all ranks agree on one run directory, and
 only rank 0 writes into it. `--cfg` prints the composed config; --help and --info go to Hydra's `@main`.
 
-A user error (`dlrm.errors.UserError`, also when DCP wraps one) prints `error: <message>` once and
+A user error (`dlrm.common.errors.UserError`, also when DCP wraps one) prints `error: <message>` once and
 exits with status 2, without a traceback: see `exit_on_user_error`. Launch through
 `python -m dlrm.torchrun` (the launchers do) to keep torchrun's failure summary off the console too.
 """
@@ -24,6 +24,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from dlrm.common.errors import UserError, exit_on_user_error
 from dlrm.config import Config, register_configs, to_config, validate, validate_world
 from dlrm.config.compose import (
     CONF_DIR,
@@ -35,9 +36,8 @@ from dlrm.config.compose import (
     task_part,
 )
 from dlrm.distributed.world import World
-from dlrm.errors import UserError, exit_on_user_error
-from dlrm.trainer.logs import setup_logging
-from dlrm.trainer.start import check_output_places, placement, take_run
+from dlrm.run.logs import setup_logging
+from dlrm.run.start import check_output_places, placement, take_run
 
 register_configs()
 # torch (seconds to import) is imported where needed: a bad command line fails before it.

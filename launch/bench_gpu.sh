@@ -5,7 +5,7 @@
 # (median of timed windows), peak CUDA memory, the source's own speed, and a profile of 10 steps (the
 # top kernels, then ms per step of each phase: on the training thread and of GPU time); and TorchRec's
 # own DLRM example at the bench_cpu shape (the real script of the checkout EXAMPLE names, run by
-# benchmarks/example_timer.py, pinned batches, EXAMPLE_STEPS; skipped without EXAMPLE).
+# dlrm/bench/example_timer.py, pinned batches, EXAMPLE_STEPS; skipped without EXAMPLE).
 # Then the synthetic source alone (python -m dlrm.bench.training --source-only, one process, SOURCE_STEPS):
 # samples/s per rank made on the GPU and on the host, against the 1.7M per GPU of MLPerf DCNv2; last,
 # training on batches made on the GPU as it trains (no materialised batches), with fp16 tables, with
@@ -65,7 +65,7 @@ elif in_budget torchrec_example; then
   echo "== torchrec_example: ${example_steps[*]}"
   # the example picks the device itself (CUDA and NCCL when there is a GPU)
   PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" timeout "${RUN_TIMEOUT:-240}" "$PY" -m torch.distributed.run --standalone \
-    "--nproc_per_node=$NGPU" benchmarks/example_timer.py --example "$EXAMPLE" "${example_steps[@]}" \
+    "--nproc_per_node=$NGPU" dlrm/bench/example_timer.py --example "$EXAMPLE" "${example_steps[@]}" \
     --out "$OUT_DIR/torchrec_example.json" -- --batch_size "$BATCH_PER_GPU" --num_embeddings 100000 --embedding_dim 16 \
     --dense_arch_layer_sizes 512,256,64,16 --over_arch_layer_sizes 512,256,1 --learning_rate 0.1 --pin_memory ||
     { echo "== torchrec_example failed ($?)"; status=1; }

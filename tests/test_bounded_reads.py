@@ -9,12 +9,12 @@ import os
 import pytest
 
 from dlrm.checkpoint import CheckpointError, read_manifest
+from dlrm.common.io import UnreadableFileError, parse_json, read_bounded
 from dlrm.comms.costmodel import CommsError
 from dlrm.comms.report import load_bench
 from dlrm.config import ConfigError
-from dlrm.io import UnreadableFileError, parse_json, read_bounded
 from dlrm.plan.projection import load_measured
-from dlrm.trainer.run_dir import CONFIG, read_config, record
+from dlrm.run.records import CONFIG, read_config, record
 from tests.helpers.checkpoints import NEW, ckpts, saved_checkpoints
 
 __all__ = ["ckpts", "saved_checkpoints"]  # fixtures
@@ -98,7 +98,7 @@ def test_a_bench_or_summary_json_that_is_not_json_is_refused(tmp_path, content):
 
 
 def test_predict_refuses_a_data_file_that_never_ends(capsys, tmp_path):
-    from dlrm.predict import main
+    from dlrm.predict.cli import main
 
     assert main([str(tmp_path / "model.pt"), "--data", "/dev/zero"]) == 2
     err = capsys.readouterr().err

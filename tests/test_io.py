@@ -1,11 +1,11 @@
-"""dlrm.io: an atomic write replaces the whole file or nothing, and leaves no temporary file."""
+"""dlrm.common.io: an atomic write replaces the whole file or nothing, and leaves no temporary file."""
 
 import hashlib
 import json
 
 import pytest
 
-from dlrm.io import atomic_path, sha256_file, write_atomic, write_json_atomic
+from dlrm.common.io import atomic_path, sha256_file, write_atomic, write_json_atomic
 
 
 def test_write_replaces_the_file_and_leaves_no_temporary(tmp_path):
@@ -54,8 +54,8 @@ def test_a_planted_symlink_at_a_temporary_name_is_never_written_through(tmp_path
 
 @pytest.mark.parametrize("inside", [False, True])
 def test_an_output_that_is_an_input_is_refused(tmp_path, inside):
-    from dlrm.errors import UserError
-    from dlrm.io import refuse_alias
+    from dlrm.common.errors import UserError
+    from dlrm.common.io import refuse_alias
 
     data = tmp_path / "data.tsv"
     data.write_text("x")

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from dlrm import errors, train
+from dlrm import train
+from dlrm.common import errors
+from dlrm.common.errors import UserError
 from dlrm.config import ConfigError
-from dlrm.errors import UserError
 from tests.helpers import REPO_ROOT as ROOT
 from tests.helpers.cli import TORCHRUN_VARS, assert_one_error, main_in_process, record_sleeps
 

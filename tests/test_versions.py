@@ -71,7 +71,7 @@ def test_training_saves_resumes_and_reshards(device_python, tmp_path):
 def test_comms_bench_runs_every_collective(device_python, tmp_path):
     out = tmp_path / "bench"
     args = ("--min-bytes", "1K", "--max-bytes", "8K", "--warmup", "1", "--iters", "3", "--out", str(out))
-    _torchrun(device_python, "-m", "dlrm.comms.bench", *args)
+    _torchrun(device_python, "-m", "dlrm.comms.measure", *args)
     bench = json.loads((out / "bench.json").read_text())
     assert (bench["backend"], bench["world_size"]) == ("gloo", 2)
     rows = {(r["collective"], r["bytes"]): r for r in bench["results"]}

@@ -18,7 +18,7 @@ on the host:
   the end, with the model's pooling as `multi_hot_sizes`: rows read from the memory-mapped files
   (in the page cache), ids expanded on the host in the loader's reader thread, what the training
   thread receives;
-- parquet: `dlrm.data.parquet.ParquetSource` over the same rows, written once as one Parquet file
+- parquet: `dlrm.data.parquet.source.ParquetSource` over the same rows, written once as one Parquet file
   (`write_parquet_day`: as `dlrm.data.convert --required` writes it, PLAIN-encoded numbers, snappy,
   REQUIRED columns; row groups of one rank's batch, or `--row-group-rows`) in the layout
   `data.source=parquet` reads: 13 float32 dense columns, an int32 label and 26 sparse ones, by
@@ -42,9 +42,9 @@ from pathlib import Path
 
 import numpy as np
 
+from dlrm.common.errors import ArgumentParser, UserError, exit_on_user_error
+from dlrm.common.io import size_and_sha256, write_json_atomic
 from dlrm.config import Config, CriteoConfig
-from dlrm.errors import ArgumentParser, UserError, exit_on_user_error
-from dlrm.io import size_and_sha256, write_json_atomic
 
 TARGET_SAMPLES_PER_S = 3e6  # per GPU-feeding process: the data path's goal (about 1.8x the 1.7M a GPU trains)
 SOURCES = ("synthetic", "criteo", "parquet")
@@ -96,7 +96,7 @@ def write_parquet_day(
 
     from dlrm.data.criteo.format import FIELD_NAMES, SPARSE_NAMES, day_paths
     from dlrm.data.criteo.loader import multi_hot_offsets
-    from dlrm.data.parquet import write_options
+    from dlrm.data.parquet.files import write_options
 
     arrays = {k: np.load(path, mmap_mode="r") for k, path in day_paths(str(day), 0).items()}
     sparse, n = arrays["sparse"], len(arrays["labels"])
@@ -129,7 +129,7 @@ def use_random_day(
     from dlrm.config import ParquetConfig, SparseColumnConfig
     from dlrm.config.choices import SparseKind
     from dlrm.data.criteo.format import SPARSE_NAMES
-    from dlrm.data.loader import feature_layout
+    from dlrm.data.source import feature_layout
 
     names, table_rows, pooling = feature_layout(cfg)
     day = directory / "criteo"
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def checked_ranks(parser: ArgumentParser, args: argparse.Namespace, cfg: Config, sources: list[str]) -> int:
     """The world size whose rank 0 is timed; `parser.error` (exit 2) where the options cannot measure."""
-    from dlrm.data.parquet import _CACHED_ROW_GROUPS
+    from dlrm.data.parquet.reader import CACHED_ROW_GROUPS
 
     tp = cfg.topology
     ranks = args.ranks or tp.nodes * (tp.ranks_per_node or 1)
@@ -242,10 +242,10 @@ def checked_ranks(parser: ArgumentParser, args: argparse.Namespace, cfg: Config,
     if {"criteo", "parquet"} & set(sources) and args.rows < batch:
         parser.error(f"--rows {args.rows}: at least one global batch ({batch}) for criteo and parquet")
     unit = max(batch, args.row_group_rows)  # rank 0 reads a row group per unit at least
-    if "parquet" in sources and args.rows // unit <= _CACHED_ROW_GROUPS:
+    if "parquet" in sources and args.rows // unit <= CACHED_ROW_GROUPS:
         parser.error(
-            f"--rows {args.rows}: more than {_CACHED_ROW_GROUPS} global batches and row groups ({unit} rows) for "
-            f"parquet, else rank 0 rereads its row groups from the reader's cache of {_CACHED_ROW_GROUPS} decoded"
+            f"--rows {args.rows}: more than {CACHED_ROW_GROUPS} global batches and row groups ({unit} rows) for "
+            f"parquet, else rank 0 rereads its row groups from the reader's cache of {CACHED_ROW_GROUPS} decoded"
         )
     return ranks
 

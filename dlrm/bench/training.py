@@ -43,11 +43,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from dlrm.common.errors import ArgumentParser, UserError, exit_on_user_error
+from dlrm.common.io import write_json_atomic
 from dlrm.config import Config, to_config, validate, validate_world
 from dlrm.config.compose import compose_job, hydra_session
 from dlrm.distributed.world import World
-from dlrm.errors import ArgumentParser, UserError, exit_on_user_error
-from dlrm.io import write_json_atomic
 from dlrm.trainer.malloc import keep_freed_memory
 from dlrm.trainer.metrics import peak_rss_mb
 from dlrm.trainer.phases import PHASES, device_breakdown, spans_of, step_breakdown
@@ -118,7 +118,7 @@ def source_speed(source, rank: int, world_size: int, batches: int = 3) -> float:
 
 def source_only(args: argparse.Namespace, cfg: Config) -> dict:
     """The source's own speed for rank 0's slice (see the module's docstring); no process group."""
-    from dlrm.data.loader import make_source
+    from dlrm.data.source import make_source
 
     tp = cfg.topology
     ranks = args.ranks or tp.nodes * (tp.ranks_per_node or 1)

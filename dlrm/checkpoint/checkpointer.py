@@ -22,7 +22,6 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from dlrm.cadence import Every
 from dlrm.checkpoint.finite import everyones, listed, nonfinite_tensors
 from dlrm.checkpoint.layout import (
     MANIFEST,
@@ -34,7 +33,8 @@ from dlrm.checkpoint.layout import (
 )
 from dlrm.checkpoint.manifest import file_digest, read_manifest, signature_differences, write_manifest
 from dlrm.checkpoint.safe_load import load_checkpoint
-from dlrm.io import DiskFullError, disk_full_is_user_error
+from dlrm.common.cadence import Every
+from dlrm.common.io import DiskFullError, disk_full_is_user_error
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def _tensor_leaves_only(state: Any, prefix: str = "") -> None:
         raise TypeError(f"checkpoint state {prefix[:-1]} is a {type(state).__name__}, not a tensor")
 
 
-WRITER_THREADS = 2  # DCP writer threads per rank (torch: 1); each holds one cloned item: benchmarks/RESULTS.md
+WRITER_THREADS = 2  # DCP writer threads per rank (torch: 1); each holds one cloned item: docs/benchmark-results.md
 
 
 class _FileSystem(FileSystem):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from dlrm.errors import UserError
+from dlrm.common.errors import UserError
 
 MANIFEST = "manifest.json"
 METADATA = ".metadata"

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from dlrm.checkpoint.layout import MANIFEST, METADATA, CheckpointError, another_checkpoint
+from dlrm.common.io import UnreadableFileError, parse_json, read_bounded, size_and_sha256, write_atomic
 from dlrm.config import DataConfig, ModelConfig
 from dlrm.config.choices import DataSource
-from dlrm.io import UnreadableFileError, parse_json, read_bounded, size_and_sha256, write_atomic
 
 MANIFEST_LIMIT = 64 << 20  # a file list with digests: kilobytes per rank
 

@@ -1,7 +1,7 @@
-"""`python -m dlrm.cluster`: see `dlrm.cluster.run`."""
+"""`python -m dlrm.cluster`: see `dlrm.cluster.emulator`."""
 
 import sys
 
-from dlrm.cluster.run import main
+from dlrm.cluster.emulator import main
 
 sys.exit(main())

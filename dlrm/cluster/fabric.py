@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from dlrm.errors import UsageError
+from dlrm.common.errors import UsageError
 
 SUBNET = "198.18.0"  # /24 of 198.18.0.0/15 (RFC 2544 benchmarking), node i at .i+1
 STORE_ADDRESS = f"{SUBNET}.254"  # the bridge's own address, in the switch namespace: the rendezvous store

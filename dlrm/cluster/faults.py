@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlrm.cluster.fabric import Fabric
-from dlrm.errors import UsageError
+from dlrm.common.errors import UsageError
 
 FAILED_GRACE_S = 10.0  # after one agent fails, how long the others get to end on their own
 SIGKILL_STATUS = 137  # the job's status when every agent was killed: 128 + SIGKILL

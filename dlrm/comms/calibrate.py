@@ -31,12 +31,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from dlrm.common.errors import ArgumentParser, run_rank_command
+from dlrm.common.io import JSON_LIMIT, UnreadableFileError, parse_json, read_bounded, write_atomic
 from dlrm.comms import load_topology
 from dlrm.comms.costmodel import CommsError
 from dlrm.comms.fit import output_path, topology_yaml
 from dlrm.config import CollectiveLinkConfig, TopologyConfig
-from dlrm.errors import ArgumentParser, run_rank_command
-from dlrm.io import JSON_LIMIT, UnreadableFileError, parse_json, read_bounded, write_atomic
 
 ROWS = {"embedding_exchange": "alltoall", "dense_allreduce": "allreduce"}  # comm_vs_model row -> collective
 
@@ -57,7 +57,7 @@ def read_run(run: str) -> tuple[dict, dict]:
         raise CommsError(
             f"{summary_path} has no comm_vs_model: train with trainer.breakdown=true (the default) and let the run end"
         )
-    from dlrm.trainer.run_dir import read_config
+    from dlrm.run.records import read_config
 
     config = read_config(summary_path.parent)  # plain data, bounded; ConfigError (one line) if unreadable
     if config is None or not isinstance(config.get("topology"), dict):

@@ -59,11 +59,10 @@ Backends (`level_time`, `world_time`; `backend_of` reads a topology's): the form
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from dlrm.common.errors import UserError
 from dlrm.config.choices import Fabric
-from dlrm.errors import UserError
 
 COLLECTIVES = ("allreduce", "alltoall", "reduce_scatter", "allgather")
 FABRICS = tuple(Fabric)  # the topology config's choices
@@ -235,111 +234,6 @@ def world_time(
         return two_level_time(collective, intra, inter, nodes, ranks_per_node, nbytes, backend)
     ran = "allreduce" if collective == "reduce_scatter" else collective
     return ring_time(ran, intra, inter, nodes, ranks_per_node, nbytes)
-
-
-@dataclass(frozen=True)
-class Fit:
-    """alpha (s) and B (bytes/s) fitted to measured times; rel_rms and max_rel: the relative misfit's
-    root mean square and largest absolute value over the points.
-
-    B is inf when the sizes were too small for the bandwidth term to show above rounding and noise
-    (sweep larger sizes).
-    """
-
-    alpha_s: float
-    bandwidth_Bps: float
-    rel_rms: float
-    max_rel: float = 0.0
-
-
-def level_coefficients(collective: str, fabric: str, p: int, backend: str = "nccl") -> tuple[float, float]:
-    """(steps, factor) of one collective among p ranks on one level as `backend` runs it (`level_time`)."""
-    check_collective(collective)
-    check_backend(backend)
-    if backend == "gloo" and collective != "alltoall":
-        return coefficients("allreduce" if collective == "reduce_scatter" else collective, "ring", p)
-    return coefficients(collective, fabric, p)
-
-
-def fit_alpha_beta(
-    collective: str,
-    fabric: str,
-    p: int,
-    sizes: Sequence[float],
-    times_s: Sequence[float],
-    backend: str = "nccl",
-    min_sizes: int = 2,
-) -> Fit:
-    """Least-squares alpha and B from (size in bytes, time in s) pairs, minimising relative error.
-
-    Solves t_i = steps * alpha + factor * n_i * beta for (alpha, beta = 1/B), (steps, factor) of the
-    collective as `backend` runs it (`level_coefficients`), each row divided by t_i so small messages
-    count as much as large ones. Needs p >= 2 and `min_sizes` (at least two) distinct sizes.
-    """
-    steps, factor = level_coefficients(collective, fabric, p, backend)
-    if steps == 0:
-        raise CommsError(f"cannot fit alpha and beta at p={p}: a single rank sends nothing; run with >= 2 ranks")
-    if len(sizes) != len(times_s):
-        raise CommsError(f"{len(sizes)} sizes but {len(times_s)} times; pass one time per size")
-    return fit_points([(steps, factor, float(n), float(t)) for n, t in zip(sizes, times_s, strict=True)], min_sizes)
-
-
-def fit_points(points: Sequence[tuple[float, float, float, float]], min_sizes: int = 2) -> Fit:
-    """Least-squares alpha and B from (steps, factor, size in bytes, time in s) points, each its own
-    collective's coefficients, minimising relative error: t_i = steps_i alpha + factor_i n_i / B.
-    One fit over several collectives gives the one link that serves them all. CommsError with fewer
-    than `min_sizes` (at least two) distinct sizes or a time that is not positive."""
-    import numpy as np
-
-    pts = np.asarray(points, dtype=float).reshape(-1, 4)
-    steps, factor, n, t = pts.T
-    distinct = len(set(n.tolist()))
-    if distinct < max(2, min_sizes):
-        raise CommsError(
-            f"too few points to fit alpha and beta: {distinct} distinct message size(s) "
-            f"{sorted(set(n.astype(int).tolist()))}, need {max(2, min_sizes)}; sweep more sizes"
-        )
-    if not (t > 0).all() or not np.isfinite(t).all():
-        raise CommsError(f"times must be positive seconds, got {t.tolist()}")
-    a = np.stack([steps, factor * n], axis=1) / t[:, None]
-    ones = np.ones_like(t)
-    coef, *_ = np.linalg.lstsq(a, ones, rcond=None)
-    alpha, beta = coef
-    if beta <= 0 or not _resolved(a, ones - a @ coef, float(beta)):
-        # No bandwidth term: refit alpha alone (weighted least squares of t_i = steps * alpha).
-        beta = 0.0
-        alpha = float(a[:, 0] @ ones / (a[:, 0] @ a[:, 0]))
-    alpha, beta = max(float(alpha), 0.0), float(beta)
-    rel = (steps * alpha + factor * n * beta - t) / t
-    return Fit(
-        alpha,
-        1.0 / beta if beta > 0 else math.inf,
-        float(np.sqrt(np.mean(rel**2))),
-        float(np.max(np.abs(rel))),
-    )
-
-
-def _resolved(a, resid, beta: float) -> bool:
-    """Whether the fitted slope beta of the scaled system a @ (alpha, beta) ~ 1 stands out from zero.
-
-    a: (m, 2) scaled design matrix; resid: (m,) residuals of the fit.
-
-    Its share of the i-th measured time is a[i, 1] * beta (rows are divided by t_i). It is zero, as far
-    as the data can tell, when its largest share is below
-    - the rounding of the solve: m * eps * cond(a) (backward-stable least squares, m rows), e.g. equal
-      times give beta ~ 1e-23 instead of 0, depending on the CPU's LAPACK; or
-    - twice its standard error, from the residuals, when there are more rows than unknowns (m > 2).
-    """
-    import numpy as np
-
-    m = len(resid)
-    share = float(np.max(a[:, 1]) * beta)
-    if share <= m * np.finfo(float).eps * np.linalg.cond(a):
-        return False
-    if m > 2:
-        var = float(resid @ resid) / (m - 2) * np.linalg.pinv(a.T @ a)[1, 1]
-        return beta > 2 * np.sqrt(max(var, 0.0))
-    return True
 
 
 def _check_step_inputs(

@@ -1,3 +1,4 @@
+# long file: fitting is one concept: the least squares, each scope's link, and the topology file the command writes
 """Fabrics from measurement: time the trainer's collectives, fit alpha and B, write a topology file.
 
 Run under torchrun with the ranks of the topology to measure (Gloo on CPU, NCCL on GPU)::
@@ -5,7 +6,7 @@ Run under torchrun with the ranks of the topology to measure (Gloo on CPU, NCCL 
     torchrun --standalone --nproc_per_node=2 -m dlrm.comms.fit --topology cpu --name cpu
 
 It times --collectives (default allreduce and alltoall: the dense gradients' and the embeddings'
-collectives) over a doubling sweep of message sizes, as `dlrm.comms.bench` does (the slowest rank's
+collectives) over a doubling sweep of message sizes, as `dlrm.comms.measure` does (the slowest rank's
 time; --rounds sweeps in shuffled orders, the median over rounds x --iters), in each scope the topology
 has: all ranks on one node (the intra-node link), or inside each node and across nodes (intra- and
 inter-node links) on several. Per scope, one least-squares fit of alpha and B over every collective's
@@ -33,17 +34,122 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from dlrm.comms.bench import Request, check_request, format_table, group_layout, measure, parse_size, sweep_sizes
-from dlrm.comms.costmodel import CommsError, Fit, backend_of, fit_points, level_coefficients
+from dlrm.common.errors import ArgumentParser, run_rank_command
+from dlrm.common.io import write_atomic
+from dlrm.comms.costmodel import CommsError, backend_of, check_backend, check_collective, coefficients
+from dlrm.comms.measure import Request, check_request, format_table, group_layout, measure, parse_size, sweep_sizes
 from dlrm.config import CollectiveLinkConfig, LinkConfig, TopologyConfig
 from dlrm.config.topology import UPLINK_GBIT_ENV
-from dlrm.errors import ArgumentParser, run_rank_command
-from dlrm.io import write_atomic
 
 MIN_SIZES = 4  # distinct message sizes per fit: two unknowns, and two more to see the misfit
 COLLECTIVES = ("allreduce", "alltoall", "reduce_scatter", "allgather")
 DEFAULT_COLLECTIVES = ("allreduce", "alltoall")  # what the trainer's default plans run
 LINK_OF_SCOPE = {"world": "intra_node", "intra": "intra_node", "inter": "inter_node"}
+
+
+@dataclass(frozen=True)
+class Fit:
+    """alpha (s) and B (bytes/s) fitted to measured times; rel_rms and max_rel: the relative misfit's
+    root mean square and largest absolute value over the points.
+
+    B is inf when the sizes were too small for the bandwidth term to show above rounding and noise
+    (sweep larger sizes).
+    """
+
+    alpha_s: float
+    bandwidth_Bps: float
+    rel_rms: float
+    max_rel: float = 0.0
+
+
+def level_coefficients(collective: str, fabric: str, p: int, backend: str = "nccl") -> tuple[float, float]:
+    """(steps, factor) of one collective among p ranks on one level as `backend` runs it (`level_time`)."""
+    check_collective(collective)
+    check_backend(backend)
+    if backend == "gloo" and collective != "alltoall":
+        return coefficients("allreduce" if collective == "reduce_scatter" else collective, "ring", p)
+    return coefficients(collective, fabric, p)
+
+
+def fit_alpha_beta(
+    collective: str,
+    fabric: str,
+    p: int,
+    sizes: Sequence[float],
+    times_s: Sequence[float],
+    backend: str = "nccl",
+    min_sizes: int = 2,
+) -> Fit:
+    """Least-squares alpha and B from (size in bytes, time in s) pairs, minimising relative error.
+
+    Solves t_i = steps * alpha + factor * n_i * beta for (alpha, beta = 1/B), (steps, factor) of the
+    collective as `backend` runs it (`level_coefficients`), each row divided by t_i so small messages
+    count as much as large ones. Needs p >= 2 and `min_sizes` (at least two) distinct sizes.
+    """
+    steps, factor = level_coefficients(collective, fabric, p, backend)
+    if steps == 0:
+        raise CommsError(f"cannot fit alpha and beta at p={p}: a single rank sends nothing; run with >= 2 ranks")
+    if len(sizes) != len(times_s):
+        raise CommsError(f"{len(sizes)} sizes but {len(times_s)} times; pass one time per size")
+    return fit_points([(steps, factor, float(n), float(t)) for n, t in zip(sizes, times_s, strict=True)], min_sizes)
+
+
+def fit_points(points: Sequence[tuple[float, float, float, float]], min_sizes: int = 2) -> Fit:
+    """Least-squares alpha and B from (steps, factor, size in bytes, time in s) points, each its own
+    collective's coefficients, minimising relative error: t_i = steps_i alpha + factor_i n_i / B.
+    One fit over several collectives gives the one link that serves them all. CommsError with fewer
+    than `min_sizes` (at least two) distinct sizes or a time that is not positive."""
+    import numpy as np
+
+    pts = np.asarray(points, dtype=float).reshape(-1, 4)
+    steps, factor, n, t = pts.T
+    distinct = len(set(n.tolist()))
+    if distinct < max(2, min_sizes):
+        raise CommsError(
+            f"too few points to fit alpha and beta: {distinct} distinct message size(s) "
+            f"{sorted(set(n.astype(int).tolist()))}, need {max(2, min_sizes)}; sweep more sizes"
+        )
+    if not (t > 0).all() or not np.isfinite(t).all():
+        raise CommsError(f"times must be positive seconds, got {t.tolist()}")
+    a = np.stack([steps, factor * n], axis=1) / t[:, None]
+    ones = np.ones_like(t)
+    coef, *_ = np.linalg.lstsq(a, ones, rcond=None)
+    alpha, beta = coef
+    if beta <= 0 or not _resolved(a, ones - a @ coef, float(beta)):
+        # No bandwidth term: refit alpha alone (weighted least squares of t_i = steps * alpha).
+        beta = 0.0
+        alpha = float(a[:, 0] @ ones / (a[:, 0] @ a[:, 0]))
+    alpha, beta = max(float(alpha), 0.0), float(beta)
+    rel = (steps * alpha + factor * n * beta - t) / t
+    return Fit(
+        alpha,
+        1.0 / beta if beta > 0 else math.inf,
+        float(np.sqrt(np.mean(rel**2))),
+        float(np.max(np.abs(rel))),
+    )
+
+
+def _resolved(a, resid, beta: float) -> bool:
+    """Whether the fitted slope beta of the scaled system a @ (alpha, beta) ~ 1 stands out from zero.
+
+    a: (m, 2) scaled design matrix; resid: (m,) residuals of the fit.
+
+    Its share of the i-th measured time is a[i, 1] * beta (rows are divided by t_i). It is zero, as far
+    as the data can tell, when its largest share is below
+    - the rounding of the solve: m * eps * cond(a) (backward-stable least squares, m rows), e.g. equal
+      times give beta ~ 1e-23 instead of 0, depending on the CPU's LAPACK; or
+    - twice its standard error, from the residuals, when there are more rows than unknowns (m > 2).
+    """
+    import numpy as np
+
+    m = len(resid)
+    share = float(np.max(a[:, 1]) * beta)
+    if share <= m * np.finfo(float).eps * np.linalg.cond(a):
+        return False
+    if m > 2:
+        var = float(resid @ resid) / (m - 2) * np.linalg.pinv(a.T @ a)[1, 1]
+        return beta > 2 * np.sqrt(max(var, 0.0))
+    return True
 
 
 @dataclass(frozen=True)
@@ -73,7 +179,7 @@ def _max_rel(fit: Fit, points: Sequence[tuple[float, float, float, float]]) -> f
 
 
 def fit_scope(rows: Sequence[dict], scope: str, fabric: str, backend: str, material: float, min_sizes: int) -> LinkFit:
-    """Fit one scope's bench rows (`dlrm.comms.bench.summarize`'s, median times) jointly and per collective.
+    """Fit one scope's bench rows (`dlrm.comms.measure.summarize`'s, median times) jointly and per collective.
 
     The collectives' own figures are kept (`per_collective`) when, for one of them, the joint fit's largest
     relative miss over its points exceeds its own fit's by more than `material`: they then differ by more

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from dlrm.comms.bench import base_collective
-from dlrm.comms.costmodel import CommsError, fit_alpha_beta
+from dlrm.comms.costmodel import CommsError
+from dlrm.comms.fit import fit_alpha_beta
+from dlrm.comms.measure import base_collective
 from dlrm.comms.report import load_bench
 from dlrm.comms.traffic import comm_summary
 from dlrm.config import Config
@@ -36,7 +37,7 @@ def fitted_topology(topology, bench: dict, collective: str, ranks_per_node: int)
     if len({r["bytes"] for r in rows}) < 2:
         raise CommsError(
             f"the comms bench file has no {collective} times at two sizes among {ranks_per_node} ranks; rerun "
-            f"`torchrun --nproc_per_node={ranks_per_node} -m dlrm.comms.bench` with {collective} in its collectives"
+            f"`torchrun --nproc_per_node={ranks_per_node} -m dlrm.comms.measure` with {collective} in its collectives"
         )
     fit = fit_alpha_beta(
         collective,
@@ -77,7 +78,7 @@ def comm_vs_model(
     apart; None: not measured), comm_behind_s (behind another kind entered earlier) and comm_critical_s
     (the collectives' own seconds, all ranks in to all out, as the link serves them: `phases.Waits`).
     A rank can leave a collective while its peer still waits for its bytes, so a rank's transfer
-    undercounts the collective that the model and `dlrm.comms.bench` price. Per row: total_s, wait_s,
+    undercounts the collective that the model and `dlrm.comms.measure` price. Per row: total_s, wait_s,
     behind_s, transfer_s (a rank's: total less both), measured_s (the own time, compared), model_s
     (model_latency_s of it: the latency terms, `dlrm.comms.calibrate` scales the rest), ratio =
     measured_s / model_s, and `compared`: False, with `why`, where the ratio would mean nothing

@@ -5,7 +5,7 @@ Run it under torchrun on every node before the first training (NCCL on GPUs, Glo
     torchrun --nnodes=2 --nproc_per_node=8 ... -m dlrm.comms.preflight --topology dgx_h100_multinode
 
 It times allreduce and alltoall at one large message size (--bytes) in each scope the topology has
-(inside each node, across nodes, all ranks), as `dlrm.comms.bench` does, and compares each busbw with
+(inside each node, across nodes, all ranks), as `dlrm.comms.measure` does, and compares each busbw with
 what `dlrm.comms.costmodel` predicts from the topology config (the same figures the planner and the
 cost model use). Rank 0 prints the facts that decide collective speed (backend, NCCL version, the
 fabric variables of launch/env/), one line per (collective, scope) with measured/expected, and a
@@ -21,11 +21,11 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from dlrm.comms.bench import Request, group_layout, measure, parse_size
+from dlrm.common.errors import ArgumentParser, run_rank_command
+from dlrm.common.io import output_dir_problem, write_json_atomic
 from dlrm.comms.costmodel import CommsError, Link, backend_of, busbw_factor, level_time, world_time
+from dlrm.comms.measure import Request, group_layout, measure, parse_size
 from dlrm.config import TopologyConfig
-from dlrm.errors import ArgumentParser, run_rank_command
-from dlrm.io import output_dir_problem, write_json_atomic
 
 COLLECTIVES = ("allreduce", "alltoall")  # the dense gradients' and the embeddings' collectives
 FABRIC_VARS = (  # what launch/env/*.sh sets and a cluster team checks first
@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> bool | None:
         scopes = [s for s in scopes if s != "world"]  # the node's group is the world
     try:
         request = Request(list(COLLECTIVES), scopes, [nbytes], topo.nodes, rpn, topo)
-        rows = measure(request, world.rank, world.world_size, device, args.warmup, args.iters)  # as dlrm.comms.bench
+        rows = measure(request, world.rank, world.world_size, device, args.warmup, args.iters)  # as dlrm.comms.measure
         for row in rows:
             row["expected_busbw_GBps"] = expected_busbw_GBps(topo, rpn, row["collective"], row["scope"], nbytes)
             row["fraction"] = row["busbw_GBps"] / row["expected_busbw_GBps"]

@@ -19,17 +19,17 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from dlrm.common.errors import ArgumentParser, UserError
+from dlrm.common.io import JSON_LIMIT, UnreadableFileError, figure_png, parse_json, read_bounded, write_atomic
 from dlrm.comms.accuracy import geomean_abs_error
-from dlrm.comms.bench import FIELDS, SCHEMA, base_collective, parse_size, sweep_sizes
 from dlrm.comms.costmodel import (
     CommsError,
     Link,
     collective_time,
-    fit_alpha_beta,
     two_level_time,
 )
-from dlrm.errors import ArgumentParser, UserError
-from dlrm.io import JSON_LIMIT, UnreadableFileError, figure_png, parse_json, read_bounded, write_atomic
+from dlrm.comms.fit import fit_alpha_beta
+from dlrm.comms.measure import FIELDS, SCHEMA, base_collective, parse_size, sweep_sizes
 
 COMPARED = ("ring", "fully_connected")
 
@@ -72,8 +72,8 @@ def scale_comparison(
 
 
 def load_bench(path: str) -> dict:
-    """A bench.json written by dlrm.comms.bench; CommsError naming the problem and the fix otherwise."""
-    fix = "pass the bench.json written by `torchrun ... -m dlrm.comms.bench --out DIR` (DIR/bench.json)"
+    """A bench.json written by dlrm.comms.measure; CommsError naming the problem and the fix otherwise."""
+    fix = "pass the bench.json written by `torchrun ... -m dlrm.comms.measure --out DIR` (DIR/bench.json)"
     try:
         data = parse_json(read_bounded(path, JSON_LIMIT))
     except FileNotFoundError:
@@ -191,7 +191,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-bytes", default="1G")
     ap.add_argument("--scale-bytes", default="64M", help="message size per rank for the scale-out table")
     ap.add_argument("--max-nodes", type=int, default=64)
-    ap.add_argument("--bench", default=None, help="bench.json from dlrm.comms.bench: measured vs predicted")
+    ap.add_argument("--bench", default=None, help="bench.json from dlrm.comms.measure: measured vs predicted")
     ap.add_argument("--out", default="outputs/comms_report")
     args = ap.parse_args(argv)
     if args.ranks < 1 or args.max_nodes < 1:
@@ -296,6 +296,6 @@ def main(argv: Sequence[str] | None = None) -> str:
 if __name__ == "__main__":
     try:
         main()
-    except (UserError, FileNotFoundError) as e:  # one line, exit 2 (dlrm.errors)
+    except (UserError, FileNotFoundError) as e:  # one line, exit 2 (dlrm.common.errors)
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

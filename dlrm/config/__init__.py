@@ -1,7 +1,7 @@
 """Typed configuration: dataclass schemas registered in Hydra's ConfigStore, and validation.
 
 The schemas are the one source of defaults (the default options in conf/ restate none of them),
-one module per section (`model`, `data`, `topology`, `sharding`, `optim`, `trainer`, `run`), each
+one module per section (`model`, `data`, `topology`, `sharding`, `optim`, `trainer`, `checkpoint`, `run`), each
 field documented beside it. Choices are enums, so Hydra refuses a misspelt key, a wrongly typed
 value or a value outside its choices while composing (`dlrm.config.compose`). Each section's `check` then
 tests what types cannot express (sizes, names, consistency) next to its fields, and `Config.check`
@@ -17,12 +17,13 @@ from typing import cast
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from dlrm.config.checkpoint import CheckpointConfig
+from dlrm.config.checks import ConfigError, _fail
 from dlrm.config.choices import DataSource, DenseSync, Device, EmbeddingOptimizer, PoolingType, Precision, ShardingType
 from dlrm.config.data import CriteoConfig, DataConfig, ParquetConfig, SparseColumnConfig, SyntheticConfig
-from dlrm.config.errors import ConfigError, _fail
 from dlrm.config.model import ModelConfig, TableConfig, TaskConfig
 from dlrm.config.optim import DenseOptimConfig, EmbeddingOptimConfig, OptimConfig, ScheduleConfig
-from dlrm.config.run import CheckpointConfig, RunConfig
+from dlrm.config.run import RunConfig
 from dlrm.config.sharding import ShardingConfig
 from dlrm.config.topology import CollectiveLinkConfig, LinkConfig, TopologyConfig
 from dlrm.config.trainer import TrainerConfig

@@ -22,8 +22,8 @@ from typing import NoReturn
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from dlrm.common.errors import UsageError
 from dlrm.config import Config, ConfigError, register_configs, to_config
-from dlrm.errors import UsageError
 
 
 def _conf_dir() -> Path:

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
+from dlrm.config.checks import _fail, _require_count, _require_positive
 from dlrm.config.choices import DataSource, IdPolicy, SparseKind
-from dlrm.config.errors import _fail, _require_count, _require_positive
 
 
 @dataclass
@@ -63,7 +63,7 @@ class SparseColumnConfig:
     kind: SparseKind = SparseKind.id
     """id: an integer column, one id per sample; ids: list<integer>, any number per sample (empty
     allowed); string: a string column, strings: list<string>, each string hashed into the table
-    (`dlrm.data.parquet.hash_strings`: FNV-1a 64 then splitmix64's finaliser, modulo the rows)."""
+    (`dlrm.data.parquet.hashing.hash_strings`: FNV-1a 64 then splitmix64's finaliser, modulo the rows)."""
     weights: str | None = None
     """A float column (list<float> beside ids/strings, as many per sample) of per-id weights, put in the
     KeyedJaggedTensor's weights, which a weighted model (model.weighted=true) multiplies each id's row

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
+from dlrm.config.checks import _fail, _require_positive
 from dlrm.config.choices import Interaction, PoolingType, Precision, ShardingType
-from dlrm.config.errors import _fail, _require_positive
 
 
 @dataclass

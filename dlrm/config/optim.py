@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dlrm.config.checks import _fail, _require_positive
 from dlrm.config.choices import DenseOptimizer, EmbeddingOptimizer
-from dlrm.config.errors import _fail, _require_positive
 
 
 @dataclass

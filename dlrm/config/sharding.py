@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dlrm.config.checks import _fail
 from dlrm.config.choices import ComputeKernel, Precision, ShardingStrategy, ShardingType
-from dlrm.config.errors import _fail
 from dlrm.config.model import TableConfig
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from dlrm.config.checks import _fail, _require_positive
 from dlrm.config.choices import Backend, Device, Fabric
-from dlrm.config.errors import _fail, _require_positive
 
 COLLECTIVES = ("allreduce", "alltoall", "reduce_scatter", "allgather")  # as dlrm.comms.costmodel
 UPLINK_GBIT_ENV = "DLRM_UPLINK_GBIT"  # dlrm.cluster's shaped uplink rate (Gbit/s), set for the ranks it starts

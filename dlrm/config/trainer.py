@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dlrm.config.checks import _fail, _require_count, _require_positive
 from dlrm.config.choices import DenseAllreduce, DensePrecision, DenseSync, OnNonfinite, Precision, ProgressMode
-from dlrm.config.errors import _fail, _require_count, _require_positive
 
 
 @dataclass
@@ -57,7 +57,7 @@ class TrainerConfig:
     compile_dense: bool = False
     """torch.compile (Inductor) the bottom MLP, the interaction and the top MLP, each at its first call
     (tens of seconds per process); the embedding lookup stays eager. It fuses the DCN cross net's
-    element-wise work on a GPU; on CPU it measured slower (benchmarks/RESULTS.md)."""
+    element-wise work on a GPU; on CPU it measured slower (docs/benchmark-results.md)."""
     on_nonfinite: OnNonfinite = OnNonfinite.stop
     """On a non-finite loss: stop (raise, naming the last good checkpoint) or skip (drop the batch: no
     backward, no update; needs pipeline=false, since the pipeline's fused update runs unchecked)."""
@@ -69,7 +69,7 @@ class TrainerConfig:
     """[first, last] steps to trace with torch.profiler on rank 0 (<run dir>/profile, for TensorBoard
     or Perfetto); None: no trace."""
     comms_bench: str | None = None
-    """A bench.json of `dlrm.comms.bench`: the measured-vs-model comparison fits the model's alpha and
+    """A bench.json of `dlrm.comms.measure`: the measured-vs-model comparison fits the model's alpha and
     B to it (None: the topology config's links)."""
     target_auc: float | None = None
     """Stop at the first evaluation whose AUC reaches it (MLPerf's time to target; the summary records

@@ -9,7 +9,7 @@ values per row joined by `--multi-separator` ("3|17|5"; an empty cell: no values
 list<int64> (`COL:string`: list<string>, for `kind: strings`). Rows go to files part-00000.parquet,
 part-00001.parquet, ... of --out, `--rows-per-file` each, in row groups of `--row-group-size` rows
 (about global batch / ranks or fewer keeps each rank's reads small: see `dlrm.data.parquet`), in
-the layout `dlrm.data.parquet.write_options` gives: numbers PLAIN-encoded (no dictionary: twice as
+the layout `dlrm.data.parquet.files.write_options` gives: numbers PLAIN-encoded (no dictionary: twice as
 fast to decode), dictionary encoding for strings, `--compression` (snappy; none decodes a little faster);
 `--required` declares every column non-nullable (Parquet's REQUIRED: no definition levels, about half
 the decoding time again), refusing an input with an empty cell.
@@ -31,9 +31,9 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from dlrm.data.parquet import compute, write_options
-from dlrm.errors import ArgumentParser, UserError
-from dlrm.io import refuse_alias
+from dlrm.common.errors import ArgumentParser, UserError
+from dlrm.common.io import refuse_alias
+from dlrm.data.parquet.files import compute, write_options
 
 COMPRESSIONS = ("snappy", "lz4", "zstd", "none")
 

@@ -31,9 +31,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from omegaconf import OmegaConf
 
-from dlrm.data.parquet import ParquetDataError, compute, list_files
-from dlrm.errors import ArgumentParser, UserError
-from dlrm.io import write_atomic
+from dlrm.common.errors import ArgumentParser, UserError
+from dlrm.common.io import write_atomic
+from dlrm.data.parquet.files import ParquetDataError, compute, list_files
 
 
 @dataclass

@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from dlrm.common.errors import UserError
 from dlrm.config import Config
 from dlrm.config.choices import Precision
-from dlrm.errors import UserError
 
 if TYPE_CHECKING:  # the model module imports TorchRec (seconds): the memory checks run before it
     from dlrm.models.dlrm import DLRMTrain

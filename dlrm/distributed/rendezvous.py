@@ -18,8 +18,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from dlrm.common.errors import UserError
 from dlrm.distributed.world import World
-from dlrm.errors import UserError
 
 NOTICE_S = 5.0  # a rendezvous under torchrun takes well under this: past it, say who is missing
 _POLL_S = 0.2

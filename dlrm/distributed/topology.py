@@ -28,10 +28,10 @@ from torchrec.distributed.planner.types import (
     TrainerConfig,
 )
 
+from dlrm.common.errors import UserError
 from dlrm.config import TopologyConfig
 from dlrm.distributed.rendezvous import end_with_launcher, launcher_store
 from dlrm.distributed.world import World
-from dlrm.errors import UserError
 
 GB = 10**9
 

@@ -9,7 +9,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from dlrm.errors import UsageError
+from dlrm.common.errors import UsageError
 
 
 class LauncherError(UsageError):

@@ -28,7 +28,7 @@ Example::
 from dlrm.config.compose import compose
 from dlrm.distributed.capacity import PlanError
 from dlrm.plan.cli import main
+from dlrm.plan.describe import format_report
 from dlrm.plan.planner import make_plan
-from dlrm.plan.report import format_report
 
 __all__ = ["PlanError", "compose", "format_report", "main", "make_plan"]

@@ -9,10 +9,10 @@ import sys
 import warnings
 from collections.abc import Sequence
 
+from dlrm.common.errors import ArgumentParser, UserError
 from dlrm.config.compose import compose
-from dlrm.errors import ArgumentParser, UserError
+from dlrm.plan.describe import format_report
 from dlrm.plan.planner import PROPOSERS, make_plan
-from dlrm.plan.report import format_report
 from dlrm.plan.scaling_cli import scaling_main
 
 

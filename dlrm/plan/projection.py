@@ -50,11 +50,11 @@ from typing import cast
 
 import numpy as np
 
+from dlrm.common.io import JSON_LIMIT, UnreadableFileError, parse_json, read_bounded
 from dlrm.comms.costmodel import Link, backend_of, ring_time, two_level_time
 from dlrm.comms.traffic import FLOAT_BYTES, comm_summary
 from dlrm.config import Config, ConfigError
 from dlrm.distributed.plan_records import Shard, TablePlan
-from dlrm.io import JSON_LIMIT, UnreadableFileError, parse_json, read_bounded
 
 SYNC_MODES = ("allreduce", "hierarchical", "local_sgd")
 PHASES = ("dense_compute", "embedding_compute", "alltoall", "allreduce_exposed", "other")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dlrm.io import figure_png, write_atomic, write_json_atomic
+from dlrm.common.io import figure_png, write_atomic, write_json_atomic
 from dlrm.plan.projection import OVERLAP_RULE, PHASES, SYNC_MODES
 
 CAVEAT = (

@@ -1,4 +1,4 @@
-"""The clock of the training loop's throughput (when components act: `dlrm.cadence`).
+"""The clock of the training loop's throughput (when components act: `dlrm.common.cadence`).
 
 `ThroughputWindow` collects the losses of the steps since the last log and their wall time,
 paused while the loop evaluates or saves, so samples/s counts training alone. `RunTime` adds up a

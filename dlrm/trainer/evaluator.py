@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-from dlrm.cadence import Every
+from dlrm.common.cadence import Every
 from dlrm.config import Config
 from dlrm.trainer.metrics import score_on_rank0
 

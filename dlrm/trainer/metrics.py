@@ -14,23 +14,12 @@ calibration = sum of predicted probabilities / sum of labels.
 
 from __future__ import annotations
 
-import json
-import logging
 import math
 import resource
-import sys
-import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from tqdm import tqdm
-
-from dlrm.io import disk_full_is_user_error
-
-log = logging.getLogger(__name__)
-FILE_ONLY = {"console": False}  # `extra` for a record that goes to train.log but not the console
 
 
 def exact_auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -128,92 +117,3 @@ def score_on_rank0(local: torch.Tensor, group: dist.ProcessGroup, tasks: list[st
 def peak_rss_mb() -> float:
     """This process's peak resident memory in MiB (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-class MetricsLog:
-    """The run's time series, on rank 0 (other ranks pass path=None and tensorboard_dir=None).
-
-    `metrics.jsonl`: one JSON object per `write`, with `time` (Unix seconds) and `elapsed_s` (since
-    this log was opened) added. TensorBoard (`tensorboard_dir`): every number of a record as a
-    scalar at its step, under `<group>/<key>` (group: "train", "eval", "phase_s", "comm_s", ...).
-    """
-
-    def __init__(self, path: Path | None, tensorboard_dir: Path | None = None) -> None:
-        self._file = open(path, "a", buffering=1) if path is not None else None
-        self._tb = None
-        if tensorboard_dir is not None:
-            from torch.utils.tensorboard import SummaryWriter  # imports tensorboard: only when used
-
-            self._tb = SummaryWriter(str(tensorboard_dir))
-        self._start = time.monotonic()
-
-    def write(self, group: str = "train", **record) -> None:
-        """Record `record` (it must hold `step`) under `group` (TensorBoard's tag prefix)."""
-        if self._file is not None:
-            stamped = dict(record, time=round(time.time(), 3), elapsed_s=round(time.monotonic() - self._start, 3))
-            with disk_full_is_user_error(self._file.name, "metrics"):
-                self._file.write(json.dumps(stamped, sort_keys=True) + "\n")
-        if self._tb is not None:
-            for key, value in record.items():
-                if isinstance(value, dict):
-                    for sub, v in value.items():
-                        if isinstance(v, (int, float)) and v is not None:
-                            self._tb.add_scalar(f"{key}/{sub}", v, record["step"])
-                elif key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                    tag = key[len(group) + 1 :] if key.startswith(f"{group}_") else key
-                    self._tb.add_scalar(f"{group}/{tag}", value, record["step"])
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-        if self._tb is not None:
-            self._tb.close()
-
-
-def clock(seconds: float) -> str:
-    """Seconds as h:mm:ss or m:ss, e.g. 75 -> '1:15'."""
-    seconds = int(round(seconds))
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-class Progress:
-    """A progress bar on an interactive terminal, plain log lines otherwise; silent off rank 0.
-
-    mode: auto (bar if stderr is a terminal), bar, lines, none. Lines go to the `dlrm` logger
-    (console and train.log), with elapsed time and an ETA from the mean step time so far.
-    """
-
-    def __init__(self, total: int, mode: str, enabled: bool, first_step: int = 0) -> None:
-        if mode == "auto":
-            mode = "bar" if sys.stderr.isatty() else "lines"
-        self.mode = mode if enabled else "none"
-        self.total = total
-        self.first_step = first_step
-        self.start = time.monotonic()
-        self._bar = (
-            tqdm(total=total, initial=first_step, unit="step", dynamic_ncols=True) if self.mode == "bar" else None
-        )
-
-    def update(self, step: int, steps_done: int, loss: float, lr: float, samples_per_s: float) -> None:
-        """Report the figures of the window that ended at `step` after `steps_done` new steps."""
-        elapsed = time.monotonic() - self.start
-        eta = elapsed / max(1, step - self.first_step) * (self.total - step)
-        text = f"loss {loss:.4f} lr {lr:.4g} {samples_per_s:,.0f} samples/s"
-        if self._bar is not None:
-            self._bar.update(steps_done)
-            self._bar.set_postfix_str(text)
-            log.info(f"step {step}/{self.total} {text}", extra=FILE_ONLY)  # the bar shows it on the console
-        elif self.mode == "lines":
-            log.info(f"step {step}/{self.total} {text} | {clock(elapsed)} elapsed, eta {clock(eta)}")
-        else:
-            log.debug(f"step {step}/{self.total} {text}")
-
-    def message(self, text: str) -> None:
-        """A line for the console and train.log (logged on rank 0 whatever the mode)."""
-        log.info(text)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()

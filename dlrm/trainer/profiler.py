@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
-from dlrm.cadence import Every
+from dlrm.common.cadence import Every
 from dlrm.config import TrainerConfig
 from dlrm.trainer.phases import PHASES, Waits, collective_spans, kineto_quiet, spans_of, split_waits, step_breakdown
 

@@ -13,14 +13,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dlrm.common.io import disk_full_is_user_error, write_json_atomic
 from dlrm.config import Config
 from dlrm.distributed.topology import backend_for
 from dlrm.distributed.world import World
-from dlrm.io import disk_full_is_user_error, write_json_atomic
+from dlrm.run.logs import JOB_START
 from dlrm.trainer import console
 from dlrm.trainer.clock import RunTime, ThroughputWindow
-from dlrm.trainer.logs import JOB_START
-from dlrm.trainer.metrics import MetricsLog, Progress, peak_rss_mb
+from dlrm.trainer.metrics import peak_rss_mb
+from dlrm.trainer.metrics_log import MetricsLog
+from dlrm.trainer.progress import Progress
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import signal
 import threading
 from types import FrameType
 
-from dlrm.errors import UserError
+from dlrm.common.errors import UserError
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -30,7 +30,7 @@ class TrainingStopped(UserError):
     """The run stopped on a signal; the message says where and how to continue."""
 
     same_on_all_ranks = True  # every rank stops at the same step: rank 0 says it
-    quiet_elsewhere = True  # the other ranks exit at once, without a line (dlrm.errors)
+    quiet_elsewhere = True  # the other ranks exit at once, without a line (dlrm.common.errors)
     prefix = "stopped"
 
     def __init__(self, message: str, signum: int) -> None:

@@ -18,11 +18,12 @@ import torch.distributed as dist
 from torch.profiler import record_function
 from torchrec.distributed.train_pipeline import PrefetchTrainPipelineSparseDist, TrainPipelineSparseDist
 
-from dlrm.cadence import Every
 from dlrm.checkpoint import Checkpointer, CheckpointError, latest_checkpoint
+from dlrm.common.cadence import Every
+from dlrm.common.errors import UserError
 from dlrm.config import Config
-from dlrm.data.loader import batches_on, make_source
 from dlrm.data.prefetch import Prefetcher, prefetch_pays
+from dlrm.data.source import batches_on, make_source
 from dlrm.distributed.capacity import dense_param_count
 from dlrm.distributed.dense_sync import use_compressed_allreduce, use_hierarchical_allreduce
 from dlrm.distributed.local_sgd import LocalSGD
@@ -35,15 +36,14 @@ from dlrm.distributed.topology import (
     synchronizer,
 )
 from dlrm.distributed.world import World
-from dlrm.errors import UserError
 from dlrm.models.dlrm import DLRMTrain, build_model, compile_dense, initialize
 from dlrm.optim.optimizers import build_optimizer, fuse_embedding_optimizer, lr_factor, lr_schedule
+from dlrm.run.records import planned_steps, recorded_config_sha256
 from dlrm.trainer.evaluator import Evaluator, eval_batch_count
 from dlrm.trainer.malloc import keep_freed_memory
 from dlrm.trainer.phases import STEP_RANGE
 from dlrm.trainer.profiler import StepProfiler
 from dlrm.trainer.reporter import Reporter, global_mean_and_signal
-from dlrm.trainer.run_dir import planned_steps, recorded_config_sha256
 from dlrm.trainer.stop import StopRequest, TrainingStopped
 from dlrm.trainer.train_state import TrainState
 

@@ -28,7 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # dlrm from this checkout, also without an install
 
-from dlrm.io import write_atomic  # noqa: E402
+from dlrm.common.io import write_atomic  # noqa: E402
 
 ENV_DIR = ROOT / "launch" / "env"
 WORKDIR = "/opt/dlrm"  # the Dockerfile's WORKDIR
@@ -110,9 +110,9 @@ def parse_args(argv):
 def load_topology(overrides) -> dict:
     """name, nodes, ranks_per_node (None = from the launcher) and device of the config dlrm.train will
     compose from these overrides (checked as it checks them)."""
+    from dlrm.common.errors import UserError
     from dlrm.config import validate
     from dlrm.config.compose import compose
-    from dlrm.errors import UserError
 
     try:
         cfg = compose(list(overrides))

@@ -16,8 +16,8 @@ from dlrm.bench.training import compose_config
 from dlrm.config import CriteoConfig
 from dlrm.data import multihot
 from dlrm.data.criteo.loader import CriteoSource
-from dlrm.data.loader import feature_layout, make_source
 from dlrm.data.multihot import BaseIdBatch, MultiHotLayout
+from dlrm.data.source import feature_layout, make_source
 
 NAMES = [f"C{i + 1}" for i in range(26)]
 

@@ -10,7 +10,7 @@ import torch
 
 from dlrm.bench import training as bench
 from dlrm.config import ConfigError
-from dlrm.data.loader import make_source
+from dlrm.data.source import make_source
 from tests.helpers import REPO_ROOT as ROOT
 from tests.helpers.cli import TORCHRUN_VARS, assert_one_error
 

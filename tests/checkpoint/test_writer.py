@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 
 from dlrm.checkpoint import METADATA, file_digest
 from dlrm.checkpoint.checkpointer import WRITER_THREADS, storage_writer
-from dlrm.io import disk_full_in
+from dlrm.common.io import disk_full_in
 
 VIEWS = 8
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # no_dist=True says so

@@ -192,7 +192,7 @@ def test_refuses_without_root():
             pytest.skip("setpriv (util-linux) is not installed, so root cannot run the command as another user")
         prefix = [SETPRIV, "--reuid=65534", "--regid=65534", "--clear-groups"]
         probe = subprocess.run(
-            [*prefix, sys.executable, "-c", "import dlrm.cluster.run"], cwd=ROOT, capture_output=True
+            [*prefix, sys.executable, "-c", "import dlrm.cluster.emulator"], cwd=ROOT, capture_output=True
         )
         if probe.returncode != 0:  # e.g. a checkout under `mktemp -d`, whose directory is private (0700)
             why = (probe.stderr.decode().strip().splitlines() or [f"exit status {probe.returncode}"])[-1]
@@ -254,16 +254,16 @@ def test_a_kill_of_a_node_that_does_not_exist_is_one_line():
 def test_module_option_runs_another_worker_module_and_refuses_in_one_line():
     """`--module M` runs `torchrun -m M ARGS` in every node (its arguments are not trainer overrides, so the
     sizes and the rate must be given); a bad name or a missing size is a UsageError (one line, exit 2)."""
-    from dlrm.cluster.run import Fabric, Job, agent_command, agent_env, parse_args
-    from dlrm.errors import UsageError
+    from dlrm.cluster.emulator import Fabric, Job, agent_command, agent_env, parse_args
+    from dlrm.common.errors import UsageError
 
     sized = ["--nodes", "2", "--ranks-per-node", "2", "--gbit", "1"]
-    args, faults = parse_args([*sized, "--module", "dlrm.comms.bench", "--", "--scopes", "world,inter"])
-    assert args.module == "dlrm.comms.bench" and args.overrides == ["--scopes", "world,inter"] and faults == []
+    args, faults = parse_args([*sized, "--module", "dlrm.comms.measure", "--", "--scopes", "world,inter"])
+    assert args.module == "dlrm.comms.measure" and args.overrides == ["--scopes", "world,inter"] and faults == []
     assert parse_args(["--", "model=tiny"])[0].module == "dlrm.train"
     job = Job(2, 2, 1.0, args.overrides, "/tmp", args.module, max_restarts=args.max_restarts)
     command = agent_command(job, Fabric("dlrm-0", 2, 1.0), 1)
-    assert command[-4:] == ["-m", "dlrm.comms.bench", "--scopes", "world,inter"]
+    assert command[-4:] == ["-m", "dlrm.comms.measure", "--scopes", "world,inter"]
     # Every agent restarts once per kill by default, at the store in the switch namespace, and its ranks
     # host their own store (a node's agent started again could not join otherwise).
     assert "--max-restarts=0" in command and "--rdzv_endpoint=198.18.0.254:29500" in command
@@ -271,9 +271,9 @@ def test_module_option_runs_another_worker_module_and_refuses_in_one_line():
     assert agent_env()["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     for argv, says in (
         ([*sized, "--module", "dlrm comms"], "give a Python module name"),
-        (["--nodes", "2", "--ranks-per-node", "2", "--module", "dlrm.comms.bench"], "needs --gbit"),
-        ([*sized, "--module", "dlrm.comms.bench", "--link-down", "1:1:1"], "not with --module"),
-        ([*sized, "--module", "dlrm.comms.bench", "--kill-agent", "1@1"], "not with --module"),
+        (["--nodes", "2", "--ranks-per-node", "2", "--module", "dlrm.comms.measure"], "needs --gbit"),
+        ([*sized, "--module", "dlrm.comms.measure", "--link-down", "1:1:1"], "not with --module"),
+        ([*sized, "--module", "dlrm.comms.measure", "--kill-agent", "1@1"], "not with --module"),
     ):
         with pytest.raises(UsageError, match=says):
             parse_args(argv)

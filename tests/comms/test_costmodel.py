@@ -15,13 +15,13 @@ from dlrm.comms.costmodel import (
     busbw_factor,
     coefficients,
     collective_time,
-    fit_alpha_beta,
     level_time,
     ring_time,
     step_comm_time,
     two_level_time,
     world_time,
 )
+from dlrm.comms.fit import fit_alpha_beta
 
 ALPHA, B = 10e-6, 1e9  # 10 us per message, 1 GB/s per rank
 
@@ -266,7 +266,7 @@ def test_unknown_topology_names_the_choices():
 
 
 def _bench_file(tmp_path, **change):
-    from dlrm.comms.bench import SCHEMA, summarize
+    from dlrm.comms.measure import SCHEMA, summarize
 
     truth = Link("switch", 50e-6, 2e9)
     rows = [
@@ -303,8 +303,8 @@ def test_report_model_and_bench(tmp_path):
 
 def test_report_bad_option_is_a_user_error():
     """A usage error is one `error:` line and exit 2 (its __main__), not argparse's usage block."""
+    from dlrm.common.errors import UserError
     from dlrm.comms import report
-    from dlrm.errors import UserError
 
     with pytest.raises(UserError, match="--ranks: invalid int value: 'q'"):
         report.main(["--ranks", "q"])
@@ -321,7 +321,7 @@ def test_report_bad_option_is_a_user_error():
 def test_report_rejects_a_bench_file_of_the_wrong_shape(tmp_path, change, match):
     from dlrm.comms.report import load_bench
 
-    with pytest.raises(CommsError, match=match + ".*dlrm.comms.bench"):
+    with pytest.raises(CommsError, match=match + ".*dlrm.comms.measure"):
         load_bench(str(_bench_file(tmp_path, **change)))
 
 

@@ -11,8 +11,16 @@ import pytest
 
 import dlrm.config.compose as compose_mod
 from dlrm.comms import load_topology
-from dlrm.comms.costmodel import CommsError, Link, fit_points, level_coefficients
-from dlrm.comms.fit import MIN_SIZES, check_sweep, fit_scope, fitted_topology, topology_yaml
+from dlrm.comms.costmodel import CommsError, Link
+from dlrm.comms.fit import (
+    MIN_SIZES,
+    check_sweep,
+    fit_points,
+    fit_scope,
+    fitted_topology,
+    level_coefficients,
+    topology_yaml,
+)
 from dlrm.config.compose import CONF_DIR, compose
 
 SIZES = [4096 * 2**k for k in range(11)]  # 4 KiB .. 4 MiB, as the command's default sweep

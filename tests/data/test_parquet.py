@@ -20,7 +20,10 @@ from dlrm.config import ConfigError, ParquetConfig, SparseColumnConfig, validate
 from dlrm.config.choices import IdPolicy, SparseKind
 from dlrm.config.compose import compose
 from dlrm.data import convert, inspect
-from dlrm.data.parquet import ParquetDataError, ParquetSource, ParquetValueError, _Reader, hash_strings
+from dlrm.data.parquet.files import ParquetDataError, ParquetValueError
+from dlrm.data.parquet.hashing import hash_strings
+from dlrm.data.parquet.reader import RowGroupReader
+from dlrm.data.parquet.source import ParquetSource
 from tests.helpers import REPO_ROOT as ROOT
 from tests.helpers.cli import assert_one_error
 from tests.helpers.parquet_data import ROWS, TABLES, overrides, table, write_dataset
@@ -214,7 +217,7 @@ def assert_same_batch(a, b) -> None:
 
 def tables_of(src: ParquetSource) -> list[pa.Table]:
     """Row groups as batches meet them: whole, sliced (non-zero offsets) and two concatenated (two chunks)."""
-    reader = _Reader(src.splits["train"].dataset, src.columns)
+    reader = RowGroupReader(src.splits["train"].dataset, src.columns)
     return [reader.group(0), reader.group(1).slice(7, 20), pa.concat_tables([reader.group(2), reader.group(3)])]
 
 
@@ -231,10 +234,10 @@ def test_blocks_equal_column_by_column_on_a_mixed_schema(data, weights):
     ]
     names, rows = ["user", "u2", "items", "u3", "city", "u4"], [100, 100, 50, 2, 64, 2]
     src = source(data, names=names, rows=rows, sparse=sparse, labels=["label", "label2"])
-    assert src._runs == [(0, 2, 0), (2, 3, None), (3, 4, 2), (4, 5, None), (5, 6, None if weights else 3)]
+    assert src.maker._runs == [(0, 2, 0), (2, 3, None), (3, 4, 2), (4, 5, None), (5, 6, None if weights else 3)]
     for t in tables_of(src):
         origin = [(0, "f", 0)]
-        assert_same_batch(src.make_batch(t, origin), src.make_batch_by_column(t, origin))
+        assert_same_batch(src.make_batch(t, origin), src.maker.make_batch_by_column(t, origin))
 
 
 def test_the_string_features_hashed_together_equal_each_hashed_alone(tmp_path):
@@ -265,7 +268,7 @@ def test_the_string_features_hashed_together_equal_each_hashed_alone(tmp_path):
     src = ParquetSource(cfg, ["city", "u", "tags", "shop", "city2"], [64, 50, 1000, 7, 2**40], 30, 0)
     for table_ in tables_of(src):
         origin = [(0, "f", 0)]
-        assert_same_batch(src.make_batch(table_, origin), src.make_batch_by_column(table_, origin))
+        assert_same_batch(src.make_batch(table_, origin), src.maker.make_batch_by_column(table_, origin))
 
 
 @pytest.mark.parametrize("big", [False, True])  # int32 ids; int64 (a table of more than 2**31 rows)
@@ -287,16 +290,17 @@ def test_blocks_equal_column_by_column_on_one_id_columns_only(tmp_path, big):
     sparse = [SparseColumnConfig(name=c, kind=SparseKind.id) for c in "abc"]
     cfg = ParquetConfig(path=str(tmp_path), dense=["d_f64", "d_i32", "d_null"], sparse=sparse, labels=["y"])
     src = ParquetSource(cfg, ["c", "a", "b"], [rows[2], rows[0], rows[1]], 50, 0)
-    assert src._runs == [(0, 3, 0)] and src.id_dtype == (np.int64 if big else np.int32)
+    assert src.maker._runs == [(0, 3, 0)] and src.maker.id_dtype == (np.int64 if big else np.int32)
     for table_ in tables_of(src):
         origin = [(0, "f", 0)]
         batch = src.make_batch(table_, origin)
-        assert_same_batch(batch, src.make_batch_by_column(table_, origin))
+        assert_same_batch(batch, src.maker.make_batch_by_column(table_, origin))
         assert batch.sparse_features.lengths().tolist() == [1] * 3 * table_.num_rows
     folding = ParquetSource(dataclasses.replace(cfg, id_policy=IdPolicy.modulo), ["a", "b", "c"], [90, 50, 90], 50, 0)
     first = tables_of(folding)[0]
-    assert folding._blocks(first) is None  # ids of b >= 50: made column by column, folded
-    assert_same_batch(folding.make_batch(first, [(0, "f", 0)]), folding.make_batch_by_column(first, [(0, "f", 0)]))
+    assert folding.maker._blocks(first) is None  # ids of b >= 50: made column by column, folded
+    origin = [(0, "f", 0)]
+    assert_same_batch(folding.make_batch(first, origin), folding.maker.make_batch_by_column(first, origin))
 
 
 def test_multi_hot_sizes_expand_one_base_id_per_sample_as_the_criteo_source(tmp_path):
@@ -363,7 +367,7 @@ def test_string_hash_is_the_documented_function_and_slice_safe():
 
 def test_string_hash_is_the_same_in_another_process():
     code = (
-        "import pyarrow as pa, sys; from dlrm.data.parquet import hash_strings; "
+        "import pyarrow as pa, sys; from dlrm.data.parquet.hashing import hash_strings; "
         f"print(hash_strings(pa.array({STRINGS!r})).tolist())"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "12345"}
@@ -672,7 +676,7 @@ def test_inspect_of_data_without_dense_columns_writes_a_model_without_a_bottom_m
     assert inspect.main(argv) == 0, capsys.readouterr().err
     from dlrm.config import to_config
     from dlrm.config.compose import compose_job, hydra_session
-    from dlrm.data.loader import make_source
+    from dlrm.data.source import make_source
     from dlrm.models.dlrm import build_model, initialize
 
     with hydra_session():

@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from dlrm.data.loader import make_source
 from dlrm.data.prefetch import Prefetcher, prefetch_pays
+from dlrm.data.source import make_source
 
 
 def _same_batch(a, b) -> bool:

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from dlrm.data import synthetic
-from dlrm.data.loader import batches_on, feature_layout, make_source
 from dlrm.data.multihot import MultiHotLayout
+from dlrm.data.source import batches_on, feature_layout, make_source
 from dlrm.data.synthetic import SyntheticSource, mix32_
 
 

@@ -9,9 +9,9 @@ import functools
 import pytest
 import torch
 
+from dlrm.common.errors import user_error_message
 from dlrm.distributed.topology import DeviceError, NoGPUForRankError, device_for, synchronizer
 from dlrm.distributed.world import World
-from dlrm.errors import user_error_message
 
 
 def test_a_gpu_topology_without_a_gpu_is_one_line_printed_once(make_config, monkeypatch):

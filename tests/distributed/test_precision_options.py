@@ -10,7 +10,7 @@ from torchrec.distributed.types import CommOp
 
 from dlrm.config import ConfigError, ShardingConfig, validate
 from dlrm.config.choices import Precision
-from dlrm.data.loader import make_source
+from dlrm.data.source import make_source
 from dlrm.distributed.capacity import PlanError
 from dlrm.distributed.sharding import plan_sharding, qcomms_registry, sharders
 from dlrm.distributed.topology import planner_topology

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dlrm.config.compose import compose
-from dlrm.data.loader import make_source
+from dlrm.data.source import make_source
 from dlrm.export import export, load_exported
 from tests.helpers.equivalence import STEPS, tiny
 from tests.helpers.families import PAIR, SINGLE, TWO_NODES

@@ -55,7 +55,7 @@ def record_sleeps(monkeypatch) -> list[float]:
 
 def predict_in_process(capsys, *args):
     """`python -m dlrm.predict ARGS` in-process: (exit status, stdout, stderr)."""
-    from dlrm.predict import main as predict_main  # torch and TorchRec: only for the tests that score
+    from dlrm.predict.cli import main as predict_main  # torch and TorchRec: only for the tests that score
 
     rc = predict_main([str(a) for a in args])
     out, err = capsys.readouterr()

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from dlrm.config.compose import compose
-from dlrm.data.loader import make_source
+from dlrm.data.source import make_source
 from dlrm.models.dlrm import build_model
 from tests.helpers.families import Overrides
 

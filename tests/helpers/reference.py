@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from dlrm.config import Config
-from dlrm.data.loader import make_source
+from dlrm.data.source import make_source
 from dlrm.models.dlrm import build_model, initialize
 
 

@@ -210,7 +210,7 @@ def ranges_ending_after_the_profiler_stops(steps: int) -> int:
     from torch.profiler import profile
 
     import dlrm.trainer.profiler as profiler
-    from dlrm.cadence import Every
+    from dlrm.common.cadence import Every
     from dlrm.config import TrainerConfig
     from dlrm.trainer.phases import STEP_RANGE
 

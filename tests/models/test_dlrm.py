@@ -9,7 +9,7 @@ from torchrec.models.dlrm import DLRM, InteractionArch
 from torchrec.sparse.jagged_tensor import KeyedTensor
 
 from dlrm.config import ScheduleConfig
-from dlrm.data.loader import make_source
+from dlrm.data.source import make_source
 from dlrm.models.dlrm import (
     DotInteraction,
     LookupFirstDLRM,

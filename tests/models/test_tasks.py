@@ -15,9 +15,9 @@ from torchrec.metrics.ne import compute_ne, get_ne_states
 from torchrec.models.dlrm import DLRMTrain
 
 from dlrm.config.compose import compose
-from dlrm.data.loader import make_source
+from dlrm.data.source import make_source
 from dlrm.models.dlrm import build_model, initialize
-from dlrm.predict import score
+from dlrm.predict.score import score
 from dlrm.trainer import console
 from dlrm.trainer.metrics import auc_and_logloss, evaluation_record, exact_auc, score_on_rank0, task_metrics
 from tests.helpers.reference import train_unsharded

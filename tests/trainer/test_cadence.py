@@ -2,7 +2,7 @@
 
 import pytest
 
-from dlrm.cadence import Every
+from dlrm.common.cadence import Every
 from dlrm.trainer.clock import RunTime, ThroughputWindow
 
 

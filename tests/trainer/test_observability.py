@@ -314,8 +314,8 @@ def test_setup_logging_per_rank(tmp_path, capsys):
     file-only records only in the file; another rank: warnings only, prefixed with its rank."""
     import logging
 
-    from dlrm.trainer.logs import setup_logging
-    from dlrm.trainer.metrics import FILE_ONLY
+    from dlrm.run.logs import setup_logging
+    from dlrm.trainer.progress import FILE_ONLY
 
     ours = logging.getLogger("dlrm.test")
     try:
@@ -349,7 +349,7 @@ def test_known_library_notices_are_dropped_and_others_kept(tmp_path, capsys, ran
     ignored) are not shown, on any rank; its other warnings are."""
     import logging
 
-    from dlrm.trainer.logs import setup_logging
+    from dlrm.run.logs import setup_logging
 
     try:
         setup_logging(rank, tmp_path if rank == 0 else None)
@@ -372,7 +372,7 @@ def test_known_library_notices_are_dropped_and_others_kept(tmp_path, capsys, ran
 
 def test_dense_lookup_without_autograd_kernel_still_gets_exact_gradients():
     """torch warns that fbgemm's CPU lookup of data-parallel tables has no autograd kernel and that this
-    "may lead to silently incorrect behavior"; dlrm.trainer.logs ignores that warning because the kernel
+    "may lead to silently incorrect behavior"; dlrm.run.logs ignores that warning because the kernel
     records its own backward. This checks it: forward and weight gradients equal nn.EmbeddingBag's.
     If fbgemm or torch changes so that the warning means what it says, this fails."""
     import warnings
@@ -380,7 +380,7 @@ def test_dense_lookup_without_autograd_kernel_still_gets_exact_gradients():
     import torch
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBatchedEmbeddingBagsCodegen
 
-    from dlrm.trainer.logs import DENSE_LOOKUP_WARNING
+    from dlrm.run.logs import DENSE_LOOKUP_WARNING
 
     torch.manual_seed(0)
     lookup = DenseTableBatchedEmbeddingBagsCodegen([(10, 4), (7, 8)], use_cpu=True)

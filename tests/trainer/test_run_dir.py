@@ -1,4 +1,4 @@
-"""dlrm.trainer.run_dir: a run's config.yaml is compared with a continuation's, key by key."""
+"""dlrm.run.records: a run's config.yaml is compared with a continuation's, key by key."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from dlrm.config import ConfigError
-from dlrm.trainer.run_dir import check_continuation, config_changes, record
+from dlrm.run.records import check_continuation, config_changes, record
 
 OLD = {"model": {"bottom_mlp": [16, 8]}, "optim": {"embedding": {"name": "adagrad", "lr": 0.1}}, "seed": 0}
 

@@ -13,10 +13,10 @@ import sys
 import time
 from collections.abc import Sequence
 
+from dlrm.common.errors import ArgumentParser, UserError
 from dlrm.data.criteo.format import KINDS, NUM_SPARSE, SPARSE_NAMES, day_paths
 from dlrm.data.criteo.preprocess import parse_table_sizes
 from dlrm.data.criteo.verify import load_manifest, verify_days
-from dlrm.errors import ArgumentParser, UserError
 
 
 def check(directory: str, table_sizes: Sequence[int] | None = None, checksums: bool = True) -> int:

@@ -12,10 +12,10 @@ from dataclasses import asdict
 
 import numpy as np
 
+from dlrm.common.io import sha256_file, write_json_atomic
 from dlrm.data.criteo.format import KINDS, NUM_DENSE, NUM_SPARSE, CriteoFormatError, ParseOptions, day_paths
 from dlrm.data.criteo.npy import concat_parts, shuffle_rows
 from dlrm.data.criteo.ranges import RangeResult, RangeTask
-from dlrm.io import sha256_file, write_json_atomic
 
 MANIFEST = "manifest.json"
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlrm.errors import UserError
+from dlrm.common.errors import UserError
 
 NUM_DENSE = 13
 NUM_SPARSE = 26

@@ -12,10 +12,10 @@ import time
 
 import numpy as np
 
+from dlrm.common.io import atomic_path, sha256_file, write_json_atomic
 from dlrm.data.criteo.days import MANIFEST, day_json
 from dlrm.data.criteo.format import NUM_SPARSE, SPARSE_NAMES, day_paths
 from dlrm.data.criteo.npy import NpyWriter
-from dlrm.io import atomic_path, sha256_file, write_json_atomic
 
 
 class IdCounter:

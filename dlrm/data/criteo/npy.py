@@ -15,7 +15,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from dlrm.io import sha256_file
+from dlrm.common.io import sha256_file
 
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:

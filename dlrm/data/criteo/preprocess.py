@@ -34,6 +34,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from dlrm.common.errors import ArgumentParser, UserError
+from dlrm.common.io import write_json_atomic
 from dlrm.data.criteo.days import (
     MANIFEST,
     day_json,
@@ -55,8 +57,6 @@ from dlrm.data.criteo.format import (
 )
 from dlrm.data.criteo.id_remap import remap_contiguous
 from dlrm.data.criteo.ranges import RangeResult, convert_range, set_progress_counter
-from dlrm.errors import ArgumentParser, UserError
-from dlrm.io import write_json_atomic
 
 FORMAT_VERSION = 1
 

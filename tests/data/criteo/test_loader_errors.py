@@ -15,9 +15,9 @@ import sys
 import numpy as np
 import pytest
 
+from dlrm.common.errors import UserError
 from dlrm.config import CriteoConfig
 from dlrm.data.criteo.loader import CriteoDataError, CriteoSource
-from dlrm.errors import UserError
 from tests.helpers.criteo import ROOT, SAMPLE
 from tests.helpers.criteo_data import (
     GBS,

@@ -278,7 +278,7 @@ def test_damaged_day_json_is_redone_not_a_traceback(out):
 
 # ------------------------------------------------------------------ the benchmark's files
 def test_bench_needs_a_sample(capsys, monkeypatch):
-    from dlrm.bench import preprocess as bench_preprocess
+    from dlrm.bench import criteo_preprocess as bench_preprocess
 
     monkeypatch.delenv("CRITEO_SAMPLE", raising=False)
     with pytest.raises(SystemExit) as e:
@@ -288,7 +288,7 @@ def test_bench_needs_a_sample(capsys, monkeypatch):
 
 
 def test_bench_uses_a_private_directory_and_removes_it(tmp_path, capsys):
-    from dlrm.bench import preprocess as bench_preprocess
+    from dlrm.bench import criteo_preprocess as bench_preprocess
 
     keep = tmp_path / "ours"  # a name the old benchmark would have rmtree'd under --dir
     keep.mkdir()

@@ -1,0 +1,31 @@
+"""The checkpoint section: where a run's checkpoints go, how often, how many are kept."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dlrm.config.checks import _require_count, _require_positive
+
+
+@dataclass
+class CheckpointConfig:
+    """Distributed checkpoints (dlrm.checkpoint)."""
+
+    dir: str | None = None
+    """Where checkpoints go (None: <run dir>/checkpoints)."""
+    every_steps: int = 0
+    """Save every this many steps; 0 = no periodic saves."""
+    at_end: bool = True
+    """Save when training ends."""
+    keep: int = 2
+    """Complete checkpoints kept (older ones that this invocation wrote are deleted: never an earlier
+    invocation's)."""
+    verify: bool = True
+    """Check every file's sha256 against the manifest before loading (false: sizes only)."""
+    on_signal: bool = False
+    """On SIGINT/SIGTERM (Ctrl-C, preemption) save a checkpoint at the step where the run stops (the
+    next log step, dlrm.trainer.stop) before exiting; false: stop without saving."""
+
+    def check(self, key: str = "checkpoint") -> None:
+        _require_count(f"{key}.every_steps", self.every_steps, "no periodic saves")
+        _require_positive(f"{key}.keep", self.keep)

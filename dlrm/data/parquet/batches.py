@@ -1,0 +1,367 @@
+"""Rows of the declared columns -> a `Batch`: dense [b, n_dense] float32, the sparse KeyedJaggedTensor
+(keys: the model's features in table order, values key-major), labels [b] or [b, T] float32.
+
+The one-id columns (kind id, unweighted), the dense and the label columns are read as blocks (a few
+reductions check each); a batch holding a bad value is made column by column, so the first bad value
+is named (file, column, row). Ids below 0 or >= the table's rows are refused or, with
+id_policy=modulo, folded into the table and counted (`folded_ids`). With
+data.parquet.multi_hot_sizes, every column holds one base id per sample, expanded as the Criteo
+source expands its files' (`dlrm.data.multihot`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dlrm.config import ParquetConfig, SparseColumnConfig
+from dlrm.config.choices import IdPolicy, SparseKind
+from dlrm.data.parquet.files import ParquetDataError, ParquetValueError, compute
+from dlrm.data.parquet.hashing import hash_strings
+
+if TYPE_CHECKING:  # torch and torchrec where batches are made: the checks start without them
+    from torchrec.datasets.utils import Batch
+
+    from dlrm.data.multihot import MultiHotLayout
+
+_INT32_MAX = 2**31 - 1
+
+
+def _list_size(arr: pa.Array) -> int:
+    """The number of values a list array's rows hold (between its first and last offsets)."""
+    return int(arr.offsets[-1].as_py() - arr.offsets[0].as_py())
+
+
+def _where(origin: list[tuple], row: int) -> str:
+    """'file F, row R' of a batch's row."""
+    k = max(i for i, (at, _, _) in enumerate(origin) if at <= row)
+    at, path, first = origin[k]
+    return f"{path}, row {first + row - at}"
+
+
+def _array(column: pa.ChunkedArray) -> pa.Array:
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def _runs(features: int, scalar: list[int]) -> list[tuple[int, int, int | None]]:
+    """The KJT's features in key order as (first, last, row): features [first, last) are rows [row,
+    row + last - first) of the one-id block (`scalar`: their indexes, ascending), or, with row None,
+    one feature (last = first + 1) read on its own."""
+    runs: list[tuple[int, int, int | None]] = []
+    row_of = {f: r for r, f in enumerate(scalar)}
+    for f in range(features):
+        if f not in row_of:
+            runs.append((f, f + 1, None))
+        elif runs and runs[-1][2] is not None and runs[-1][1] == f:
+            runs[-1] = (runs[-1][0], f + 1, runs[-1][2])
+        else:
+            runs.append((f, f + 1, row_of[f]))
+    return runs
+
+
+class BatchMaker:
+    """Makes and checks the batches of one data.parquet declaration for the model's features
+    (`feature_names`, in KJT key order; `table_rows`: the rows of each one's table)."""
+
+    def __init__(self, cfg: ParquetConfig, feature_names: Sequence[str], table_rows: Sequence[int]):
+        self.cfg = cfg
+        self.names, self.table_rows = list(feature_names), [int(r) for r in table_rows]
+        by_name = {s.name: (i, s) for i, s in enumerate(cfg.sparse)}
+        missing = [n for n in self.names if n not in by_name]
+        if missing:
+            raise ParquetDataError(f"data.parquet.sparse declares no column for feature(s) {missing}; add them")
+        self.specs: list[tuple[int, SparseColumnConfig]] = [by_name[n] for n in self.names]
+        columns: dict[str, tuple[str, str]] = {}
+        for i, c in enumerate(cfg.dense):
+            columns[c] = ("dense", f"data.parquet.dense[{i}]")
+        for i, s in self.specs:
+            columns[s.column or s.name] = (str(s.kind), f"data.parquet.sparse[{i}].column")
+            if s.weights:
+                list_kind = s.kind in (SparseKind.ids, SparseKind.strings)
+                columns[s.weights] = ("weights" if list_kind else "weight", f"data.parquet.sparse[{i}].weights")
+        for i, c in enumerate(cfg.labels):
+            columns[c] = ("label", f"data.parquet.labels[{i}]")
+        self.columns = columns  # {column: (kind, the config key that declares it)}
+        self.weighted = any(s.weights for _, s in self.specs)
+        self.id_dtype = np.int32 if max(self.table_rows) <= _INT32_MAX else np.int64
+        self.folded_ids = 0  # ids folded into their table by id_policy=modulo
+        scalar = [f for f, (_, s) in enumerate(self.specs) if s.kind == SparseKind.id and not s.weights]
+        self._scalar_columns = [self.specs[f][1].column or self.specs[f][1].name for f in scalar]
+        self._scalar_rows = np.asarray([self.table_rows[f] for f in scalar], np.int64)
+        self._other = {f for f in range(len(self.specs)) if f not in scalar}  # features read one by one
+        self._runs = _runs(len(self.specs), scalar)
+        self.multi_hot: list[list[int]] | None = None  # per feature, its offsets (data.parquet.multi_hot_sizes)
+        self._layouts: dict[int, MultiHotLayout] = {}  # per batch size
+        if cfg.multi_hot_sizes is not None:
+            sizes = [int(m) for m in cfg.multi_hot_sizes]
+            if len(sizes) != len(self.names) or min(sizes) < 1 or self._other:
+                raise ParquetDataError(
+                    f"data.parquet.multi_hot_sizes = {sizes}: give one size >= 1 per feature ({len(self.names)}), "
+                    "every feature kind: id without weights"
+                )
+            from dlrm.data.criteo.loader import multi_hot_offsets
+
+            self.multi_hot = [o.tolist() for o in multi_hot_offsets(sizes, self.table_rows)]
+
+    def make_batch(self, table: pa.Table, origin: list[tuple]) -> Batch:
+        """Rows of the declared columns -> Batch; checks the values (nulls, id range, 0/1 labels). The
+        dense and label columns and the one-id columns (kind id, unweighted) are read as blocks, checked
+        by a few reductions over each; on any bad value `make_batch_by_column` makes (or refuses) the
+        batch, naming the value as it always did. The same Batch as `make_batch_by_column` (with
+        data.parquet.multi_hot_sizes, its one id per sample and feature expanded: `_expanded`)."""
+        blocks = self._blocks(table)
+        if blocks is None:
+            batch = self.make_batch_by_column(table, origin)
+            if self.multi_hot is None:
+                return batch
+            b = table.num_rows
+            ids = batch.sparse_features.values().numpy().reshape(len(self.names), b)  # checked (or folded)
+            return self._expanded(batch.dense_features.numpy(), batch.labels.numpy().reshape(b, -1), ids)
+        dense, labels, scalar_ids = blocks
+        if self.multi_hot is not None:
+            return self._expanded(dense, labels, scalar_ids)
+        b, rows = table.num_rows, self.table_rows
+        if not self._other:  # every feature one id per sample: the block is the values, key-major
+            values = scalar_ids.reshape(-1).astype(self.id_dtype, copy=False)
+            per_key = [b] * len(self.specs)
+            weights = np.ones(len(values), np.float32) if self.weighted else None
+            return self._batch(dense, labels, values, np.ones(len(values), np.int32), weights, per_key)
+        hashed = self._hashed_strings(table)
+        features = {
+            f: self._feature(table, origin, i, s, rows[f], hashed.get(f))
+            for f, (i, s) in enumerate(self.specs)
+            if f in self._other
+        }
+        per_key = [len(features[f][1]) if f in features else b for f in range(len(self.specs))]
+        values = np.empty(sum(per_key), self.id_dtype)
+        lengths = np.ones(len(self.specs) * b, np.int32)
+        weights = np.ones(len(values), np.float32) if self.weighted else None
+        at = 0
+        for first, last, row in self._runs:  # features [first, last): block rows from `row`, or one other feature
+            if row is not None:
+                n = (last - first) * b
+                values[at : at + n] = scalar_ids[row : row + last - first].reshape(-1)
+            else:
+                length, ids, w = features[first]
+                n = len(ids)
+                values[at : at + n] = ids
+                lengths[first * b : last * b] = length
+                if w is not None and weights is not None:
+                    weights[at : at + n] = w
+            at += n
+        return self._batch(dense, labels, values, lengths, weights, per_key)
+
+    def _blocks(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(dense [b, n_dense] float32, labels [b, T] float32, ids [n one-id features, b] of the one-id
+        columns), each checked as a block; None if any holds a null (not dense), a label other than 0
+        and 1 or an id outside its table."""
+        b, columns = table.num_rows, dict(zip(table.column_names, table.columns, strict=True))
+        dense = np.empty((len(self.cfg.dense), b), np.float32)  # column by column, then one transpose
+        for k, c in enumerate(self.cfg.dense):
+            arr = _array(columns[c])
+            dense[k] = (pc.fill_null(arr, 0) if arr.null_count else arr).to_numpy(zero_copy_only=False)
+        labels = np.empty((b, len(self.cfg.labels)), np.float32)
+        for k, c in enumerate(self.cfg.labels):
+            arr = _array(columns[c])
+            if arr.null_count:
+                return None
+            labels[:, k] = arr.to_numpy(zero_copy_only=False)
+        if ((labels != 0) & (labels != 1)).any():
+            return None
+        arrays = [_array(columns[c]) for c in self._scalar_columns]
+        if any(a.null_count for a in arrays):
+            return None
+        columns = [a.to_numpy(zero_copy_only=False) for a in arrays]
+        dtype = np.result_type(*columns) if columns else np.dtype(np.int64)
+        if dtype.kind != "i":  # unsigned: compared as int64, as `make_batch_by_column` does
+            dtype = np.dtype(np.int64)
+        ids = np.empty((len(columns), b), dtype)
+        for k, column in enumerate(columns):
+            ids[k] = column
+        if ids.size and (ids.min() < 0 or (ids.max(axis=1) >= self._scalar_rows).any()):
+            return None
+        return np.ascontiguousarray(dense.T), labels, ids
+
+    def _expanded(self, dense: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> Batch:
+        """The Batch of base ids [F, b] (one per feature and sample, in range) expanded to
+        data.parquet.multi_hot_sizes ids each, as the Criteo source expands its files' ids."""
+        import torch
+        from torchrec.datasets.utils import Batch
+
+        assert self.multi_hot is not None
+        b = ids.shape[1]
+        if b not in self._layouts:
+            from dlrm.data.multihot import MultiHotLayout
+
+            self._layouts[b] = MultiHotLayout(self.names, self.table_rows, self.multi_hot, b, torch.device("cpu"))
+        layout = self._layouts[b]
+        return Batch(
+            dense_features=torch.from_numpy(dense),
+            sparse_features=layout.kjt_of_values(layout.expand_host(ids.T)),
+            labels=torch.from_numpy(labels[:, 0].copy() if labels.shape[1] == 1 else labels),
+        )
+
+    def _batch(
+        self,
+        dense: np.ndarray,
+        labels: np.ndarray,
+        values: np.ndarray,
+        lengths: np.ndarray,
+        weights: np.ndarray | None,
+        per_key: list[int],
+    ) -> Batch:
+        import torch
+        from torchrec.datasets.utils import Batch
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+        sparse = KeyedJaggedTensor(
+            keys=self.names,
+            values=torch.from_numpy(values),
+            lengths=torch.from_numpy(lengths),
+            weights=torch.from_numpy(weights) if weights is not None else None,
+            stride=len(dense),
+            length_per_key=per_key,
+        )
+        return Batch(
+            dense_features=torch.from_numpy(dense),
+            sparse_features=sparse,
+            labels=torch.from_numpy(labels[:, 0].copy() if labels.shape[1] == 1 else labels),
+        )
+
+    def make_batch_by_column(self, table: pa.Table, origin: list[tuple]) -> Batch:
+        """`make_batch` column by column: each value checked where it is read, the first bad one named
+        (file, column, row) in a `ParquetValueError`; ids out of range folded under id_policy=modulo."""
+        b = table.num_rows
+        dense = np.empty((b, len(self.cfg.dense)), np.float32)
+        for k, c in enumerate(self.cfg.dense):
+            dense[:, k] = pc.fill_null(_array(table.column(c)), 0).to_numpy(zero_copy_only=False)
+        labels = np.empty((b, len(self.cfg.labels)), np.float32)
+        for k, c in enumerate(self.cfg.labels):
+            arr = _array(table.column(c))
+            if arr.null_count:
+                row = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+                raise ParquetValueError(f"label column {c!r} is null at {_where(origin, row)}; labels must be 0 or 1")
+            values = arr.cast(pa.float32()).to_numpy(zero_copy_only=False)
+            bad = np.flatnonzero((values != 0) & (values != 1))
+            if bad.size:
+                raise ParquetValueError(
+                    f"label column {c!r} holds {values[bad[0]]:g} at {_where(origin, int(bad[0]))}; labels must be "
+                    "0 or 1"
+                )
+            labels[:, k] = values
+        lengths, values_, weights = [], [], []
+        for (i, spec), rows in zip(self.specs, self.table_rows, strict=True):
+            length, ids, w = self._feature(table, origin, i, spec, rows)
+            lengths.append(length)
+            values_.append(ids)
+            if self.weighted:
+                weights.append(w if w is not None else np.ones(len(ids), np.float32))
+        return self._batch(
+            dense,
+            labels,
+            np.concatenate(values_).astype(self.id_dtype, copy=False),
+            np.concatenate(lengths).astype(np.int32),
+            np.concatenate(weights) if self.weighted else None,
+            [len(v) for v in values_],
+        )
+
+    def _hashed_strings(self, table: pa.Table) -> dict[int, np.ndarray]:
+        """{feature: hash_strings of its strings}, for the string features without a null string or list
+        (the others are hashed, or refused, by `_feature`): one `hash_strings` call for all of them,
+        whose passes over the byte positions then cost the same for 26 columns as for one."""
+        flats: dict[int, pa.Array] = {}
+        for f, (_, s) in enumerate(self.specs):
+            if s.kind not in (SparseKind.string, SparseKind.strings):
+                continue
+            arr = _array(table.column(s.column or s.name))
+            if arr.null_count:
+                continue
+            flat = arr if s.kind == SparseKind.string else arr.values.slice(arr.offsets[0].as_py(), _list_size(arr))
+            if not flat.null_count:
+                flats[f] = flat.cast(pa.large_string())
+        if not flats:
+            return {}
+        hashes = hash_strings(pa.concat_arrays(list(flats.values())))
+        ends = np.cumsum([len(a) for a in flats.values()])
+        return dict(zip(flats, np.split(hashes, ends[:-1]), strict=True))
+
+    # long: one sparse feature of every kind (id, ids, string, strings, weights) in one place
+    def _feature(
+        self,
+        table: pa.Table,
+        origin: list[tuple],
+        i: int,
+        spec: SparseColumnConfig,
+        rows: int,
+        hashed: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """One feature's (lengths [b], ids [n] in [0, rows) (an integer dtype), weights [n] float32 or None);
+        `hashed`: its strings' hashes, made already (`_hashed_strings`)."""
+        column = spec.column or spec.name
+        arr = _array(table.column(column))
+        is_list = spec.kind in (SparseKind.ids, SparseKind.strings)
+        if arr.null_count:
+            row = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
+            raise ParquetValueError(
+                f"column {column!r} (data.parquet.sparse[{i}]) is null at {_where(origin, row)}; "
+                + ("write an empty list for no ids" if is_list else "give every row an id (or use kind: ids)")
+            )
+        if is_list:  # no null lists: the ids are the values between the first and last offsets
+            offsets = arr.offsets.to_numpy()
+            lengths = np.diff(offsets)
+            flat = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+        else:
+            lengths, flat = np.ones(len(arr), np.int64), arr
+
+        def row_of(j: int) -> int:  # the row of the j-th id: for messages only (a cumsum per call)
+            return int(np.searchsorted(np.cumsum(lengths), j, side="right"))
+
+        if flat.null_count:
+            j = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
+            raise ParquetValueError(
+                f"column {column!r} (data.parquet.sparse[{i}]) holds a null id at {_where(origin, row_of(j))}; "
+                "remove it"
+            )
+        if spec.kind in (SparseKind.string, SparseKind.strings):
+            ids = (hash_strings(flat) if hashed is None else hashed) % rows
+        else:
+            ids = flat.to_numpy(zero_copy_only=False)  # signed integers checked as they are, no copy
+            if ids.dtype.kind != "i":
+                ids = ids.astype(np.int64)
+            if ids.size and (ids.min() < 0 or ids.max() >= rows):  # two reductions, no mask on the good path
+                bad = (ids < 0) | (ids >= rows)
+                if self.cfg.id_policy == IdPolicy.refuse:
+                    j = int(np.flatnonzero(bad)[0])
+                    raise ParquetValueError(
+                        f"column {column!r} (data.parquet.sparse[{i}]) holds id {ids[j]} at "
+                        f"{_where(origin, row_of(j))}, "
+                        f"outside its table's [0, {rows}); enlarge the table, remap the ids, or set "
+                        "data.parquet.id_policy=modulo"
+                    )
+                self.folded_ids += int(bad.sum())
+                ids = np.mod(ids.astype(np.int64, copy=False), rows)
+        weights = None
+        if spec.weights:
+            warr = _array(table.column(spec.weights))
+            wflat = warr.flatten() if is_list else warr
+            if warr.null_count or wflat.null_count:
+                raise ParquetValueError(
+                    f"weights column {spec.weights!r} (data.parquet.sparse[{i}].weights) holds nulls; give every "
+                    "id a weight"
+                )
+            if is_list:
+                wlengths = compute("list_value_length", warr).to_numpy(zero_copy_only=False)
+                bad_rows = np.flatnonzero(wlengths != lengths)
+                if bad_rows.size:
+                    r = int(bad_rows[0])
+                    raise ParquetValueError(
+                        f"weights column {spec.weights!r} has {wlengths[r]} weights but {column!r} has {lengths[r]} "
+                        "ids "
+                        f"at {_where(origin, r)}; give one weight per id"
+                    )
+            weights = wflat.cast(pa.float32()).to_numpy(zero_copy_only=False)
+        return lengths, ids, weights

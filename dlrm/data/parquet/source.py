@@ -1,0 +1,196 @@
+# long file: the Parquet source is one concept: both splits opened and checked, then rows in order
+"""A team's own Parquet data as batches (`data.source=parquet`, `data.parquet`): declared dense, sparse
+and label columns, the same global batches on any world size.
+
+The files of a split (sorted by path) are a sequence of row groups; each epoch of the train split
+orders its row groups by a permutation seeded by (seed, epoch) (`data.parquet.shuffle`; rows inside a
+row group keep their order), eval reads them in file order, one pass. Global batch k is rows
+[k * B, (k + 1) * B) of that sequence (the last partial batch is dropped); rank r of W takes rows
+[k * B + r * b, k * B + (r + 1) * b), b = B / W. `batches(..., start_step=k)` starts at batch k exactly.
+
+A rank reads (`ParquetFile.read_row_group`, only the declared columns, local files memory-mapped)
+just the row groups that overlap its slices, and keeps the last few decoded, so read amplification
+is small when row groups hold about b rows or fewer: with G rows per row group a rank decodes at
+most b + G rows per step for the b it uses ((b + G) / b), and about once each over consecutive
+steps. With G much larger than B every rank decodes every row group (amplification W): write row
+groups of about B / W rows or less (`python -m dlrm.data.convert --row-group-size`).
+
+Sparse columns (`data.parquet.sparse[*].kind`): id (an integer column), ids (list<integer>: any
+number per sample, empty allowed), string and strings (string / list<string>, hashed:
+`hash_strings`). The KeyedJaggedTensor's keys are the model's features in table order, its values
+key-major, built from Arrow's offsets and values with numpy; the one-id columns (kind id,
+unweighted), the dense and the label columns as blocks (`make_batch`), column by column where a
+batch holds a bad value. Ids below 0 or >= the table's rows are refused (one line naming column,
+file and row) or, with id_policy=modulo, folded into the table and counted (`folded_ids`). With
+data.parquet.multi_hot_sizes, every column holds one base id per sample, expanded as the Criteo
+source expands its files' (`dlrm.data.multihot`, `multi_hot_offsets`).
+
+Checks: the schemas of every file from Parquet metadata at start-up (missing column, wrong type, a
+list where a scalar is declared or the reverse, schemas differing between files, an empty or
+unreadable file); then, from the row groups' statistics in the same metadata, nulls, ids out of
+range and labels below 0 or above 1 in one-id and label columns (a row group the statistics flag is
+read to name the row); each batch's values as it is read (all of these, in list columns too, and
+labels other than 0 and 1, also in files written without statistics). Each failure is a
+`ParquetDataError`: one line, exit 2. Files are untrusted: reading Parquet runs no code from them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dlrm.config import ParquetConfig
+from dlrm.config.choices import IdPolicy, SparseKind
+from dlrm.data.parquet.batches import BatchMaker
+from dlrm.data.parquet.files import ParquetDataError
+from dlrm.data.parquet.reader import RowGroupReader, Split
+from dlrm.data.parquet.schema import Dataset
+from dlrm.data.prefetch import Prefetcher
+
+if TYPE_CHECKING:
+    from torchrec.datasets.utils import Batch
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "eval")
+
+
+class ParquetSource:
+    """Batches of a team's Parquet files for one rank: `Batch(dense [b, n_dense] f32, sparse KJT with
+    real lengths (and weights when declared), labels [b] f32, or [b, T] with T label columns)`.
+
+    feature_names: the model's sparse features in KJT key order; table_rows: the rows of each one's
+    table. Example: `ParquetSource(cfg.data.parquet, names, rows, 2048, seed=0).batches("train", rank, world)`.
+    """
+
+    # long: opens both splits and checks their schemas before any batch is read
+    def __init__(
+        self,
+        cfg: ParquetConfig,
+        feature_names: Sequence[str],
+        table_rows: Sequence[int],
+        global_batch_size: int,
+        seed: int,
+    ):
+        if not cfg.path:
+            raise ParquetDataError("data.parquet.path is not set: point it at your Parquet files")
+        self.cfg, self.seed, self.global_batch_size = cfg, int(seed), int(global_batch_size)
+        self.names, self.table_rows = list(feature_names), [int(r) for r in table_rows]
+        self.maker = BatchMaker(cfg, self.names, self.table_rows)
+        self.columns = list(self.maker.columns)
+        train = Dataset(cfg.path, "data.parquet.path", self.maker.columns)
+        groups = list(range(len(train.row_groups)))
+        if cfg.eval_path:
+            evals = Dataset(cfg.eval_path, "data.parquet.eval_path", self.maker.columns)
+            for column, t in evals.types.items():
+                if train.types[column] != t:
+                    raise ParquetDataError(
+                        f"column {column!r} is {train.types[column]} in {train.paths[0]} but {t} in "
+                        f"{evals.paths[0]} (data.parquet.eval_path): the files' schemas differ; rewrite them with one "
+                        "schema"
+                    )
+            self.splits = {"train": Split(train, groups), "eval": Split(evals, list(range(len(evals.row_groups))))}
+        else:
+            held = max(1, round(len(groups) * cfg.eval_fraction)) if cfg.eval_fraction > 0 else 0
+            if held >= len(groups):
+                raise ParquetDataError(
+                    f"data.parquet.eval_fraction = {cfg.eval_fraction} holds out all {len(groups)} row group(s) of "
+                    f"{cfg.path}; lower it, give data.parquet.eval_path, or write smaller row groups"
+                )
+            cut = len(groups) - held
+            self.splits = {"train": Split(train, groups[:cut]), "eval": Split(train, groups[cut:])}
+        if self.splits["train"].rows < self.global_batch_size:
+            raise ParquetDataError(
+                f"the train split of {cfg.path} has {self.splits['train'].rows} rows, less than one global batch "
+                f"of {self.global_batch_size}; lower data.global_batch_size or add rows"
+            )
+
+        for dataset in {id(d.dataset): d.dataset for d in self.splits.values()}.values():
+            self._check_statistics(dataset)
+
+    def _check_statistics(self, dataset: Dataset) -> None:
+        """Read (and check as a batch, `make_batch`) each row group whose Parquet statistics show nulls,
+        ids outside [0, rows) (id_policy=refuse) or labels outside [0, 1] in a one-id or label column."""
+        bounds = {c: (0, 1) for c in self.cfg.labels}
+        if self.cfg.id_policy == IdPolicy.refuse:
+            bounds |= {
+                s.column or s.name: (0, r - 1) for (_, s), r in zip(self.maker.specs, self.table_rows, strict=True)
+            }
+        checked = {s.column or s.name for _, s in self.maker.specs if s.kind == SparseKind.id} | set(self.cfg.labels)
+        reader = RowGroupReader(dataset, self.columns)
+        for g, rg in enumerate(dataset.row_groups):
+            meta = dataset.metadata[rg.file].row_group(rg.index)
+            for j in range(meta.num_columns):
+                chunk = meta.column(j)
+                stats = chunk.statistics
+                if chunk.path_in_schema not in checked or stats is None:
+                    continue
+                lo, hi = bounds.get(chunk.path_in_schema, (None, None))
+                nulls = stats.has_null_count and stats.null_count > 0
+                outside = stats.has_min_max and lo is not None and (stats.min < lo or stats.max > hi)
+                if nulls or outside:
+                    self.make_batch(reader.group(g), [(0, dataset.paths[rg.file], rg.first_row)])  # names the row
+
+    def num_batches(self, split: str) -> int:
+        """Global batches per epoch of `split` (train or eval); the last partial batch is dropped."""
+        if split not in SPLITS:
+            raise ValueError(f"split {split!r}: use one of {SPLITS}")
+        return self.splits[split].rows // self.global_batch_size
+
+    def group_order(self, split: str, epoch: int) -> list[int]:
+        """The split's row groups in the order of `epoch`: seeded by (seed, epoch) for shuffled train."""
+        groups = self.splits[split].groups
+        if split == "train" and self.cfg.shuffle:
+            return [groups[i] for i in np.random.default_rng([self.seed, epoch]).permutation(len(groups))]
+        return list(groups)
+
+    def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Prefetcher[Batch]:
+        """This rank's slices of global batches start_step, start_step + 1, ... (train: endless; eval: one
+        pass), made on a background thread."""
+        self.num_batches(split)  # checks the split's name
+        if self.global_batch_size % world_size or not 0 <= rank < world_size:
+            raise ValueError(
+                f"rank {rank} of world size {world_size}: data.global_batch_size={self.global_batch_size} "
+                f"must be divisible by the world size, and 0 <= rank < world size"
+            )
+        return Prefetcher(self._produce(split, rank, world_size, start_step), max(1, self.cfg.prefetch_batches))
+
+    def rows_in_order(self, batch_size: int, max_rows: int | None = None) -> Iterator[Batch]:
+        """Every row of the train split (or its first `max_rows`) in file order, `batch_size` at a time,
+        the last batch partial; checked as training's batches are (the scorer's read: dlrm.predict)."""
+        split = self.splits["train"]
+        n = split.rows if max_rows is None else min(max_rows, split.rows)
+        reader = RowGroupReader(split.dataset, self.columns)
+        starts = np.concatenate([[0], np.cumsum([split.dataset.row_groups[g].rows for g in split.groups])])
+        for start in range(0, n, batch_size):
+            yield self.make_batch(*reader.read(split.groups, starts, start, min(batch_size, n - start)))
+
+    # long: one global batch per pass: its row groups, the slice, the checks, the KJT
+    def _produce(self, split: str, rank: int, world_size: int, start_step: int) -> Iterator[Batch]:
+        n = self.num_batches(split)
+        if n == 0:
+            return
+        b = self.global_batch_size // world_size
+        reader = RowGroupReader(self.splits[split].dataset, self.columns)
+        step, epoch = start_step, -1
+        order, starts = [], np.zeros(1, np.int64)
+        while split == "train" or step < n:
+            e, j = divmod(step, n)
+            if e != epoch:
+                epoch, order = e, self.group_order(split, e)
+                rows = [self.splits[split].dataset.row_groups[g].rows for g in order]
+                starts = np.concatenate([[0], np.cumsum(rows)])
+            yield self.make_batch(*reader.read(order, starts, j * self.global_batch_size + rank * b, b))
+            step += 1
+
+    def make_batch(self, table, origin: list[tuple]) -> Batch:
+        """`BatchMaker.make_batch` of this source's declaration."""
+        return self.maker.make_batch(table, origin)
+
+    @property
+    def folded_ids(self) -> int:
+        """Ids folded into their table by id_policy=modulo so far."""
+        return self.maker.folded_ids

@@ -1,0 +1,83 @@
+"""The interface of batch sources (`BatchSource`), and the one `data.source` names (`make_source`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol
+
+from dlrm.config import Config
+
+if TYPE_CHECKING:
+    import torch
+    from torchrec.datasets.utils import Batch
+
+
+class BatchSource(Protocol):
+    """Where training and evaluation batches come from, the same global batches on any world size.
+
+    Global batch k of a split is fixed by the config and the seed; rank r of W takes samples
+    [r * B / W, (r + 1) * B / W) of it (B = data.global_batch_size).
+    """
+
+    def num_batches(self, split: str) -> int | None:
+        """Global batches in `split` ("train" or "eval"); None: endless."""
+        ...
+
+    def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Iterator[Batch]:
+        """This rank's slice of global batches start_step, start_step + 1, ... of `split`: each a
+        Batch of dense [B / W, n_dense] float, sparse KeyedJaggedTensor, labels [B / W] (or
+        [B / W, T] from a Parquet source with T label columns)."""
+        ...
+
+
+def feature_layout(cfg: Config) -> tuple[list[str], list[int], list[int]]:
+    """(feature names in KJT key order, rows of each feature's table, ids per sample of each feature:
+    the whole number the synthetic and multi-hot sources draw)."""
+    names, rows, pooling = [], [], []
+    for t in cfg.model.tables:
+        for f in t.features:
+            names.append(f)
+            rows.append(t.rows)
+            pooling.append(int(t.pooling))
+    return names, rows, pooling
+
+
+def batches_on(source: BatchSource, device: torch.device) -> bool:
+    """Whether `source` makes its batches on `device` already (a source may say where it makes them
+    in a `device` attribute; without one, its batches are in host memory)."""
+    import torch
+
+    made = getattr(source, "device", None)
+    return made is not None and torch.device(made) == device
+
+
+def make_source(cfg: Config, device: torch.device | None = None) -> BatchSource:
+    """The batch source for this config (synthetic, preprocessed Criteo or Parquet files). Synthetic batches are
+    made on `device` (the training device; None: the host) unless data.synthetic.on_device=false;
+    Criteo's multi-hot ids are expanded on `device` when it is a GPU (`dlrm.data.multihot.BaseIdBatch`)."""
+    names, rows, pooling = feature_layout(cfg)
+    if cfg.data.source == "criteo":
+        from dlrm.data.criteo.loader import CriteoSource
+
+        on_gpu = device is not None and device.type == "cuda"  # multi-hot ids expand there
+        return CriteoSource(
+            cfg.data.criteo, names, rows, cfg.data.global_batch_size, cfg.seed, device if on_gpu else None
+        )
+    if cfg.data.source == "parquet":
+        from dlrm.data.parquet.source import ParquetSource
+
+        return ParquetSource(cfg.data.parquet, names, rows, cfg.data.global_batch_size, cfg.seed)
+    from dlrm.data.synthetic import SyntheticSource
+
+    return SyntheticSource(
+        cfg.data.synthetic,
+        feature_names=names,
+        table_rows=rows,
+        pooling=pooling,
+        dense_features=cfg.model.dense_in_features,
+        global_batch_size=cfg.data.global_batch_size,
+        seed=cfg.seed,
+        eval_batches=cfg.data.eval_batches,
+        device=device if cfg.data.synthetic.on_device else None,
+        tasks=len(cfg.model.tasks),
+    )

@@ -1,0 +1,5 @@
+import sys
+
+from dlrm.predict.cli import main
+
+sys.exit(main())

@@ -1,0 +1,136 @@
+"""Starting a run: where it writes (the run directory, placed the same for every rank), whether it
+may write there (output places, locks, a fresh start or a continuation of the run found there), and
+its records (config.yaml, continuations.jsonl: dlrm.run.records)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from dlrm.common.io import output_dir_problem
+from dlrm.config import Config, ConfigError
+from dlrm.distributed.world import World
+from dlrm.run.records import (
+    check_continuation,
+    check_fresh_start,
+    check_resume_point,
+    finished_at,
+    lock_checkpoint_dir,
+    lock_run_dir,
+    planned_steps,
+    record,
+)
+
+
+def check_output_places(cfg: Config, run_dir: str | None) -> None:
+    """Where the run will write, checked before anything starts: hydra.run.dir and checkpoint.dir must
+    be directories this process can create or write; trainer.resume=auto needs a run that another
+    invocation can find again (run.name, hydra.run.dir or checkpoint.dir), not a new timestamped one."""
+    if cfg.trainer.resume == "auto" and not (cfg.run.name or run_dir or cfg.checkpoint.dir):
+        raise ConfigError(
+            "trainer.resume=auto continues a run from its own checkpoints, but without run.name (or "
+            "hydra.run.dir / checkpoint.dir) every invocation starts in a new timestamped directory and "
+            "would never find one: name the run, e.g. run.name=my_run trainer.resume=auto"
+        )
+    named = f"outputs/{cfg.run.name}" if cfg.run.name and run_dir is None else None
+    for key, value in (("hydra.run.dir", run_dir), ("run.name", named), ("checkpoint.dir", cfg.checkpoint.dir)):
+        problem = None if value is None else output_dir_problem(value, key)
+        if problem:
+            raise ConfigError(problem)
+
+
+def placement(world: World, name: str | None, run_dir: str | None) -> dict[str, str | None]:
+    """The Hydra settings that place this rank's run: the directory all ranks share (a named run's, or
+    one agreed under torchrun) unless hydra.run.dir was given; Hydra's records on rank 0 only."""
+    placed: dict[str, str | None] = {}
+    if run_dir is None and name:  # a named run: the same directory for every rank and every invocation
+        placed["hydra.run.dir"] = f"outputs/{name}"
+    elif run_dir is None and world.world_size > 1:
+        placed["hydra.run.dir"] = _shared_run_dir()
+    if not world.is_main:
+        placed["hydra.output_subdir"] = None
+    return placed
+
+
+def _shared_run_dir() -> str:
+    """One run directory for all ranks of a torchrun job, agreed through torchrun's own store.
+
+    The first rank to ask proposes outputs/<timestamp>; every rank reads back the same value.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        raise SystemExit(
+            "error: several ranks but no torchrun store to agree on a run directory; "
+            "pass hydra.run.dir=DIR (the same on every rank)"
+        )
+    import torch.distributed as dist
+
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=60)
+    )
+    key = f"dlrm/run_dir/{os.environ.get('TORCHELASTIC_RUN_ID', '')}"
+    proposal = time.strftime("outputs/%Y-%m-%d_%H-%M-%S")
+    return store.compare_set(key, "", proposal).decode()
+
+
+def take_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, overrides: list[str]) -> list[int]:
+    """Own the run directory and checkpoint.dir (rank 0 locks them: the locks' descriptors, to close when
+    the run is over), refuse to start over another run's outputs, then write the run's config.yaml, or,
+    continuing a run with a checkpoint, compare with it (see dlrm.run.records)."""
+    tr = cfg.trainer
+    locks = []
+    if is_main:
+        locks.append(lock_run_dir(run_dir))
+        own = Path(cfg.checkpoint.dir).absolute() if cfg.checkpoint.dir else None
+        if own is not None and own != run_dir.absolute() and not tr.eval_only:  # another run may share it
+            locks.append(lock_checkpoint_dir(own))
+    try:
+        _check_and_record(cfg, dcfg, run_dir, is_main, overrides)
+    except BaseException:  # a refusal or a finished run (SystemExit): nothing is held
+        for fd in locks:
+            os.close(fd)
+        raise
+    return locks
+
+
+def _check_and_record(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, overrides: list[str]) -> None:
+    """`take_run`'s checks and records, once the places are locked."""
+    from dlrm.checkpoint import complete_checkpoints, read_manifest  # torch: only once the config is valid
+
+    tr = cfg.trainer
+    config = OmegaConf.to_container(dcfg, resolve=True, enum_to_str=True)
+    assert isinstance(config, dict)
+    checkpoints = complete_checkpoints(Path(cfg.checkpoint.dir or run_dir / "checkpoints"))
+    check_fresh_start(run_dir, checkpoints, tr.resume, look_at_config=is_main)
+    if tr.resume and not tr.eval_only:
+        check_resume_point(checkpoints, tr.resume, tr.max_steps)
+        done = finished_at(
+            checkpoints, tr.resume, planned_steps(tr.max_steps, tr.max_samples, cfg.data.global_batch_size)
+        )
+        if done is not None:  # a continuation with nothing to train: the run's records stay as they are
+            if is_main:
+                kept = _kept(cfg, run_dir, checkpoints[-1])
+                print(f"already finished at step {done} ({checkpoints[-1]}); nothing to train, {kept}")
+            sys.exit(0)
+    continuing = bool(checkpoints) and bool(tr.resume)
+    changes = check_continuation(run_dir, config, read_manifest(checkpoints[-1])) if continuing else {}
+    if is_main:
+        record(run_dir, config, continuing, overrides, changes)
+
+
+def _kept(cfg: Config, run_dir: Path, checkpoint: Path) -> str:
+    """What a finished run's re-run did to its records: nothing, or rebuild a summary.json gone missing."""
+    from dlrm.distributed.topology import backend_for
+    from dlrm.run.rebuild import rebuild_summary
+
+    hint = "raise trainer.max_steps to train on, or evaluate it with trainer.eval_only=true"
+    if (run_dir / "summary.json").exists() or not (run_dir / "config.yaml").exists():  # kept, or not this run's
+        return f"nothing changed: {hint}"
+    sources = rebuild_summary(
+        run_dir, checkpoint, backend_for(cfg.topology), cfg.topology.name, cfg.data.global_batch_size
+    )
+    return f"summary.json was missing: rebuilt from {sources}; nothing else changed: {hint}"
