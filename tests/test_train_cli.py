@@ -137,7 +137,7 @@ def test_bad_command_line_is_one_error_line(monkeypatch, capsys, case):
 def test_named_run_directory_is_the_name_hydra_reads(monkeypatch, capsys, args, run_dir):
     """A named run's directory comes from the value Hydra composes (quotes, repeats, ++)."""
     seen = []
-    monkeypatch.setattr(train, "_run_job", lambda composed, cfg, world: seen.append(composed.hydra.run.dir))
+    monkeypatch.setattr(train, "start", lambda composed, cfg, world: seen.append(composed.hydra.run.dir))
     monkeypatch.setattr(sys, "argv", ["dlrm.train", *args])
     for name in TORCHRUN_VARS:
         monkeypatch.delenv(name, raising=False)
@@ -148,7 +148,7 @@ def test_named_run_directory_is_the_name_hydra_reads(monkeypatch, capsys, args, 
 def test_cfg_prints_the_config_the_run_would_use(monkeypatch, capsys):
     """--cfg job|hydra prints the config composed and placed as a run would be (a named run's directory
     included), the overrides before or after the flags, and trains nothing."""
-    monkeypatch.setattr(train, "_run_job", lambda *a: pytest.fail("--cfg must not run the job"))
+    monkeypatch.setattr(train, "start", lambda *a: pytest.fail("--cfg must not run the job"))
     for name in TORCHRUN_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(sys, "argv", ["dlrm.train", "run.name=n", "--cfg", "hydra", "--resolve", "model=tiny"])
@@ -183,7 +183,7 @@ def test_config_dir_adds_groups_and_is_checked_like_conf(monkeypatch, capsys, tm
     assert_one_error(code, out, err, "'trainer.max_steps' = -1")
     assert not run_dir.exists()  # refused before Hydra made a run directory
     seen = []
-    monkeypatch.setattr(train, "_run_job", lambda composed, cfg, world: seen.append(cfg.model.bottom_mlp))
+    monkeypatch.setattr(train, "start", lambda composed, cfg, world: seen.append(cfg.model.bottom_mlp))
     monkeypatch.setattr(sys, "argv", ["dlrm.train", "model=mine", "-cd", str(conf), f"hydra.run.dir={run_dir}"])
     train.main()
     assert seen == [[32, 8]]

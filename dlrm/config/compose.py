@@ -24,6 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from dlrm.common.errors import UsageError
 from dlrm.config import Config, ConfigError, register_configs, to_config
+from dlrm.config.hydra_internals import args_parser, prepend_config_dir
 
 
 def _conf_dir() -> Path:
@@ -170,24 +171,6 @@ def compose(overrides: Sequence[str]) -> Config:
         return to_config(compose_job(overrides, with_hydra=False))
 
 
-def _prepend_config_dir(directory: Path) -> None:
-    """Put `directory` first in the session's config search path, as Hydra's `--config-dir` does (its
-    `_run_hydra`: provider "command-line", before the schema), so it may hold the primary config too
-    (`-cn`), which a `hydra.searchpath` entry cannot. Hydra has no public API for a second directory:
-    its private `Hydra.create_main_hydra2` re-initializes the session (`hydra_session` restores the
-    previous one); tests/test_train_cli.py catches a change."""
-    import copy
-
-    from hydra._internal.hydra import Hydra
-    from hydra.core.config_search_path import SearchPathQuery
-    from hydra.core.global_hydra import GlobalHydra
-
-    search_path = copy.deepcopy(GlobalHydra.instance().config_loader().get_search_path())
-    search_path.prepend(provider="command-line", path=f"file://{directory}", anchor=SearchPathQuery(provider="schema"))
-    GlobalHydra.instance().clear()
-    Hydra.create_main_hydra2(task_name="train", config_search_path=search_path)
-
-
 @contextmanager
 def hydra_session() -> Iterator[None]:
     """Hydra initialized on conf/ for the block, as `@hydra.main` of dlrm/train.py initializes it."""
@@ -218,7 +201,7 @@ def compose_job(
     if config_dir is not None:
         if override_value(overrides, "hydra.searchpath") is not None:
             raise ConfigError("give either -cd/--config-dir or hydra.searchpath, not both: -cd DIR adds DIR")
-        _prepend_config_dir(dirs[-1])
+        prepend_config_dir(dirs[-1])
     register_configs()
     try:
         composed = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=with_hydra)
@@ -240,9 +223,7 @@ def task_part(composed: DictConfig) -> DictConfig:
 def command_line(argv: list[str]) -> Namespace:
     """The command line as Hydra's `@main` reads it (Hydra's own parser; overrides and flags in any
     order); a bad flag or a flag dlrm.train does not take is a UsageError."""
-    from hydra._internal.utils import get_args_parser  # Hydra's parser: private, tested in test_cli_errors
-
-    parser = get_args_parser()
+    parser = args_parser()
 
     def refuse(message: str) -> NoReturn:
         raise UsageError(f"{message.strip()} (see python -m dlrm.train --help)")

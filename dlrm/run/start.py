@@ -5,8 +5,9 @@ its records (config.yaml, continuations.jsonl: dlrm.run.records)."""
 from __future__ import annotations
 
 import os
-import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
@@ -63,8 +64,8 @@ def _shared_run_dir() -> str:
     The first rank to ask proposes outputs/<timestamp>; every rank reads back the same value.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        raise SystemExit(
-            "error: several ranks but no torchrun store to agree on a run directory; "
+        raise ConfigError(
+            "several ranks but no torchrun store to agree on a run directory; "
             "pass hydra.run.dir=DIR (the same on every rank)"
         )
     import torch.distributed as dist
@@ -77,28 +78,28 @@ def _shared_run_dir() -> str:
     return store.compare_set(key, "", proposal).decode()
 
 
-def take_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, overrides: list[str]) -> list[int]:
-    """Own the run directory and checkpoint.dir (rank 0 locks them: the locks' descriptors, to close when
-    the run is over), refuse to start over another run's outputs, then write the run's config.yaml, or,
-    continuing a run with a checkpoint, compare with it (see dlrm.run.records)."""
+@contextmanager
+def taken_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, overrides: list[str]) -> Iterator[bool]:
+    """Own the run directory and checkpoint.dir for the block (rank 0 locks them), refuse to start over
+    another run's outputs, then write the run's config.yaml, or, continuing a run with a checkpoint,
+    compare with it (dlrm.run.records). Yields False when the run is already finished (nothing to
+    train: its records stay as they are, a line says so), else True."""
     tr = cfg.trainer
     locks = []
-    if is_main:
-        locks.append(lock_run_dir(run_dir))
-        own = Path(cfg.checkpoint.dir).absolute() if cfg.checkpoint.dir else None
-        if own is not None and own != run_dir.absolute() and not tr.eval_only:  # another run may share it
-            locks.append(lock_checkpoint_dir(own))
     try:
-        _check_and_record(cfg, dcfg, run_dir, is_main, overrides)
-    except BaseException:  # a refusal or a finished run (SystemExit): nothing is held
+        if is_main:
+            locks.append(lock_run_dir(run_dir))
+            own = Path(cfg.checkpoint.dir).absolute() if cfg.checkpoint.dir else None
+            if own is not None and own != run_dir.absolute() and not tr.eval_only:  # another run may share it
+                locks.append(lock_checkpoint_dir(own))
+        yield _check_and_record(cfg, dcfg, run_dir, is_main, overrides)
+    finally:
         for fd in locks:
             os.close(fd)
-        raise
-    return locks
 
 
-def _check_and_record(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, overrides: list[str]) -> None:
-    """`take_run`'s checks and records, once the places are locked."""
+def _check_and_record(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, overrides: list[str]) -> bool:
+    """`taken_run`'s checks and records, once the places are locked; False for a finished run."""
     from dlrm.checkpoint import complete_checkpoints, read_manifest  # torch: only once the config is valid
 
     tr = cfg.trainer
@@ -111,15 +112,16 @@ def _check_and_record(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: boo
         done = finished_at(
             checkpoints, tr.resume, planned_steps(tr.max_steps, tr.max_samples, cfg.data.global_batch_size)
         )
-        if done is not None:  # a continuation with nothing to train: the run's records stay as they are
+        if done is not None:
             if is_main:
                 kept = _kept(cfg, run_dir, checkpoints[-1])
                 print(f"already finished at step {done} ({checkpoints[-1]}); nothing to train, {kept}")
-            sys.exit(0)
+            return False
     continuing = bool(checkpoints) and bool(tr.resume)
     changes = check_continuation(run_dir, config, read_manifest(checkpoints[-1])) if continuing else {}
     if is_main:
         record(run_dir, config, continuing, overrides, changes)
+    return True
 
 
 def _kept(cfg: Config, run_dir: Path, checkpoint: Path) -> str:
