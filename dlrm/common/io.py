@@ -40,11 +40,23 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         os.fchmod(fd, 0o644)  # mkstemp's 0600 would make every output private
         os.close(fd)
         yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        publish(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def publish(finished: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+    """Make `finished`, a complete file beside `target` (the same filesystem), the file at `target`: its
+    bytes flushed to disk, renamed over `target` in one step, the directory's entry flushed. A reader sees
+    the old file or the new one; after a crash, never a renamed file whose bytes were not on disk."""
+    with open(finished, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(finished, target)
+    directory = os.open(os.path.dirname(os.path.abspath(target)), os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def refuse_alias(out: str | os.PathLike[str], flag: str, inputs: dict[str, str | os.PathLike[str]]) -> None:

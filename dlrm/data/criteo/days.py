@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from dlrm.common.io import sha256_file, write_json_atomic
+from dlrm.common.io import publish, sha256_file, write_json_atomic
 from dlrm.data.criteo.format import KINDS, NUM_DENSE, NUM_SPARSE, CriteoFormatError, ParseOptions, day_paths
 from dlrm.data.criteo.npy import concat_parts, shuffle_rows
 from dlrm.data.criteo.ranges import RangeResult, RangeTask
@@ -127,7 +127,7 @@ def finish_day(out: str, day: int, path: str, results: list[RangeResult], opts: 
         if os.path.exists(old):
             os.remove(old)
     for k in KINDS:
-        os.replace(tmp[k], final[k])
+        publish(tmp[k], final[k])
     max_ids = np.max([r.max_ids for r in results], axis=0).tolist()
     bad = [asdict(b) for r in results for b in r.bad][:20]
     meta = {

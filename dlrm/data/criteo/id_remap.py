@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from dlrm.common.io import atomic_path, sha256_file, write_json_atomic
+from dlrm.common.io import atomic_path, publish, sha256_file, write_json_atomic
 from dlrm.data.criteo.days import MANIFEST, day_json
 from dlrm.data.criteo.format import NUM_SPARSE, SPARSE_NAMES, day_paths
 from dlrm.data.criteo.npy import NpyWriter
@@ -101,7 +101,7 @@ def remap_contiguous(out: str, manifest: dict, min_count: int, block_rows: int =
                 np.maximum(max_ids, mapped.max(0), out=max_ids)
         writer.close()
         del sparse
-        os.replace(tmp, path)
+        publish(tmp, path)
         meta["files"]["sparse"].update(bytes=os.path.getsize(path), sha256=sha256_file(path))
         meta["max_ids"] = max_ids.tolist()
         meta["options"] = {**meta["options"], **stamp, "sparse_dtype": "int32"}

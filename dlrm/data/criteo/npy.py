@@ -15,7 +15,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from dlrm.common.io import sha256_file
+from dlrm.common.io import publish, sha256_file
 
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
@@ -58,7 +58,7 @@ class NpyWriter:
 def concat_parts(part_paths: Sequence[str], out_path: str, dtype, cols: int) -> tuple[int, str]:
     """Concatenate streamed part .npy files into `out_path`; returns (rows, sha256 of the file)."""
     if len(part_paths) == 1:
-        os.replace(part_paths[0], out_path)
+        publish(part_paths[0], out_path)
         rows = np.load(out_path, mmap_mode="r").shape[0]
         return rows, sha256_file(out_path)
     rows = sum(np.load(p, mmap_mode="r").shape[0] for p in part_paths)
@@ -95,4 +95,4 @@ def shuffle_rows(paths: dict[str, str], seed: int, day: int, block_rows: int = 1
             out.append(block)
         out.close()
         del src
-        os.replace(path + ".shuffled", path)
+        publish(path + ".shuffled", path)
