@@ -91,24 +91,48 @@ def _connect(world: World, is_master: bool, address: str, deadline: float, timeo
         ) from None
 
 
-def _join(store: dist.Store, world: World, address: str, deadline: float, timeout_s: float) -> None:
-    """Mark this rank joined in `store` and wait until every rank has."""
-    store.set(f"joined/{world.rank}", os.uname().nodename)
-    started, noticed = time.monotonic(), False
-    while True:
-        missing = [r for r in range(world.world_size) if not store.check([f"joined/{r}"])]
-        if not missing:
-            return
-        now = time.monotonic()
+JOINED = "joined"  # a counter: the ranks that have joined
+ALL_JOINED = "all_joined"  # set by the last rank to join
+
+
+def _joined_count(store: dist.Store) -> int:
+    return store.add(JOINED, 0)
+
+
+def _missing(store: dist.Store, world: World) -> list[int]:
+    """The ranks whose `joined/RANK` key is not there: one request per rank (rank 0, for its messages only)."""
+    return [r for r in range(world.world_size) if not store.check([f"joined/{r}"])]
+
+
+def _who(store: dist.Store, world: World) -> str:
+    """Who is missing: named on rank 0 (a check per rank), counted on the others (one request)."""
+    if world.rank == 0:
+        missing = _missing(store, world)
         listed = ", ".join(map(str, missing[:8])) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        return f"rank(s) {listed}"
+    return f"{world.world_size - _joined_count(store)} rank(s) (rank 0 names them)"
+
+
+def _join(store: dist.Store, world: World, address: str, deadline: float, timeout_s: float) -> None:
+    """Count this rank in (`JOINED`) and poll one key, `ALL_JOINED`, which the last rank to join sets: one
+    request per rank per poll whatever the world size, O(W) for the job (polling every rank's key from
+    every rank was O(W^2) per round). A blocking store wait would answer at once, but a TCPStore wait
+    that times out logs a C++ warning; the polls are short checks. `joined/RANK` names the ranks for
+    rank 0's messages. One join per store prefix (`launcher_store` gives every attempt its own)."""
+    store.set(f"joined/{world.rank}", os.uname().nodename)
+    if store.add(JOINED, 1) == world.world_size:
+        store.set(ALL_JOINED, "1")
+    started, noticed = time.monotonic(), False
+    while not store.check([ALL_JOINED]):
+        now = time.monotonic()
         if now >= deadline:
             raise RendezvousTimeout(
-                f"rank(s) {listed} of WORLD_SIZE={world.world_size} never joined at {address} within {timeout_s:g} s "
-                "(trainer.collective_timeout_s): start every rank with the same MASTER_ADDR, MASTER_PORT and "
-                "WORLD_SIZE, or launch with torchrun"
+                f"{_who(store, world)} of WORLD_SIZE={world.world_size} never joined at {address} within "
+                f"{timeout_s:g} s (trainer.collective_timeout_s): start every rank with the same MASTER_ADDR, "
+                "MASTER_PORT and WORLD_SIZE, or launch with torchrun"
             )
         if not noticed and now - started >= NOTICE_S:
-            _say(world, f"waiting for rank(s) {listed} to join at {address}; giving up after {timeout_s:g} s")
+            _say(world, f"waiting for {_who(store, world)} to join at {address}; giving up after {timeout_s:g} s")
             noticed = True
         time.sleep(_POLL_S)
 
