@@ -32,9 +32,10 @@ sys.exit(0 if ok else 'base image must have python 3.11, torch ${TORCH_VERSION},
 
 # RDMA user space for NCCL's IB/RoCE transport (libibverbs + the verbs providers, e.g. mlx5): without them
 # NCCL falls back to TCP sockets between nodes. The host's devices come in with
-# `docker run --network=host --device=/dev/infiniband --cap-add=IPC_LOCK` (see docs/gpu.md).
+# `docker run --network=host --device=/dev/infiniband --cap-add=IPC_LOCK` (see docs/gpu.md). numactl: the
+# launchers bind each rank to its GPU's NUMA node with torchrun's --numa-binding, which calls it.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends rdma-core ibverbs-providers libibverbs1 \
+ && apt-get install -y --no-install-recommends rdma-core ibverbs-providers libibverbs1 numactl \
  && rm -rf /var/lib/apt/lists/*
 
 # fbgemm-gpu first, the build of the base image's CUDA, pinned torch kept as is: PyPI's default wheel for

@@ -110,17 +110,55 @@ override_value() {
   printf '%s' "$value"
 }
 
+# option_value SHORT LONG ARGS...: the value of the last `SHORT VALUE`, `LONG VALUE` or `LONG=VALUE` among
+# ARGS (empty if none): dlrm.train's -cd/--config-dir and -cn/--config-name, which Hydra reads so.
+option_value() {
+  local short=$1 long=$2 a prev='' value=''
+  shift 2
+  for a in "$@"; do
+    if [ "$prev" = "$short" ] || [ "$prev" = "$long" ]; then value=$a; fi
+    case "$a" in "$long="*) value=${a#*=} ;; esac
+    prev=$a
+  done
+  printf '%s' "$value"
+}
+
+# config_dir ARGS...: the directory of `-cd DIR` among ARGS (empty if none); dies if it is not a directory.
+config_dir() {
+  local dir
+  dir=$(option_value -cd --config-dir "$@")
+  if [ -n "$dir" ] && [ ! -d "$dir" ]; then
+    die "-cd $dir: no directory $dir (relative paths are from the repository root, where the launchers run; give an absolute path, the same on every node)"
+  fi
+  printf '%s' "$dir"
+}
+
+# config_group_file GROUP NAME ARGS...: the YAML file dlrm.train reads for `GROUP=NAME`: in the directory of
+# `-cd DIR` among ARGS first (Hydra's --config-dir comes before conf/), then in conf/. Dies naming both.
+config_group_file() {
+  local group=$1 name=$2 dir
+  shift 2
+  dir=$(config_dir "$@") || exit 2
+  if [ -n "$dir" ] && [ -f "$dir/$group/$name.yaml" ]; then printf '%s' "$dir/$group/$name.yaml"; return 0; fi
+  [ -f "conf/$group/$name.yaml" ] && { printf '%s' "conf/$group/$name.yaml"; return 0; }
+  local choices
+  choices=$(list_names "conf/$group" .yaml)
+  [ -n "$dir" ] && [ -d "$dir/$group" ] && choices+=$(list_names "$dir/$group" .yaml)
+  die "$group=$name: no file ${dir:+$dir/$group/$name.yaml or }conf/$group/$name.yaml; choose one of: $choices"
+}
+
 # check_topology NNODES_VAR NPROC_VAR ARGS...: when ARGS choose `topology=NAME`, compare the config's
 # nodes / ranks_per_node (after topology.nodes= / topology.ranks_per_node= overrides) with the launcher's,
 # so a mismatch is refused here rather than after every rank has started. NNODES_VAR - means one node.
+# The topology file is looked up as dlrm.train does (config_group_file: -cd DIR, then conf/).
 check_topology() {
   local nnodes_var=$1 nproc_var=$2
   shift 2
   local name file nodes rpn
+  config_dir "$@" >/dev/null || exit 2
   name=$(override_value topology "$@")
   [ -n "$name" ] || return 0
-  file=conf/topology/$name.yaml
-  [ -f "$file" ] || die "topology=$name: no file $file; choose one of: $(list_names conf/topology .yaml)"
+  file=$(config_group_file topology "$name" "$@") || exit 2
   nodes=$(override_value topology.nodes "$@")
   [ -n "$nodes" ] || nodes=$(sed -n 's/^nodes:[[:space:]]*\([0-9][0-9]*\).*/\1/p' "$file")
   rpn=$(override_value topology.ranks_per_node "$@")
@@ -135,6 +173,29 @@ check_topology() {
   if [[ "$rpn" =~ ^[0-9]+$ ]] && [ "$rpn" != "${!nproc_var}" ]; then
     die "$nproc_var=${!nproc_var} but topology '$name' has $rpn ranks per node; set $nproc_var=$rpn or pass topology.ranks_per_node=${!nproc_var}"
   fi
+}
+
+# numa_args: NUMA_ARGS, torchrun's --numa-binding=$NUMA_BINDING on GPUs: each rank (and its threads) runs
+# on the CPUs of its GPU's NUMA node (torch.numa.binding; it needs the numactl command). NUMA_BINDING:
+# node (the default on GPUs where numactl is installed), socket, exclusive, core-complex, or none.
+numa_args() {
+  NUMA_ARGS=()
+  local mode=${NUMA_BINDING:-}
+  if [ -z "$mode" ]; then
+    [ "$DLRM_ACCEL" = cuda ] || return 0
+    if ! command -v numactl >/dev/null 2>&1; then
+      echo "numa binding: none (no numactl command: install numactl to bind each rank to its GPU's NUMA node)" >&2
+      return 0
+    fi
+    mode=node
+  fi
+  case "$mode" in
+    none) return 0 ;;
+    node|socket|exclusive|core-complex) ;;
+    *) die "NUMA_BINDING=$mode: use node, socket, exclusive, core-complex or none" ;;
+  esac
+  command -v numactl >/dev/null 2>&1 || die "NUMA_BINDING=$mode needs the numactl command: install numactl, or set NUMA_BINDING=none"
+  NUMA_ARGS=(--numa-binding="$mode")
 }
 
 # quote_args ARGS...: the arguments as one shell-pasteable line (quotes only where needed).

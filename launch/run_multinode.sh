@@ -15,7 +15,9 @@
 #                   else the ranks agree on outputs/<timestamp> through torchrun's store); a hydra.run.dir=
 #                   override wins over both
 #   FABRIC_ENV      env file from launch/env/ (default nccl_ib on GPUs, gloo_cpu on CPUs; none = nothing)
-#   TORCHRUN, DLRM_ACCEL, DRY_RUN=1 as in launch/run_node.sh
+#   TORCHRUN, DLRM_ACCEL, NUMA_BINDING, DRY_RUN=1 as in launch/run_node.sh
+# Arguments go to dlrm.train: Hydra overrides, and -cd DIR / -cn NAME for a team's own config directory
+# (DIR must be at the same path on every node: a shared filesystem; docs/cluster.md).
 # Two simulated nodes on one machine (loopback), one command per node:
 #   NNODES=2 NODE_RANK=0 MASTER_ADDR=127.0.0.1 NPROC_PER_NODE=2 launch/run_multinode.sh topology=cpu_2x2 &
 #   NNODES=2 NODE_RANK=1 MASTER_ADDR=127.0.0.1 NPROC_PER_NODE=2 launch/run_multinode.sh topology=cpu_2x2
@@ -73,5 +75,7 @@ check_topology NNODES NPROC_PER_NODE "${args[@]}"
 if [ "$DLRM_ACCEL" = cuda ]; then load_fabric_env nccl_ib; else load_fabric_env gloo_cpu; fi
 find_torchrun
 restart_args
+numa_args
 run_cmd "${TORCHRUN_CMD[@]}" --nnodes="$NNODES" --nproc_per_node="$NPROC_PER_NODE" --node_rank="$NODE_RANK" \
-  --rdzv_backend=c10d --rdzv_endpoint="$RDZV_ENDPOINT" --rdzv_id="$RDZV_ID" "${RESTART_ARGS[@]}" -m dlrm.train "${args[@]}"
+  --rdzv_backend=c10d --rdzv_endpoint="$RDZV_ENDPOINT" --rdzv_id="$RDZV_ID" "${RESTART_ARGS[@]}" "${NUMA_ARGS[@]}" \
+  -m dlrm.train "${args[@]}"

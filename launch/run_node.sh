@@ -8,8 +8,12 @@
 #   FABRIC_ENV  env file from launch/env/ (default nccl_base on GPUs, gloo_cpu on CPUs; none = nothing)
 #   TORCHRUN    torchrun to use (default: python -m dlrm.torchrun of the venv, else torchrun on PATH)
 #   DLRM_ACCEL  cpu | cuda (default: cuda if nvidia-smi lists a GPU)
+#   NUMA_BINDING  on GPUs, torchrun's --numa-binding: each rank on the CPUs of its GPU's NUMA node
+#               (node, the default where the numactl command is installed; socket, exclusive,
+#               core-complex; none to leave the ranks unbound)
 #   DRY_RUN=1   print the torchrun command and exit
-# Runs from the repository root: relative paths in overrides are the repository's.
+# Runs from the repository root: relative paths in overrides (and -cd DIR, a team's config directory) are
+# the repository's.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source launch/common.sh
@@ -32,4 +36,6 @@ check_topology - NGPU "${args[@]}"
 if [ "$DLRM_ACCEL" = cuda ]; then load_fabric_env nccl_base; else load_fabric_env gloo_cpu; fi
 find_torchrun
 restart_args
-run_cmd "${TORCHRUN_CMD[@]}" "${LOCAL_RDZV_ARGS[@]}" --nproc_per_node="$NGPU" "${RESTART_ARGS[@]}" -m dlrm.train "${args[@]}"
+numa_args
+run_cmd "${TORCHRUN_CMD[@]}" "${LOCAL_RDZV_ARGS[@]}" --nproc_per_node="$NGPU" "${RESTART_ARGS[@]}" "${NUMA_ARGS[@]}" \
+  -m dlrm.train "${args[@]}"

@@ -7,10 +7,36 @@ source "$(dirname "${BASH_SOURCE[0]}")/nccl_base.sh"
 
 # NCCL_IB_DISABLE: 0 = use the IB verbs transport (InfiniBand and RoCE); 1 = fall back to TCP sockets.
 : "${NCCL_IB_DISABLE:=0}"; export NCCL_IB_DISABLE
-# NCCL_IB_HCA: which RDMA devices (and ports) to use: mlx5_0,mlx5_1 (prefixes), =mlx5_0:1 (exact device:port),
-# ^mlx5_4 (exclude, e.g. the storage NIC). Unset = every active RDMA device. List them with `ibv_devinfo`
-# or `ibdev2netdev`. On DGX H100 the 8 compute NICs pair one to one with the GPUs.
-if [ -n "${NCCL_IB_HCA:-}" ]; then export NCCL_IB_HCA; fi
+# NCCL_IB_HCA: which RDMA devices (and ports) NCCL uses: mlx5_0,mlx5_1 (prefixes), =mlx5_0:1 (exact
+# device:port), ^mlx5_4 (exclude). Left unset, NCCL takes every active RDMA device, the storage and
+# in-band management NICs too (on a DGX H100 a dual-port ConnectX-7 in Ethernet mode beside the 8 compute
+# NICs, which pair one to one with the GPUs). So when it is unset and the node has active ports of both
+# link layers, this file picks the active InfiniBand ports (=mlx5_0:1,mlx5_3:1,...: the compute fabric)
+# and prints the pick; where every port is InfiniBand (or every port is RoCE) it leaves the choice to
+# NCCL, which cannot tell a storage NIC from a compute one: name yours. Override: set NCCL_IB_HCA (list
+# the devices with `ibv_devinfo` or `ibdev2netdev`; `nvidia-smi topo -m` shows each GPU's nearest NIC).
+# IB_SYSFS: where the RDMA devices are listed (default /sys/class/infiniband; the tests point it at a copy).
+ib_compute_ports() {
+  local port ib=() eth=()
+  for port in "${IB_SYSFS:-/sys/class/infiniband}"/*/ports/*; do
+    [ -r "$port/link_layer" ] && [ -r "$port/state" ] || continue
+    case "$(cat "$port/state")" in *ACTIVE*) ;; *) continue ;; esac
+    local dev=${port%/ports/*}
+    case "$(cat "$port/link_layer")" in
+      InfiniBand) ib+=("${dev##*/}:${port##*/}") ;;
+      Ethernet) eth+=("${dev##*/}:${port##*/}") ;;
+    esac
+  done
+  if [ ${#ib[@]} -gt 0 ] && [ ${#eth[@]} -gt 0 ]; then
+    local IFS=,
+    printf '=%s' "${ib[*]}"
+  fi
+}
+if [ -z "${NCCL_IB_HCA:-}" ]; then
+  NCCL_IB_HCA=$(ib_compute_ports)
+  [ -z "$NCCL_IB_HCA" ] || echo "NCCL_IB_HCA=$NCCL_IB_HCA: the active InfiniBand ports, not the Ethernet (storage) ones (set NCCL_IB_HCA to choose)" >&2
+fi
+if [ -n "${NCCL_IB_HCA:-}" ]; then export NCCL_IB_HCA; else unset NCCL_IB_HCA; fi
 # NCCL_NET_GDR_LEVEL: farthest PCIe path between GPU and NIC over which GPUDirect RDMA is used:
 # LOC (never), PIX (same PCIe switch), PXB (through several switches), PHB (same CPU), SYS (across CPUs).
 # Unset = NCCL decides from the topology. Raise to PHB/SYS if the log lacks GDRDMA and your platform supports it.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -18,14 +19,15 @@ LAUNCH = ROOT / "launch"
 # Variables the launchers read: cleared so the caller's environment cannot change the expected commands.
 LAUNCH_VARS = (
     "NNODES NODE_RANK MASTER_ADDR MASTER_PORT RDZV_ENDPOINT RDZV_ID RUN_DIR NPROC_PER_NODE NGPU NPROC "
-    "FABRIC_ENV TORCHRUN DLRM_ACCEL DLRM_VENV TOPOLOGY DRY_RUN MAX_RESTARTS"
+    "FABRIC_ENV TORCHRUN DLRM_ACCEL DLRM_VENV TOPOLOGY DRY_RUN MAX_RESTARTS NUMA_BINDING NCCL_IB_HCA IB_SYSFS"
 ).split()
 
 
 def launch(script: str, *overrides: str, path_prefix: Path | None = None, **env: str) -> subprocess.CompletedProcess:
-    """Run launch/<script> with DRY_RUN=1, TORCHRUN=torchrun, DLRM_ACCEL=cpu unless `env` says otherwise."""
+    """Run launch/<script> with DRY_RUN=1, TORCHRUN=torchrun, DLRM_ACCEL=cpu, NUMA_BINDING=none (whether
+    this machine has numactl does not matter) unless `env` says otherwise (None: unset)."""
     full = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith("SLURM_")}
-    full.update(DRY_RUN="1", TORCHRUN="torchrun", DLRM_ACCEL="cpu")
+    full.update(DRY_RUN="1", TORCHRUN="torchrun", DLRM_ACCEL="cpu", NUMA_BINDING="none")
     full.update(env)
     full = {k: v for k, v in full.items() if v is not None}
     if path_prefix is not None:
@@ -199,6 +201,57 @@ def test_slurm_sbatch_runs_one_torchrun_per_node(tmp_path):
     ]
 
 
+def fake_numactl(directory: Path) -> Path:
+    numactl = directory / "numactl"
+    numactl.write_text('#!/bin/sh\nexec "$@"\n')
+    numactl.chmod(0o755)
+    return directory
+
+
+def test_gpu_ranks_are_bound_to_their_numa_node_where_numactl_is(tmp_path):
+    """On GPUs torchrun binds each rank to its GPU's NUMA node (--numa-binding=node, which runs numactl);
+    without numactl the launcher says it leaves them unbound; NUMA_BINDING chooses or turns it off."""
+    for script, env in (("run_node.sh", {}), ("run_multinode.sh", dict(NODE1, NPROC_PER_NODE="8"))):
+        cmd = torchrun_command(
+            launch(script, path_prefix=fake_numactl(tmp_path), DLRM_ACCEL="cuda", NUMA_BINDING=None, **env)
+        )
+        assert "--numa-binding=node" in cmd and cmd.index("--numa-binding=node") < cmd.index("-m"), cmd
+    r = launch("run_node.sh", DLRM_ACCEL="cuda", NUMA_BINDING="socket", path_prefix=tmp_path)
+    assert "--numa-binding=socket" in torchrun_command(r)
+    assert not any(
+        a.startswith("--numa") for a in torchrun_command(launch("run_node.sh", DLRM_ACCEL="cpu", NUMA_BINDING=None))
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    no_numactl = {"PATH": f"{empty}{os.pathsep}/usr/bin{os.pathsep}/bin"} if not shutil.which("numactl") else None
+    if no_numactl is not None:  # a machine with numactl installed cannot show its absence
+        r = launch("run_node.sh", DLRM_ACCEL="cuda", NUMA_BINDING=None, **no_numactl)
+        assert not any(a.startswith("--numa") for a in torchrun_command(r)) and "install numactl" in r.stderr
+        r = launch("run_node.sh", DLRM_ACCEL="cuda", NUMA_BINDING="node", **no_numactl)
+        assert r.returncode == 2 and "NUMA_BINDING=node needs the numactl command" in r.stderr
+    r = launch("run_node.sh", DLRM_ACCEL="cuda", NUMA_BINDING="everywhere")
+    assert r.returncode == 2 and "NUMA_BINDING=everywhere: use node, socket" in r.stderr
+
+
+def test_a_team_config_directory_reaches_dlrm_train_and_its_topology_is_checked(tmp_path):
+    """-cd DIR goes to dlrm.train as given; a topology of DIR is compared with the launcher's sizes as
+    one of conf/ is (DIR first, as Hydra searches it)."""
+    (tmp_path / "topology").mkdir()
+    (tmp_path / "topology" / "team3.yaml").write_text("name: team3\nnodes: 3\nranks_per_node: 2\n")
+    argv = ["-cd", str(tmp_path), "topology=team3", "-cn", "config"]
+    r = launch("run_multinode.sh", *argv, RDZV_ID="t", **NODE1)
+    assert r.returncode == 2 and "NNODES=2 but topology 'team3' has 3 node(s)" in r.stderr
+    cmd = torchrun_command(launch("run_multinode.sh", *argv, RDZV_ID="t", **dict(NODE1, NNODES="3")))
+    assert cmd[cmd.index("-m") + 1 :] == ["dlrm.train", *argv, "hydra.run.dir=outputs/t"]
+    r = launch("run_multinode.sh", f"--config-dir={tmp_path}", "topology=cpu_2x2", RDZV_ID="t", **NODE1)
+    assert f"--config-dir={tmp_path}" in torchrun_command(r)  # a conf/ topology, with DIR searched first
+    r = launch("run_node.sh", "-cd", str(tmp_path / "nope"))
+    assert r.returncode == 2 and f"-cd {tmp_path / 'nope'}: no directory" in r.stderr
+    r = launch("run_multinode.sh", "-cd", str(tmp_path), "topology=team4", **NODE1)
+    assert r.returncode == 2 and f"no file {tmp_path}/topology/team4.yaml or conf/topology/team4.yaml" in r.stderr
+    assert "team3" in r.stderr and "cpu_2x2" in r.stderr  # the choices of both directories
+
+
 # --- refusals ------------------------------------------------------------------------------------
 
 
@@ -271,6 +324,33 @@ def test_env_file_documents_every_default_and_the_user_wins(path):
     for var, default in defaults:
         assert f"\n{var}={default}\n" in f"\n{plain}", f"{path.name}: {var} not exported as {default}"
         assert f"\n{var}=user-value\n" in f"\n{user}", f"{path.name}: {var} overrides the user's value"
+
+
+def test_nccl_ib_picks_the_infiniband_ports_beside_ethernet_ones(tmp_path):
+    """A DGX-like node: two active InfiniBand ports (compute), an active Ethernet port (storage), an
+    InfiniBand port that is down. Unset, NCCL_IB_HCA becomes the active InfiniBand ports; the user's
+    value wins; all-InfiniBand or all-Ethernet nodes are left to NCCL."""
+
+    def port(dev: str, link: str, state: str) -> None:
+        (tmp_path / "sys" / dev / "ports" / "1").mkdir(parents=True)
+        (tmp_path / "sys" / dev / "ports" / "1" / "link_layer").write_text(link + "\n")
+        (tmp_path / "sys" / dev / "ports" / "1" / "state").write_text(f"4: {state}\n")
+
+    def hca(**env: str) -> str:
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "IB_SYSFS"))}
+        script = f'source {shlex.quote(str(LAUNCH / "env" / "nccl_ib.sh"))}; echo "[${{NCCL_IB_HCA-unset}}]"'
+        return subprocess.run(
+            ["bash", "-c", script], env={**base, **env}, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    for dev, link, state in [("mlx5_0", "InfiniBand", "ACTIVE"), ("mlx5_1", "InfiniBand", "ACTIVE"),
+                             ("mlx5_4", "Ethernet", "ACTIVE"), ("mlx5_5", "InfiniBand", "DOWN")]:  # fmt: skip
+        port(dev, link, state)
+    assert hca(IB_SYSFS=str(tmp_path / "sys")) == "[=mlx5_0:1,mlx5_1:1]"
+    assert hca(IB_SYSFS=str(tmp_path / "sys"), NCCL_IB_HCA="^mlx5_4") == "[^mlx5_4]"
+    (tmp_path / "sys" / "mlx5_4" / "ports" / "1" / "link_layer").write_text("InfiniBand\n")
+    assert hca(IB_SYSFS=str(tmp_path / "sys")) == "[unset]"  # all InfiniBand: nothing to tell apart
+    assert hca(IB_SYSFS=str(tmp_path / "none")) == "[unset]"
 
 
 # Every script's syntax and ShellCheck: .ci/lint (shellcheck on every tracked shell script).
