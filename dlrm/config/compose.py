@@ -161,14 +161,15 @@ def _composition_error(e: Exception) -> ConfigError:
     return ConfigError(f"cannot compose the config: {str(e).strip().splitlines()[0]}")
 
 
-def compose(overrides: Sequence[str]) -> Config:
-    """The typed Config for these Hydra overrides, composed from conf/ as `dlrm.train` does.
+def compose(overrides: Sequence[str], config_dir: str | None = None, config_name: str | None = None) -> Config:
+    """The typed Config for these Hydra overrides, composed from conf/ (and `config_dir`, `-cd DIR`, with
+    `config_name`, `-cn NAME`, as the primary config) as `dlrm.train` does.
 
     Raises ConfigError for an unknown key or option (with a "did you mean"), a value of the wrong
     type, or anything else Hydra refuses. Does not `validate`.
     """
     with hydra_session():
-        return to_config(compose_job(overrides, with_hydra=False))
+        return to_config(compose_job(overrides, False, config_dir, config_name or "config"))
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""`python -m dlrm.plan [--json] [--ranks-per-node N] [--proposer P] [hydra overrides]`."""
+"""`python -m dlrm.plan [--json] [--ranks-per-node N] [--proposer P] [-cd DIR] [-cn NAME] [hydra overrides]`."""
 
 from __future__ import annotations
 
@@ -31,6 +31,13 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         "Other arguments are Hydra overrides, as for dlrm.train (e.g. model=mlperf_dcnv2 topology=dgx_h100).",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
+    parser.add_argument(
+        "-cd",
+        "--config-dir",
+        default=None,
+        help="a directory of your config groups, searched first (as dlrm.train -cd)",
+    )
+    parser.add_argument("-cn", "--config-name", default=None, help="the primary config (as dlrm.train -cn)")
     parser.add_argument("--ranks-per-node", type=int, default=None, help="for topologies with ranks_per_node=null")
     parser.add_argument(
         "--proposer",
@@ -58,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _quiet_torchrec()
         if args.scale is not None:
             return scaling_main(args, overrides)
-        cfg = compose(overrides)
+        cfg = compose(overrides, args.config_dir, args.config_name)
         report = make_plan(cfg, args.ranks_per_node, args.proposer)
     except UserError as e:  # ConfigError, PlanError, a bad option
         print(f"error: {e}", file=sys.stderr)

@@ -15,7 +15,7 @@ def scaling_main(args: argparse.Namespace, overrides: list[str]) -> int:
     """Check the flags, plan one node, project every node count; print (and with --out write) the report."""
     node_counts = parse_scale(args.scale)
     measured = load_measured(args.measured) if args.measured is not None else None
-    cfg = compose(overrides)
+    cfg = compose(overrides, args.config_dir, args.config_name)
     report, rows = scaling(cfg, args.ranks_per_node, args.proposer, node_counts, args.sync_period, measured)
     model = next((o.split("=", 1)[1] for o in overrides if o.startswith("model=")), "default model")
     title = f"{model} on {cfg.topology.name}"

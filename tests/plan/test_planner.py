@@ -246,6 +246,31 @@ def test_ranks_per_node_flag_plans_a_launcher_topology(capsys):
     assert report["memory"]["capacity_key"] == "topology.ddr_GB"
 
 
+def test_a_team_config_directory_plans_as_dlrm_train_composes_it(capsys, tmp_path):
+    """-cd DIR adds a team's config groups (a model and a topology of its own here) and -cn NAME picks a
+    primary config of DIR, as `dlrm.train -cd DIR -cn NAME` composes them; without -cd they are unknown."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "topology").mkdir()
+    (tmp_path / "model" / "clicks.yaml").write_text(
+        "dense_in_features: 13\nbottom_mlp: [16, 8]\ntop_mlp: [16, 1]\n"
+        "tables:\n  - {name: ads, rows: 400, dim: 8, features: [C1]}\n"
+        "  - {name: users, rows: 900, dim: 8, features: [C2]}\n"
+    )
+    (tmp_path / "topology" / "team.yaml").write_text("defaults:\n  - zion\n  - _self_\nname: team\nranks_per_node: 4\n")
+    (tmp_path / "team.yaml").write_text(
+        "defaults:\n  - config\n  - override model: clicks\n  - override topology: team\n  - _self_\n"
+    )
+    report = report_of(capsys, "-cd", str(tmp_path), "model=clicks", "topology=team", "data.global_batch_size=64")
+    assert report["topology"]["name"] == "team" and report["topology"]["world_size"] == 4
+    assert sorted(t["table"] for t in report["plan"]) == ["ads", "users"]
+    primary = report_of(capsys, f"--config-dir={tmp_path}", "-cn", "team", "data.global_batch_size=64")
+    assert primary["plan"] == report["plan"] and primary["topology"] == report["topology"]
+    code, out, err = run_main(capsys, "model=clicks")
+    assert code == 2 and "unknown option 'clicks' for config group 'model'" in err
+    code, out, err = run_main(capsys, "-cd", str(tmp_path / "nope"), "model=tiny")
+    assert code == 2 and "(-cd/--config-dir) not found" in err
+
+
 def test_cheaper_proposer(capsys):
     """--proposer uniform is TorchRec's UniformProposer: one sharding type for every table (the default
     proposers mix types on this model), and the plan is still complete and consistent."""
