@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
 """Render a Kubeflow training-operator PyTorchJob (kubeflow.org/v1) for one topology config.
 
-    python launch/k8s/render.py --image REGISTRY/dlrm:TAG [options] topology=dgx_h100_multinode topology.nodes=4 \
-        experiment=dcn_small > job.yaml && kubectl apply -f job.yaml
+    python launch/k8s/render.py --image REGISTRY/dlrm:TAG --pvc dlrm-outputs [options] topology=dgx_h100_multinode \
+        topology.nodes=4 experiment=dcn_small > job.yaml && kubectl apply -f job.yaml
 
 Every node runs the repository's image (Dockerfile) and, in it, `launch/run_multinode.sh` with the
-job's arguments as Hydra overrides: the same torchrun command (c10d rendezvous on the Master pod) and
-the same fabric env file (launch/env/$FABRIC_ENV.sh) as on bare metal or under SLURM. One pod per node:
-Master (hosts the rendezvous) + nodes-1 Workers, each requesting `ranks_per_node` GPUs and RDMA devices.
+job's arguments: Hydra overrides, and `-cd DIR` / `-cn NAME` for a team's config directory (at the same
+path under /opt/dlrm in the image as here under the repository root). The same torchrun command (c10d
+rendezvous on the Master pod, started by `python -m dlrm.torchrun`) and the same fabric env file
+(launch/env/$FABRIC_ENV.sh) as on bare metal or under SLURM. One pod per node: Master (hosts the
+rendezvous) + nodes-1 Workers, each requesting `ranks_per_node` GPUs and RDMA devices.
 
-Nodes and ranks per node come from the config dlrm.train composes from the overrides (dlrm.config.compose:
-the same checks, the same "did you mean"); --nodes / --nproc-per-node, when given, must agree with them.
-A disagreement is refused (one `error:` line naming the key and the fix, exit 2) before anything is written.
+Nodes and ranks per node come from the config dlrm.train composes from the same arguments
+(dlrm.config.compose: the same checks, the same "did you mean"); --nodes / --nproc-per-node, when given,
+must agree with them. Several pods that save checkpoints need --pvc (a claim every pod mounts at
+outputs/): each rank writes its shards there. A disagreement is refused (one `error:` line naming the
+key and the fix, exit 2) before anything is written.
 Needs the repository's config dependencies (Hydra, OmegaConf, PyYAML), not torch.
 """
 
@@ -21,7 +25,7 @@ import argparse
 import re
 import shlex
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import yaml
 
@@ -37,6 +41,7 @@ PORT = 29500  # MASTER_PORT default of launch/run_multinode.sh
 # SR-IOV clusters use e.g. nvidia.com/rdma_vf or an operator-specific name: --rdma-resource.
 RDMA_RESOURCE = "rdma/hca_shared_devices_a"
 NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,38}[a-z0-9])?")  # DNS-1123 label, short enough for pod names (fullmatch)
+DATA_MOUNT = "/data"
 NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # DNS-1123 label (fullmatch)
 
 
@@ -94,7 +99,8 @@ def parse_args(argv):
     p.add_argument(
         "--pvc",
         default=None,
-        help="PersistentVolumeClaim mounted at outputs/ (checkpoints survive pod restarts; needed for resume)",
+        help="PersistentVolumeClaim mounted at outputs/ in every pod: the run directory and checkpoints, shared by "
+        "the pods (needed with several nodes that save checkpoints) and kept across restarts (resume)",
     )
     p.add_argument(
         "--log-dir",
@@ -102,25 +108,61 @@ def parse_args(argv):
         help="torchrun --log-dir (PET_LOG_DIR) with --tee=3: every rank's stdout/stderr in files there "
         "(under outputs/ with --pvc to keep them)",
     )
+    p.add_argument(
+        "--data-pvc",
+        default=None,
+        help="PersistentVolumeClaim of the training data, mounted read-only at --data-mount in every pod",
+    )
+    p.add_argument("--data-mount", default=DATA_MOUNT, help=f"where --data-pvc is mounted (default {DATA_MOUNT})")
+    p.add_argument(
+        "-cd",
+        "--config-dir",
+        default=None,
+        help="a team's config directory (dlrm.train -cd): composed from here, passed to the pods as given",
+    )
+    p.add_argument("-cn", "--config-name", default=None, help="the primary config (dlrm.train -cn)")
     p.add_argument("--out", default=None, help="write the manifest here (atomically) instead of stdout")
     p.add_argument("overrides", nargs="*", help="Hydra overrides for dlrm.train, e.g. topology=dgx_h100_multinode")
-    return p.parse_args(argv)
+    return p.parse_intermixed_args(argv)
 
 
-def load_topology(overrides) -> dict:
-    """name, nodes, ranks_per_node (None = from the launcher) and device of the config dlrm.train will
-    compose from these overrides (checked as it checks them)."""
+def load_config(args):
+    """The config dlrm.train will compose from these arguments (overrides, -cd, -cn), checked as it checks it."""
     from dlrm.common.errors import UserError
     from dlrm.config import validate
     from dlrm.config.compose import compose
 
     try:
-        cfg = compose(list(overrides))
+        cfg = compose(list(args.overrides), args.config_dir, args.config_name)
         validate(cfg)
     except UserError as e:
         raise RenderError(str(e)) from None
-    t = cfg.topology
-    return {"name": t.name, "nodes": t.nodes, "ranks_per_node": t.ranks_per_node, "device": str(t.device)}
+    return cfg
+
+
+def check_shared_checkpoints(args, cfg) -> None:
+    """Several pods that save checkpoints need one filesystem for them: --pvc, and checkpoint.dir (if set)
+    under outputs/ where it is mounted. Without it each pod writes its ranks' shards to its own outputs/
+    and the save fails after training, at the checkpointer's shared-filesystem check."""
+    ck, nodes = cfg.checkpoint, cfg.topology.nodes
+    saves = [f"checkpoint.{k}=true" for k in ("at_end", "on_signal") if getattr(ck, k)]
+    if ck.every_steps:
+        saves.append(f"checkpoint.every_steps={ck.every_steps}")
+    if nodes == 1 or not saves:
+        return
+    if args.pvc is None:
+        raise RenderError(
+            f"topology '{cfg.topology.name}' has {nodes} nodes and the job saves checkpoints ({', '.join(saves)}), but "
+            "without --pvc every pod writes its shards to its own outputs/ and the save fails after training: pass "
+            "--pvc CLAIM (a ReadWriteMany claim, mounted at outputs/ in every pod), or checkpoint.at_end=false "
+            "checkpoint.every_steps=0 checkpoint.on_signal=false"
+        )
+    outputs = PurePosixPath(WORKDIR, "outputs")
+    if ck.dir is not None and not PurePosixPath(WORKDIR, ck.dir).is_relative_to(outputs):
+        raise RenderError(
+            f"checkpoint.dir={ck.dir} is outside outputs/, where --pvc mounts the claim every pod shares: leave "
+            "checkpoint.dir unset (checkpoints go to outputs/NAME/checkpoints) or put it under outputs/"
+        )
 
 
 def positive_int(key: str, value, fix: str) -> int:
@@ -141,15 +183,14 @@ def resolve(args) -> dict:
             f"--name={args.name} is not a DNS-1123 label of at most 40 characters; "
             "use lowercase letters, digits and '-', starting with a letter (e.g. --name=dlrm-dcn)"
         )
-    topo = load_topology(args.overrides)
-    name = topo["name"]
-    nodes = topo["nodes"]
+    cfg = load_config(args)
+    name, nodes = cfg.topology.name, cfg.topology.nodes
     if args.nodes is not None and args.nodes != nodes:
         raise RenderError(
             f"--nodes={args.nodes} but topology '{name}' has {nodes} node(s) (topology.nodes); "
             f"pass topology.nodes={args.nodes} or --nodes={nodes}"
         )
-    rpn = topo["ranks_per_node"]
+    rpn = cfg.topology.ranks_per_node
     if rpn is None:
         if args.nproc_per_node is None:
             raise RenderError(
@@ -162,7 +203,7 @@ def resolve(args) -> dict:
             f"--nproc-per-node={args.nproc_per_node} but topology '{name}' has {rpn} ranks per node "
             f"(topology.ranks_per_node); pass topology.ranks_per_node={args.nproc_per_node} or --nproc-per-node={rpn}"
         )
-    gpu = topo["device"] == "cuda"
+    gpu = str(cfg.topology.device) == "cuda"
     fabric = args.fabric_env or ("nccl_ib" if gpu else "gloo_cpu")
     if not (ENV_DIR / f"{fabric}.sh").is_file():
         known = " ".join(sorted(p.stem for p in ENV_DIR.glob("*.sh")))
@@ -171,8 +212,12 @@ def resolve(args) -> dict:
         raise RenderError(f"--max-restarts={args.max_restarts} is negative; pass 0 (no restart) or more")
     if args.rdma_resource != "none" and args.rdma_count < 1:
         raise RenderError(f"--rdma-count={args.rdma_count} must be at least 1; or pass --rdma-resource=none")
-    if args.pvc is not None and not NAME_RE.fullmatch(args.pvc):
-        raise RenderError(f"--pvc={args.pvc} is not a valid claim name; use lowercase letters, digits and '-'")
+    for key, claim in (("--pvc", args.pvc), ("--data-pvc", args.data_pvc)):
+        if claim is not None and not NAME_RE.fullmatch(claim):
+            raise RenderError(f"{key}={claim} is not a valid claim name; use lowercase letters, digits and '-'")
+    if not PurePosixPath(args.data_mount).is_absolute():
+        raise RenderError(f"--data-mount={args.data_mount} is not an absolute path; e.g. --data-mount=/data")
+    check_shared_checkpoints(args, cfg)
     if args.namespace is not None and not NAMESPACE_RE.fullmatch(args.namespace):
         raise RenderError(
             f"--namespace={args.namespace!r} is not a DNS-1123 label; use lowercase letters, digits and '-'"
@@ -180,13 +225,18 @@ def resolve(args) -> dict:
     return {"nodes": nodes, "ranks_per_node": rpn, "gpu": gpu, "fabric": fabric}
 
 
-def container_command(overrides) -> list:
-    """`bash -c` that sets NODE_RANK from the operator's RANK (pod index) and execs run_multinode.sh.
+def container_command(args) -> list:
+    """`bash -c` that sets NODE_RANK from the operator's RANK (pod index) and execs run_multinode.sh with
+    the config directory and name (-cd, -cn) and the overrides.
 
     The training operator sets MASTER_ADDR (the Master pod's service) and MASTER_PORT in every pod.
     """
     script = 'NODE_RANK="$RANK" exec launch/run_multinode.sh "$@"'
-    return ["bash", "-c", script, "run_multinode", *overrides]
+    config = [
+        *(["-cd", args.config_dir] if args.config_dir else []),
+        *(["-cn", args.config_name] if args.config_name else []),
+    ]
+    return ["bash", "-c", script, "run_multinode", *config, *args.overrides]
 
 
 def pod_template(name: str, args, r: dict) -> dict:
@@ -197,7 +247,6 @@ def pod_template(name: str, args, r: dict) -> dict:
         "FABRIC_ENV": r["fabric"],
         "MAX_RESTARTS": str(args.max_restarts),
         "DLRM_ACCEL": "cuda" if r["gpu"] else "cpu",  # torch's ROCm build answers to 'cuda' as well
-        "TORCHRUN": "torchrun",
         "LOGLEVEL": "INFO",  # torchrun's agent logs its group_rank (rank 0 lives on group_rank 0)
     }
     if args.log_dir:  # torchrun reads any of its options from PET_<OPTION> when not on its command line
@@ -212,12 +261,15 @@ def pod_template(name: str, args, r: dict) -> dict:
     if args.pvc:
         mounts.append({"name": "outputs", "mountPath": f"{WORKDIR}/outputs"})
         volumes.append({"name": "outputs", "persistentVolumeClaim": {"claimName": args.pvc}})
+    if args.data_pvc:
+        mounts.append({"name": "data", "mountPath": args.data_mount, "readOnly": True})
+        volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": args.data_pvc, "readOnly": True}})
     container = {
         "name": "pytorch",  # the operator injects MASTER_ADDR/MASTER_PORT into the container of this name
         "image": args.image,
         "imagePullPolicy": "IfNotPresent",
         "workingDir": WORKDIR,
-        "command": container_command(args.overrides),
+        "command": container_command(args),
         "env": [{"name": k, "value": v} for k, v in env.items()],
         "ports": [{"name": "pytorchjob-port", "containerPort": PORT}],
         "resources": {"limits": limits, "requests": dict(limits)},

@@ -34,10 +34,18 @@ def container(job: dict, replica: str) -> dict:
     return c
 
 
+def pod_env() -> dict:
+    """This environment as a pod's image has it: a python3 with torch first on PATH (find_torchrun then starts
+    `python3 -m dlrm.torchrun`, as in the image, unless DLRM_VENV names a venv: `<venv>/bin/python -m ...`)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "NCCL_", "GLOO_", "TORCH_NCCL"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return env
+
+
 def pod_torchrun(job: dict, replica: str, rank: int) -> list[str]:
     """Run the pod's command here under DRY_RUN=1, with the env the operator and the manifest give it."""
     c = container(job, replica)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "NCCL_", "GLOO_", "TORCH_NCCL"))}
+    env = pod_env()
     for k in ("NNODES", "NODE_RANK", "RUN_DIR", "RDZV_ENDPOINT", "MASTER_ADDR", "MASTER_PORT", "NGPU"):
         env.pop(k, None)
     env.update({e["name"]: e["value"] for e in c["env"]})
@@ -59,7 +67,7 @@ def option(cmd: list[str], name: str) -> str:
 def test_manifest_matches_the_topology_config(nodes):
     overrides = ["topology=dgx_h100_multinode", f"topology.nodes={nodes}", "experiment=dcn_small"]
     topo = compose(overrides).topology
-    job = job_for("--image", "registry.example/dlrm:1", "--name", "dcn", *overrides)
+    job = job_for("--image", "registry.example/dlrm:1", "--name", "dcn", "--pvc", "dcn-outputs", *overrides)
     assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "PyTorchJob"
     specs = job["spec"]["pytorchReplicaSpecs"]
     # one pod per node: the Master plus nodes-1 Workers
@@ -84,7 +92,7 @@ def test_manifest_matches_the_topology_config(nodes):
     # the torchrun command each pod runs: the topology's nodes and ranks per node, c10d on the Master
     for replica, rank in (("Master", 0), ("Worker", nodes - 1)):
         cmd = pod_torchrun(job, replica, rank)
-        assert cmd[0] == "torchrun"
+        assert cmd[1:3] == ["-m", "dlrm.torchrun"]  # its own store for restarted pods (docs/cluster.md)
         assert option(cmd, "--nnodes") == str(topo.nodes)
         assert option(cmd, "--nproc_per_node") == str(topo.ranks_per_node)
         assert option(cmd, "--node_rank") == str(rank)
@@ -92,11 +100,11 @@ def test_manifest_matches_the_topology_config(nodes):
         assert option(cmd, "--rdzv_endpoint") == "dcn-master-0:29500"
         assert option(cmd, "--rdzv_id") == "dcn"
         assert option(cmd, "--max-restarts") == "3"
-        assert cmd[cmd.index("-m") + 1 :] == ["dlrm.train", *overrides, "hydra.run.dir=outputs/dcn"]
+        assert cmd[cmd.index("-m", 3) + 1 :] == ["dlrm.train", *overrides, "hydra.run.dir=outputs/dcn"]
 
 
 def test_pods_source_the_fabric_env_file():
-    job = job_for("topology=dgx_h100_multinode", "--fabric-env", "nccl_socket")
+    job = job_for("topology=dgx_h100_multinode", "--fabric-env", "nccl_socket", "checkpoint.at_end=false")
     c = container(job, "Worker")
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["FABRIC_ENV"] == "nccl_socket" and env["DLRM_ACCEL"] == "cuda"
@@ -106,7 +114,7 @@ def test_pods_source_the_fabric_env_file():
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, **env, "DRY_RUN": "1", "RANK": "1", "MASTER_ADDR": "m", "MASTER_PORT": "29500"},
+        env={**pod_env(), **env, "DRY_RUN": "1", "RANK": "1", "MASTER_ADDR": "m", "MASTER_PORT": "29500"},
     )
     assert r.returncode == 0, r.stderr
     assert "fabric env: launch/env/nccl_socket.sh" in r.stderr and "NCCL_IB_DISABLE=1" in r.stderr
@@ -115,7 +123,7 @@ def test_pods_source_the_fabric_env_file():
 def test_cpu_topology_requests_no_gpu_and_uses_gloo():
     overrides = ["topology=cpu_2x2"]
     topo = compose(overrides).topology
-    job = job_for("--rdma-resource", "none", *overrides)
+    job = job_for("--rdma-resource", "none", "--pvc", "outs", *overrides)
     c = container(job, "Worker")
     assert c["resources"]["limits"] == {}
     env = {e["name"]: e["value"] for e in c["env"]}
@@ -164,7 +172,7 @@ def run_cli(*argv: str, out: Path | None = None) -> subprocess.CompletedProcess:
 
 def test_cli_writes_the_manifest(tmp_path):
     out = tmp_path / "job.yaml"
-    r = run_cli("topology=dgx_h100_multinode", "topology.nodes=3", out=out)
+    r = run_cli("topology=dgx_h100_multinode", "topology.nodes=3", "--pvc", "outs", out=out)
     assert r.returncode == 0, r.stderr
     job = yaml.safe_load(out.read_text())
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
@@ -195,6 +203,26 @@ def test_cli_writes_the_manifest(tmp_path):
         (["--name", "dlrm\n", "topology=dgx_h100"], "control character|not a DNS-1123 label"),
         (["--pvc", "data\n", "topology=dgx_h100"], "control character|not a valid claim name"),
         (["--namespace", "team a", "topology=dgx_h100"], "--namespace='team a' is not a DNS-1123 label"),
+        # several pods that save checkpoints, with no filesystem in common
+        (
+            ["topology=dgx_h100_multinode"],
+            "topology 'dgx_h100_multinode' has 2 nodes and the job saves checkpoints \\(checkpoint.at_end=true\\), "
+            "but without --pvc .* pass --pvc CLAIM .* or checkpoint.at_end=false",
+        ),
+        (
+            ["topology=dgx_h100_multinode", "checkpoint.at_end=false", "checkpoint.every_steps=100"],
+            "saves checkpoints \\(checkpoint.every_steps=100\\)",
+        ),
+        (
+            ["--pvc", "outs", "topology=dgx_h100_multinode", "checkpoint.dir=/scratch/ckpt"],
+            "checkpoint.dir=/scratch/ckpt is outside outputs/, where --pvc mounts",
+        ),
+        (
+            ["-cd", "no/such/dir", "topology=dgx_h100"],
+            "config directory .*no/such/dir \\(-cd/--config-dir\\) not found",
+        ),
+        (["--data-pvc", "Data", "topology=dgx_h100"], "--data-pvc=Data is not a valid claim name"),
+        (["--data-pvc", "data", "--data-mount", "data", "topology=dgx_h100"], "--data-mount=data is not an absolute"),
     ],
 )
 def test_refusals_name_the_key_and_the_fix_and_write_nothing(tmp_path, argv, match):
@@ -237,6 +265,35 @@ def test_any_printable_override_stays_one_string_of_one_document(value):
     docs = list(yaml.safe_load_all(text))
     assert len(docs) == 1 and docs[0]["kind"] == "PyTorchJob"
     assert f"data.criteo.dir={value}" in container(docs[0], "Master")["command"]
+
+
+def test_one_pod_or_no_checkpoint_needs_no_shared_claim():
+    assert "Worker" not in job_for("topology=dgx_h100")["spec"]["pytorchReplicaSpecs"]  # one pod saves alone
+    job_for("topology=dgx_h100_multinode", "checkpoint.at_end=false")
+    pod = job_for("--pvc", "outs", "topology=dgx_h100_multinode", "checkpoint.dir=outputs/ckpt")
+    assert pod["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
+
+
+def test_a_team_config_directory_and_data_claim_reach_every_pod(tmp_path):
+    """-cd DIR / -cn NAME compose here as dlrm.train will (a topology of DIR sizes the job) and go to every
+    pod's run_multinode.sh, whose topology check finds DIR too; --data-pvc mounts the data read-only."""
+    (tmp_path / "topology").mkdir()
+    (tmp_path / "topology" / "team.yaml").write_text(
+        "defaults:\n  - dgx_h100_multinode\n  - _self_\nname: team\nnodes: 3\n"
+    )
+    (tmp_path / "team.yaml").write_text("defaults:\n  - config\n  - override topology: team\n  - _self_\n")
+    argv = ["--pvc", "outs", "--data-pvc", "clicks", "-cd", str(tmp_path), "-cn", "team", "trainer.max_steps=5"]
+    job = job_for(*argv)
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2  # nodes 3, from DIR's topology
+    c = container(job, "Worker")
+    assert c["command"][4:] == ["-cd", str(tmp_path), "-cn", "team", "trainer.max_steps=5"]
+    assert {"name": "data", "mountPath": "/data", "readOnly": True} in c["volumeMounts"]
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert {"name": "data", "persistentVolumeClaim": {"claimName": "clicks", "readOnly": True}} in pod["volumes"]
+    cmd = pod_torchrun(job, "Worker", 2)
+    assert option(cmd, "--nnodes") == "3"
+    assert cmd[cmd.index("-m", 3) + 1 :] == ["dlrm.train", "-cd", str(tmp_path), "-cn", "team", "trainer.max_steps=5",
+                                             "hydra.run.dir=outputs/dlrm"]  # fmt: skip
 
 
 def test_names_are_matched_whole():
