@@ -228,8 +228,16 @@ class Config:
             )
 
     def _check_precisions(self) -> None:
-        """Half-precision tables are sharded; what the CPU (fbgemm's CPU kernels, TorchRec's codecs on
-        Gloo) cannot store or send in bf16."""
+        """Half-precision tables are sharded and never bf16 (fbgemm's training kernels); what the CPU
+        (TorchRec's codecs on Gloo) cannot send in bf16."""
+        if self.model.embedding_precision == Precision.bf16:
+            _fail(
+                "model.embedding_precision",
+                "bf16",
+                "fbgemm 1.8's training kernels store table weights in fp32 or fp16 only (its CUDA lookups and "
+                "updates have no bf16 weight type, its CPU ones neither, and TorchRec's cache for bf16 tables "
+                "cannot be made on a GPU); use fp16: the same 2 bytes per weight, fp32 optimizer state",
+            )
         if self.model.embedding_precision != Precision.fp32:
             replicated = [t.name for t in self.model.tables if self.sharding.pinned(t) == ShardingType.data_parallel]
             if replicated:
@@ -243,13 +251,6 @@ class Config:
                 )
         if self.topology.device != Device.cpu:
             return
-        if self.model.embedding_precision == Precision.bf16:
-            _fail(
-                "model.embedding_precision",
-                "bf16",
-                "fbgemm's CPU embedding kernels have no bf16 weights; on CPU use fp16 (or fp32), "
-                "bf16 with topology.device=cuda",
-            )
         for name in ("qcomms_forward", "qcomms_backward"):
             if getattr(self.sharding, name) == Precision.bf16:
                 _fail(

@@ -108,12 +108,12 @@ class ModelConfig:
     (data.parquet.sparse[*].weights); a feature without declared weights gets 1.0 per id. false: the
     ids' rows are pooled as they are."""
     embedding_precision: Precision = Precision.fp32
-    """The dtype the table weights are stored in (fp32, fp16, bf16): TorchRec's
+    """The dtype the table weights are stored in (fp32 or fp16): TorchRec's
     `EmbeddingBagConfig.data_type`, which fbgemm's kernels take as `weights_precision` and TorchRec's
-    planner as the bytes per weight. fp16/bf16 halve the tables' memory; the lookups' outputs and the
+    planner as the bytes per weight. fp16 halves the tables' memory; the lookups' outputs and the
     optimizer state stay fp32, and fbgemm rounds each update stochastically. The weights are part of
-    the model (its state dict, checkpoints, exports), hence a model key. fbgemm's CPU kernels have no
-    bf16: on CPU use fp32 or fp16."""
+    the model (its state dict, checkpoints, exports), hence a model key. bf16 is refused: fbgemm 1.8's
+    training kernels (CPU and CUDA) have no bf16 weight type."""
 
     def check(self, key: str = "model") -> None:
         self._check_dense(key)

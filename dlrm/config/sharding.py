@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dlrm.config.checks import _fail
+from dlrm.config.checks import _fail, _require_positive
 from dlrm.config.choices import ComputeKernel, Precision, ShardingStrategy, ShardingType
 from dlrm.config.model import TableConfig
 
@@ -28,6 +28,13 @@ class ShardingConfig:
     qcomms_backward: Precision = Precision.fp32
     """The wire precision (fp32, fp16, bf16) of the same collectives' gradients in the backward pass;
     as qcomms_forward otherwise."""
+    qcomms_backward_loss_scale: float | None = 1024.0
+    """With qcomms_backward=fp16: the gradients are multiplied by this before the cast to fp16 and divided
+    by it after (TorchRec's QCommsConfig.backward_loss_scale). The pooled embeddings' gradients of a mean
+    loss are small (about 1e-7..1e-4 at a few thousand samples per rank), under fp16's smallest normal
+    (6.1e-5), where fp16 keeps few bits or none; 1024 lifts every gradient above 6e-8 into its normal
+    range, and only a gradient over 64 would overflow. A power of two scales exactly. null: no scaling.
+    bf16 has fp32's exponent range and is not scaled."""
     compute_kernel: ComputeKernel = ComputeKernel.auto
     """The sharded tables' kernel (dlrm.config.choices.ComputeKernel); on a GPU, fused_uvm_caching keeps the
     tables (and their optimizer state) in host memory with a cache of `cache_load_factor` of each
@@ -41,6 +48,8 @@ class ShardingConfig:
     CUDA stream while this one trains (GPU, UVM caching, trainer.pipeline=true)."""
 
     def check(self, tables: list[str], key: str = "sharding") -> None:
+        if self.qcomms_backward_loss_scale is not None:
+            _require_positive(f"{key}.qcomms_backward_loss_scale", self.qcomms_backward_loss_scale)
         for name, kind in self.per_table.items():
             if name not in tables:
                 _fail(f"{key}.per_table.{name}", kind, f"no table of that name; tables: {', '.join(sorted(tables))}")

@@ -53,13 +53,46 @@ class AnyDeviceEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
 COMM_TYPES = {"fp32": CommType.FP32, "fp16": CommType.FP16, "bf16": CommType.BF16}
 
 
+class LossScaledCodec:
+    """A TorchRec quantized-comms codec whose input is multiplied by `scale` before it is encoded and whose
+    output is divided by it after it is decoded, both in the input's precision (fp32); the rest (dtype,
+    sizes, context) is the wrapped codec's.
+
+    Not fbgemm's own loss scale (QCommsConfig.backward_loss_scale): fbgemm 1.8's decode divides the fp16
+    payload before casting it back, which rounds every gradient under fp16's smallest normal onto the
+    subnormal grid the scale is meant to avoid. tests/distributed/test_precision_options.py shows both;
+    once fbgemm divides after the cast, its own scale will do.
+    """
+
+    def __init__(self, codec: Any, scale: float) -> None:
+        self.codec, self.scale = codec, scale
+
+    def encode(self, input_tensor: torch.Tensor, ctx: Any = None) -> torch.Tensor:
+        return self.codec.encode(input_tensor * self.scale, ctx)
+
+    def decode(self, input_tensor: torch.Tensor, ctx: Any = None) -> torch.Tensor:
+        return self.codec.decode(input_tensor, ctx) / self.scale
+
+    def __getattr__(self, name: str) -> Any:  # quantized_dtype, calc_quantized_size, create_context, ...
+        return getattr(self.codec, name)
+
+
 def qcomms_registry(cfg: ShardingConfig, device_type: str) -> dict[str, QuantizedCommCodecs] | None:
     """TorchRec's quantized-comms codecs for sharding.qcomms_forward/backward on `device_type`
-    (the alltoalls and reduce-scatters of pooled embeddings and of their gradients); None when both are fp32."""
+    (the alltoalls and reduce-scatters of pooled embeddings and of their gradients), fp16 gradients
+    scaled by sharding.qcomms_backward_loss_scale around the wire (`LossScaledCodec`); None when both
+    are fp32."""
     qcomms = QCommsConfig(
         forward_precision=COMM_TYPES[cfg.qcomms_forward], backward_precision=COMM_TYPES[cfg.qcomms_backward]
     )
-    return get_qcomm_codecs_registry(qcomms, device=torch.device(device_type))
+    registry = get_qcomm_codecs_registry(qcomms, device=torch.device(device_type))
+    scale = cfg.qcomms_backward_loss_scale
+    if registry is None or cfg.qcomms_backward != "fp16" or scale is None:
+        return registry
+    return {
+        op: QuantizedCommCodecs(forward=c.forward, backward=cast(Any, LossScaledCodec(c.backward, scale)))
+        for op, c in registry.items()
+    }
 
 
 def sharders(cfg: Config | None = None) -> list[ModuleSharder[torch.nn.Module]]:
