@@ -24,6 +24,7 @@ from dlrm.common.errors import UserError
 from dlrm.config import Config
 from dlrm.data.prefetch import Prefetcher, prefetch_pays
 from dlrm.data.source import batches_on, make_source
+from dlrm.distributed.cache_locks import cache_lines_unlocked
 from dlrm.distributed.capacity import dense_param_count
 from dlrm.distributed.dense_sync import use_compressed_allreduce, use_hierarchical_allreduce
 from dlrm.distributed.local_sgd import LocalSGD
@@ -417,12 +418,14 @@ class Trainer:
     def evaluate(self) -> dict:
         """AUC and log loss over the eval split ({} if there is none), the same on every rank. The
         pipeline's model, detached for the evaluation's direct calls, is attached again after it
-        (TorchRec's public `attach`; PrefetchTrainPipelineSparseDist.progress does not re-attach)."""
+        (TorchRec's public `attach`; PrefetchTrainPipelineSparseDist.progress does not re-attach). Its
+        lookups lock no UVM cache line (`cache_lines_unlocked`: only a backward would unlock them)."""
         n = self.eval_batches()
         if not n:
             return {}
         try:
-            return self.evaluator.evaluate(self.detached_model(), self.batches("eval", 0, n))
+            with cache_lines_unlocked(self.model):
+                return self.evaluator.evaluate(self.detached_model(), self.batches("eval", 0, n))
         finally:
             if self.pipeline is not None:
                 self.pipeline.attach()
