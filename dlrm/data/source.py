@@ -54,19 +54,22 @@ def batches_on(source: BatchSource, device: torch.device) -> bool:
 def make_source(cfg: Config, device: torch.device | None = None) -> BatchSource:
     """The batch source for this config (synthetic, preprocessed Criteo or Parquet files). Synthetic batches are
     made on `device` (the training device; None: the host) unless data.synthetic.on_device=false;
-    Criteo's multi-hot ids are expanded on `device` when it is a GPU (`dlrm.data.multihot.BaseIdBatch`)."""
+    Criteo's and Parquet's multi-hot ids are expanded on `device` when it is a GPU
+    (`dlrm.data.multihot.BaseIdBatch`)."""
     names, rows, pooling = feature_layout(cfg)
+    on_gpu = device is not None and device.type == "cuda"  # multi-hot ids expand there
     if cfg.data.source == "criteo":
         from dlrm.data.criteo.loader import CriteoSource
 
-        on_gpu = device is not None and device.type == "cuda"  # multi-hot ids expand there
         return CriteoSource(
             cfg.data.criteo, names, rows, cfg.data.global_batch_size, cfg.seed, device if on_gpu else None
         )
     if cfg.data.source == "parquet":
         from dlrm.data.parquet.source import ParquetSource
 
-        return ParquetSource(cfg.data.parquet, names, rows, cfg.data.global_batch_size, cfg.seed)
+        return ParquetSource(
+            cfg.data.parquet, names, rows, cfg.data.global_batch_size, cfg.seed, device if on_gpu else None
+        )
     from dlrm.data.synthetic import SyntheticSource
 
     return SyntheticSource(

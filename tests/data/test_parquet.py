@@ -20,6 +20,7 @@ from dlrm.config import ConfigError, ParquetConfig, SparseColumnConfig, validate
 from dlrm.config.choices import IdPolicy, SparseKind
 from dlrm.config.compose import compose
 from dlrm.data import convert, inspect
+from dlrm.data.multihot import BaseIdBatch
 from dlrm.data.parquet.files import ParquetDataError, ParquetValueError
 from dlrm.data.parquet.hashing import hash_strings
 from dlrm.data.parquet.reader import RowGroupReader
@@ -322,6 +323,10 @@ def test_multi_hot_sizes_expand_one_base_id_per_sample_as_the_criteo_source(tmp_
             expected = [((base[f][at, None] % r + o) % r).reshape(-1) for f, r, o in zip("ab", rows, offsets)]
             assert kjt.values().dtype == torch.int32 and kjt.values().tolist() == np.concatenate(expected).tolist()
             assert kjt.lengths().tolist() == [3] * 40 + [1] * 40 and batch.labels.shape == (40,)
+        lazy = take(ParquetSource(multi, ["a", "b"], rows, 40, 0, expand_on=torch.device("cpu")), "train", 0, 1, 3)
+        for want, got in zip(batches, lazy, strict=True):  # expanded where moved (the GPU), the same batch
+            assert isinstance(got, BaseIdBatch) and got.base.shape == (40, 2)
+            assert_same_batch(got.to(torch.device("cpu")), want)
     with pytest.raises(ParquetValueError, match="'a'.*holds id"):
         ParquetSource(dataclasses.replace(cfg, multi_hot_sizes=[3, 1]), ["a", "b"], [60, 50], 40, 0)
     with pytest.raises(ParquetDataError, match="multi_hot_sizes"):

@@ -6,11 +6,13 @@ reductions check each); a batch holding a bad value is made column by column, so
 is named (file, column, row). Ids below 0 or >= the table's rows are refused or, with
 id_policy=modulo, folded into the table and counted (`folded_ids`). With
 data.parquet.multi_hot_sizes, every column holds one base id per sample, expanded as the Criteo
-source expands its files' (`dlrm.data.multihot`).
+source expands its files' (`dlrm.data.multihot`): on the host, or, with `expand_on` (a GPU), where
+the batch is moved (`BaseIdBatch`).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -24,9 +26,10 @@ from dlrm.data.parquet.files import ParquetDataError, ParquetValueError, compute
 from dlrm.data.parquet.hashing import hash_strings
 
 if TYPE_CHECKING:  # torch and torchrec where batches are made: the checks start without them
+    import torch
     from torchrec.datasets.utils import Batch
 
-    from dlrm.data.multihot import MultiHotLayout
+    from dlrm.data.multihot import BaseIdBatch, MultiHotLayout
 
 _INT32_MAX = 2**31 - 1
 
@@ -65,10 +68,18 @@ def _runs(features: int, scalar: list[int]) -> list[tuple[int, int, int | None]]
 
 class BatchMaker:
     """Makes and checks the batches of one data.parquet declaration for the model's features
-    (`feature_names`, in KJT key order; `table_rows`: the rows of each one's table)."""
+    (`feature_names`, in KJT key order; `table_rows`: the rows of each one's table). With
+    data.parquet.multi_hot_sizes and `expand_on` (a GPU), batches are `BaseIdBatch`es: one id per
+    sample and feature, expanded when moved to the device; None expands them on the host."""
 
-    def __init__(self, cfg: ParquetConfig, feature_names: Sequence[str], table_rows: Sequence[int]):
-        self.cfg = cfg
+    def __init__(
+        self,
+        cfg: ParquetConfig,
+        feature_names: Sequence[str],
+        table_rows: Sequence[int],
+        expand_on: torch.device | None = None,
+    ):
+        self.cfg, self.expand_on = cfg, expand_on
         self.names, self.table_rows = list(feature_names), [int(r) for r in table_rows]
         by_name = {s.name: (i, s) for i, s in enumerate(cfg.sparse)}
         missing = [n for n in self.names if n not in by_name]
@@ -95,7 +106,7 @@ class BatchMaker:
         self._other = {f for f in range(len(self.specs)) if f not in scalar}  # features read one by one
         self._runs = _runs(len(self.specs), scalar)
         self.multi_hot: list[list[int]] | None = None  # per feature, its offsets (data.parquet.multi_hot_sizes)
-        self._layouts: dict[int, MultiHotLayout] = {}  # per batch size
+        self._layouts: dict[tuple[int, torch.device], MultiHotLayout] = {}  # per batch size and device
         if cfg.multi_hot_sizes is not None:
             sizes = [int(m) for m in cfg.multi_hot_sizes]
             if len(sizes) != len(self.names) or min(sizes) < 1 or self._other:
@@ -186,24 +197,33 @@ class BatchMaker:
             return None
         return np.ascontiguousarray(dense.T), labels, ids
 
-    def _expanded(self, dense: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> Batch:
+    def _expanded(self, dense: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> Batch | BaseIdBatch:
         """The Batch of base ids [F, b] (one per feature and sample, in range) expanded to
-        data.parquet.multi_hot_sizes ids each, as the Criteo source expands its files' ids."""
+        data.parquet.multi_hot_sizes ids each, as the Criteo source expands its files' ids: here, or
+        with `expand_on` when it is moved there (a `BaseIdBatch`, whose base ids are [b, F])."""
         import torch
         from torchrec.datasets.utils import Batch
 
-        assert self.multi_hot is not None
-        b = ids.shape[1]
-        if b not in self._layouts:
-            from dlrm.data.multihot import MultiHotLayout
+        from dlrm.data.multihot import BaseIdBatch
 
-            self._layouts[b] = MultiHotLayout(self.names, self.table_rows, self.multi_hot, b, torch.device("cpu"))
-        layout = self._layouts[b]
+        b = ids.shape[1]
+        dense_t = torch.from_numpy(dense)
+        labels_t = torch.from_numpy(labels[:, 0].copy() if labels.shape[1] == 1 else labels)
+        if self.expand_on is not None:
+            return BaseIdBatch(dense_t, torch.from_numpy(ids).t(), labels_t, functools.partial(self.layout, b))
+        layout = self.layout(b, torch.device("cpu"))
         return Batch(
-            dense_features=torch.from_numpy(dense),
-            sparse_features=layout.kjt_of_values(layout.expand_host(ids.T)),
-            labels=torch.from_numpy(labels[:, 0].copy() if labels.shape[1] == 1 else labels),
+            dense_features=dense_t, sparse_features=layout.kjt_of_values(layout.expand_host(ids.T)), labels=labels_t
         )
+
+    def layout(self, count: int, device: torch.device) -> MultiHotLayout:
+        """The multi-hot layout of `count` samples on `device` (made once per pair)."""
+        from dlrm.data.multihot import MultiHotLayout
+
+        assert self.multi_hot is not None
+        if (count, device) not in self._layouts:
+            self._layouts[count, device] = MultiHotLayout(self.names, self.table_rows, self.multi_hot, count, device)
+        return self._layouts[count, device]
 
     def _batch(
         self,

@@ -51,6 +51,7 @@ from dlrm.data.parquet.schema import Dataset
 from dlrm.data.prefetch import Prefetcher
 
 if TYPE_CHECKING:
+    import torch
     from torchrec.datasets.utils import Batch
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,9 @@ class ParquetSource:
     real lengths (and weights when declared), labels [b] f32, or [b, T] with T label columns)`.
 
     feature_names: the model's sparse features in KJT key order; table_rows: the rows of each one's
-    table. Example: `ParquetSource(cfg.data.parquet, names, rows, 2048, seed=0).batches("train", rank, world)`.
+    table. expand_on: with data.parquet.multi_hot_sizes, batches are `BaseIdBatch`es whose ids expand
+    when moved to this device (give the GPU); None expands them on the host, in the reader thread.
+    Example: `ParquetSource(cfg.data.parquet, names, rows, 2048, seed=0).batches("train", rank, world)`.
     """
 
     # long: opens both splits and checks their schemas before any batch is read
@@ -74,12 +77,13 @@ class ParquetSource:
         table_rows: Sequence[int],
         global_batch_size: int,
         seed: int,
+        expand_on: torch.device | None = None,
     ):
         if not cfg.path:
             raise ParquetDataError("data.parquet.path is not set: point it at your Parquet files")
         self.cfg, self.seed, self.global_batch_size = cfg, int(seed), int(global_batch_size)
         self.names, self.table_rows = list(feature_names), [int(r) for r in table_rows]
-        self.maker = BatchMaker(cfg, self.names, self.table_rows)
+        self.maker = BatchMaker(cfg, self.names, self.table_rows, expand_on)
         self.columns = list(self.maker.columns)
         train = Dataset(cfg.path, "data.parquet.path", self.maker.columns)
         groups = list(range(len(train.row_groups)))
