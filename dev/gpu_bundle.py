@@ -147,9 +147,13 @@ def source_tree(dest: Path, source: str) -> str:
             with tarfile.open(fileobj=f) as tar:
                 tar.extractall(dest, filter="data")
         # The check itself must travel even before it is committed.
-        for rel in ("dev/gpu_check.py", "dev/gpu_install.sh"):
+        for rel in [
+            *(str(p.relative_to(ROOT)) for p in (ROOT / "dev" / "gpu_check").glob("*.py")),
+            "dev/gpu_install.sh",
+        ]:
             if not (dest / rel).exists():
                 log(f"warning: {rel} is not in HEAD; taken from the working tree")
+                (dest / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(ROOT / rel, dest / rel)
     else:
         files = subprocess.run(

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install a bundle made by dev/gpu_bundle.py on a bare GPU machine, then run the acceptance check
-# (dev/gpu_check.py). The bundle carries it as install.sh; the repository's copy is the same file.
+# (dev/gpu_check). The bundle carries it as install.sh; the repository's copy is the same file.
 #   bash install.sh [--bundle DIR] [--dest DIR] [--src DIR] [--no-install] [--no-run] [-- gpu_check args]
 #   --bundle  the parts, MANIFEST.sha256 and bundle.tar.xz.sha256 (default: this script's directory if it
 #             holds MANIFEST.sha256, else /tmp/gpu_bundle)
@@ -12,7 +12,7 @@
 # unpacked); the parts are joined in the manifest's order and the whole checked against
 # bundle.tar.xz.sha256; unpacked (xz, else Python's lzma), then src.tar.xz if there (checked against
 # src.tar.xz.sha256; it replaces any src/ of the parts); `pip install --no-index --no-deps` of
-# wheels/*.whl into DEST/site; then `python3 dev/gpu_check.py ARGS` in the source tree with
+# wheels/*.whl into DEST/site; then `python3 dev/gpu_check ARGS` in the source tree with
 # PYTHONPATH=DEST/site first. PYTHON chooses the interpreter (default python3).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -106,7 +106,7 @@ EOF
 
 # 5. the check
 src=${src:-$dest/src}
-[[ -f $src/dev/gpu_check.py ]] || { echo "error: no dev/gpu_check.py in $src" >&2; exit 2; }
+[[ -f $src/dev/gpu_check/__main__.py ]] || { echo "error: no dev/gpu_check/__main__.py in $src" >&2; exit 2; }
 cd "$src"
-say "$PY dev/gpu_check.py $*"
-exec "$PY" dev/gpu_check.py "$@"
+say "$PY dev/gpu_check $*"
+exec "$PY" dev/gpu_check "$@"
