@@ -504,3 +504,15 @@ def test_hydra_callbacks_get_the_primary_config_name(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     train.main()
     assert names == ["mine", "mine"]
+
+
+def test_user_error_inside_the_job_is_one_line(monkeypatch, capsys, tmp_path):
+    """An error the job itself raises (bad data met while training) reaches the user as one line:
+    Hydra's `run_job` records it as a failed job without printing a line of its own."""
+
+    def fails(cfg, run_dir, world):
+        raise UserError("data file x.parquet: column 'c' holds NaN; fix the file")
+
+    monkeypatch.setattr(train, "run", fails)
+    code, out, err = main_in_process(monkeypatch, capsys, "model=tiny", f"hydra.run.dir={tmp_path / 'run'}")
+    assert_one_error(code, out, err, "x.parquet", "column 'c'")

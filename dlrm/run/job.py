@@ -30,13 +30,24 @@ def run_in_hydra_job(composed: DictConfig, job: Callable[[], T]) -> T:
     between the callbacks' run start and end. Returns what `job` returns; raises what it raises.
     Call inside `dlrm.config.compose.hydra_session`."""
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.utils import run_job
+    from hydra.core.utils import JobStatus, run_job
     from hydra.types import HydraContext
 
     callbacks = job_callbacks(composed)
     config_name = composed.hydra.job.config_name  # -cn, as Hydra recorded it
     callbacks.on_run_start(config=composed, config_name=config_name)
     context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
-    done = run_job(lambda _: job(), composed, "hydra.run.dir", None, context, configure_logging=False)
+    failures: list[BaseException] = []
+
+    def task(_: DictConfig) -> T:
+        try:
+            return job()
+        except BaseException as e:
+            failures.append(e)
+            raise
+
+    done = run_job(task, composed, "hydra.run.dir", None, context, configure_logging=False)
     callbacks.on_run_end(config=composed, config_name=config_name, job_return=done)
-    return done.return_value  # raises the job's exception, if it failed
+    if done.status is JobStatus.FAILED:  # raised here: `done.return_value` would print a line of its own
+        raise failures[0]
+    return done.return_value

@@ -22,6 +22,7 @@ def assert_one_error(code, out: str, err: str, *words: str) -> str:
     for word in words:
         assert word in lines[0], lines[0]
     assert "Traceback" not in text and "ChildFailedError" not in text, text
+    assert "Error executing job" not in text, text  # Hydra's own line for a failed job
     return lines[0]
 
 
