@@ -1,23 +1,15 @@
-"""Calibrate a topology's collectives on profiled training runs: what they reach as the trainer issues them.
+"""Calibrate a topology's collectives on profiled training runs.
 
     python -m dlrm.comms.calibrate --run outputs/RUN [outputs/RUN2 ...] [--collectives alltoall,allreduce]
-                                   [--topology NAME_OR_PATH] [--out FILE]
+                                   [--term bandwidth|latency] [--topology NAME_OR_PATH] [--out FILE]
 
-`dlrm.comms.fit` times each collective alone, every rank entering it together. In training the
-messages, their sizes and what else runs differ, and a collective can reach more or less of the link:
-on the emulated 2 x 1 cluster the table-wise exchange took x0.86-x0.98 of what the fit predicts.
-
-This command reads profiled runs' `comm_vs_model` (per step, the embedding exchange's and the dense
-allreduce's own time, from the last rank's entry to the last exit, beside the model's seconds and
-their latency part, `dlrm.comms.measured`) and scales each chosen collective's bandwidth by
-(model - latency) / (measured - latency), the median over the runs: the alltoall from the embedding
-exchange, the allreduce from the dense allreduce (`--collectives`), latencies kept. With `--term
-latency` it scales the latency instead, by (measured - bandwidth terms) / latency, bandwidths kept: for
-collectives of small messages, which a busy CPU machine slows by waking its communication threads late
-(the one-machine main job: 2 ranks on 2 cores). It changes the link the runs' collectives crossed:
-inter_node with several nodes of one rank, intra_node on one node (a run over both levels is refused;
-so are runs of different topologies or links). The topology (default: the runs' own, its file in
-conf/topology/) is written atomically, its comments kept and the calibration added.
+Each run's summary holds `comm_vs_model`: per step, the embedding exchange's and the dense allreduce's
+measured seconds beside the model's. Each chosen collective's bandwidth is scaled by
+(model - latency) / (measured - latency), the median over the runs (alltoall from the embedding
+exchange, allreduce from the dense allreduce); with `--term latency` the latency is scaled instead, by
+(measured - bandwidth terms) / latency. The link changed is the one the runs crossed: inter_node for
+several nodes of one rank, intra_node for one node. The topology (default: the runs' own) is written
+atomically, its comments kept and the calibration added.
 """
 
 from __future__ import annotations
@@ -42,7 +34,17 @@ ROWS = {"embedding_exchange": "alltoall", "dense_allreduce": "allreduce"}  # com
 
 
 def read_run(run: str) -> tuple[dict, dict]:
-    """(summary, config) of a run directory (or its summary.json): CommsError naming what is missing."""
+    """Read a finished training run.
+
+    Args:
+        run: the run's directory, or its summary.json.
+
+    Returns:
+        (summary, config) as plain dicts.
+
+    Raises:
+        CommsError: the summary is missing, unreadable or has no comm_vs_model, or the config has no topology.
+    """
     path = Path(run)
     summary_path = path / "summary.json" if path.is_dir() else path
     config_path = summary_path.parent / "config.yaml"
@@ -66,7 +68,7 @@ def read_run(run: str) -> tuple[dict, dict]:
 
 
 def _seconds(row: dict, key: str, name: str) -> float:
-    """A comm_vs_model row's seconds (a file's number: checked), CommsError naming it otherwise."""
+    """A comm_vs_model row's seconds under `key`, checked; CommsError naming it otherwise."""
     value = row.get(key, 0.0)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise CommsError(f"comm_vs_model.{name}.{key} = {value!r} is not seconds >= 0; pass an untouched run's summary")
@@ -74,7 +76,11 @@ def _seconds(row: dict, key: str, name: str) -> float:
 
 
 def link_key(run_topology: dict) -> str:
-    """The link a run's collectives crossed: CommsError for a run over both levels."""
+    """The link ('intra_node' or 'inter_node') a run's collectives crossed.
+
+    Raises:
+        CommsError: the run spans several nodes of several ranks, so both links were crossed.
+    """
     nodes, ranks = int(run_topology.get("nodes", 1)), run_topology.get("ranks_per_node")
     if nodes > 1 and ranks not in (None, 1):
         raise CommsError(
@@ -91,9 +97,21 @@ def calibrated(
     collectives: Sequence[str] = tuple(ROWS.values()),
     term: str = "bandwidth",
 ) -> tuple[TopologyConfig, dict[str, str]]:
-    """`topo` with link `key`'s bandwidths (or, term="latency", latencies) of `collectives` (alltoall,
-    allreduce) scaled to what the runs measured (`runs`: their comm_vs_model; the median factor, module
-    docstring), and per collective a line saying what changed; CommsError if none could be."""
+    """Scale one link's figures of `collectives` to what the runs measured.
+
+    Args:
+        topo: the topology to calibrate.
+        key: the link, 'intra_node' or 'inter_node'.
+        runs: each run's comm_vs_model.
+        collectives: which of 'alltoall', 'allreduce' to calibrate.
+        term: 'bandwidth' (scale bandwidth_GBps) or 'latency' (scale latency_us).
+
+    Returns:
+        (the calibrated topology, per collective a line saying what changed or why not).
+
+    Raises:
+        CommsError: no collective could be calibrated.
+    """
     link = getattr(topo, key)
     own = dict(link.collectives)
     said: dict[str, str] = {}
@@ -163,6 +181,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> TopologyConfig:
+    """Calibrate and write the topology; returns the calibrated topology."""
     args = parse_args(argv)
     collectives = [c for c in args.collectives.split(",") if c]
     unknown = sorted(set(collectives) - set(ROWS.values()))

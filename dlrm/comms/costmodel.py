@@ -1,59 +1,11 @@
 # long file: the alpha-beta model of every fabric and collective, one concept
 """Alpha-beta cost model of collectives on a ring, a fully connected topology and a switch.
 
-Every estimate has the form ``T = steps * alpha + factor * n / B`` where
-
-- ``n``: message size in bytes, as nccl-tests counts it: the per-rank buffer of allreduce, the per-rank
-  send buffer of alltoall (n/p to each rank, itself included), the per-rank *input* of reduce-scatter
-  and the per-rank *output* of allgather;
-- ``p``: ranks taking part;
-- ``alpha``: latency per message (s), paid once per step; messages sent in the same step overlap;
-- ``B``: unidirectional bandwidth per rank (bytes/s), all of its links together (as `LinkConfig`);
-- ``steps`` and ``factor`` depend on the collective, the fabric and p (`coefficients`).
-
-Fabrics (each rank injects at most B bytes/s in total):
-
-- ``ring``: one link per rank, to the next rank, bandwidth B; one message per step.
-  allreduce = reduce-scatter + allgather, each p-1 steps of n/p bytes: 2(p-1) alpha + 2(p-1)/p n/B.
-  alltoall: chunk for distance d travels d hops (store and forward, p-1 steps); the busiest link carries
-  sum_d d n/p = (p-1)/2 n bytes: (p-1) alpha + (p-1)/2 n/B.
-- ``fully_connected``: p-1 links per rank, B/(p-1) each, all sending at once (one step).
-  alltoall: n/p to each peer on its own link: alpha + (p-1)/p n/B.
-  reduce-scatter / allgather: direct, one step: alpha + (p-1)/p n/B; allreduce twice that.
-- ``switch``: one non-blocking port per rank of bandwidth B; any rank reaches any other in one hop.
-  alltoall: p-1 messages leave through the port one after the other: (p-1) alpha + (p-1)/p n/B.
-  reduce-scatter / allgather: recursive halving / doubling, ceil(log2 p) steps: ceil(log2 p) alpha
-  + (p-1)/p n/B; allreduce twice that (Rabenseifner).
-
-The bandwidth factor of every bandwidth-optimal case equals nccl-tests' busbw factor (2(p-1)/p for
-allreduce, (p-1)/p otherwise), so a measured busbw estimates B once n is large.
-
-Two levels (scale-out, `two_level_time`): N nodes x g ranks per node, p = N g. Hierarchical allreduce =
-intra reduce-scatter(n) + inter allreduce(n/g, among the N ranks of one local index) + intra
-allgather(n). Alltoall: the intra-node part, alltoall(n/N) among g, and the inter-node part,
-alltoall(n) among N over the NIC, run concurrently on separate links, so T = max(intra, inter); the
-inter part counts one message per remote node (messages to one node's ranks are aggregated).
-
-Backends (`level_time`, `world_time`; `backend_of` reads a topology's): the formulas above are NCCL's
-(each fabric its algorithm). Gloo runs other algorithms, whatever the fabric:
-
-- allreduce and allgather: a ring over the group's ranks in rank order (gloo/allreduce.cc,
-  gloo/allgather.cc), so the ring's steps and factors: 2(p-1) alpha + 2(p-1)/p n/B and
-  (p-1) alpha + (p-1)/p n/B;
-- reduce-scatter: a whole allreduce of the input, of which each rank keeps its chunk (torch's
-  ProcessGroupGloo::reduce_scatter_tensor_coalesced), so 2(p-1) alpha + 2(p-1)/p n/B, twice the
-  bandwidth term of a reduce-scatter;
-- alltoall: direct sends to every peer, all posted at once: the fabric's formula;
-- over N nodes x g ranks (the `world` of the trainer, DDP's flat allreduce): no two-level scheme but
-  one flat ring over all p = N g ranks (`ring_time`). A node's ranks are consecutive, so the ring
-  enters and leaves each node once: its uplink carries one ring edge each way, 2(p-1)/p n bytes for
-  an allreduce (1.5 n at 2 x 2), at the node's whole inter-node rate g B_inter (its g ranks share the
-  uplink, and no other edge uses it), while the g - 1 edges inside a node run on B_intra. Every step
-  waits for the slowest edge: T = steps max(alpha) + factor n / min(B_intra, g B_inter).
-  With one NIC of B_inter per rank, NCCL's rings (one per channel, each through its own NIC) put n/g
-  through each: the same bandwidth term, so `ring_time` is also NCCL's flat ring. For NCCL the world
-  collective stays `two_level_time`: its tree and NVLS/CollNet algorithms cross the nodes with about
-  the hierarchical scheme's n/g per NIC (its ring, picked by its tuner for some sizes, is `ring_time`).
+Every estimate is ``T = steps * alpha + factor * n / B``: n the message size in bytes as nccl-tests
+counts it, p the ranks taking part, alpha the latency per message (s), B the unidirectional bandwidth per
+rank (bytes/s); (steps, factor) depend on the collective, the fabric, p and the backend (NCCL or Gloo).
+Two levels (N nodes x g ranks) combine an intra-node and an inter-node link. The derivation of every
+case is in docs/design/cost-model.md.
 """
 
 from __future__ import annotations
@@ -93,23 +45,25 @@ class Link:
 
 
 def check_collective(collective: str) -> None:
+    """CommsError unless `collective` is one the model knows."""
     if collective not in COLLECTIVES:
         raise CommsError(f"unknown collective {collective!r}: choose one of {', '.join(COLLECTIVES)}")
 
 
 def check_fabric(fabric: str) -> None:
+    """CommsError unless `fabric` is one the model knows."""
     if fabric not in FABRICS:
         raise CommsError(f"unknown fabric {fabric!r}: choose one of {', '.join(FABRICS)}")
 
 
 def check_backend(backend: str) -> None:
+    """CommsError unless `backend` is one the model knows."""
     if backend not in BACKENDS:
         raise CommsError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
 
 
 def backend_of(topology) -> str:
-    """The backend of a `TopologyConfig`: its `backend`, 'auto' being NCCL on cuda and Gloo on cpu
-    (as `dlrm.distributed.topology.backend_for`, which imports torch)."""
+    """The backend ('nccl' or 'gloo') of a `TopologyConfig`: 'auto' is NCCL on cuda and Gloo on cpu."""
     backend = str(topology.backend)
     if backend == "auto":
         return "nccl" if str(topology.device) == "cuda" else "gloo"
@@ -124,7 +78,11 @@ def busbw_factor(collective: str, p: int) -> float:
 
 
 def coefficients(collective: str, fabric: str, p: int) -> tuple[float, float]:
-    """(steps, factor) such that T = steps * alpha + factor * n / B; see the module docstring."""
+    """(steps, factor) of one collective among p ranks on `fabric`, as NCCL runs it.
+
+    Returns:
+        (steps, factor) with T = steps * alpha + factor * n / B.
+    """
     check_collective(collective)
     check_fabric(fabric)
     if p < 1:
@@ -153,9 +111,11 @@ def collective_time(collective: str, link: Link, p: int, nbytes: float) -> float
 
 
 def level_time(collective: str, link: Link, p: int, nbytes: float, backend: str = "nccl") -> float:
-    """Seconds for one collective among p ranks on one level, as `backend` runs it (module docstring):
-    NCCL by the fabric's formula (`collective_time`); Gloo's allreduce and allgather as rings on any
-    fabric, its reduce-scatter as an allreduce, its alltoall by the fabric's formula."""
+    """Seconds for one collective among p ranks on one level, as `backend` runs it.
+
+    NCCL follows the fabric's formula; Gloo runs allreduce and allgather as rings on any fabric, its
+    reduce-scatter as an allreduce and its alltoall by the fabric's formula.
+    """
     check_collective(collective)
     check_backend(backend)
     if backend == "gloo" and collective != "alltoall":
@@ -180,8 +140,11 @@ def two_level_time(
     nbytes: float,
     backend: str = "nccl",
 ) -> float:
-    """Seconds for one collective of `nbytes` over nodes x ranks_per_node ranks by the two-level scheme
-    (module docstring), each level's collective as `backend` runs it (`level_time`)."""
+    """Seconds for one collective over nodes x ranks_per_node ranks by the hierarchical scheme.
+
+    Allreduce: intra reduce-scatter, inter allreduce of n/g, intra allgather. Alltoall: the intra and
+    inter parts run concurrently, T = max of the two. Each level's collective as `backend` runs it.
+    """
     check_collective(collective)
     n, g = _shape(nodes, ranks_per_node)
 
@@ -201,9 +164,11 @@ def two_level_time(
 
 
 def ring_time(collective: str, intra: Link, inter: Link, nodes: int, ranks_per_node: int, nbytes: float) -> float:
-    """Seconds for one ring collective over all nodes x ranks_per_node ranks in rank order (module docstring):
-    the ring's (steps, factor) for p = N g, each step at the largest alpha of the levels it crosses and
-    the bandwidth term at min(B_intra (g > 1), g B_inter (N > 1)). Allreduce, reduce-scatter, allgather."""
+    """Seconds for one flat ring collective over all nodes x ranks_per_node ranks, in rank order.
+
+    The ring's (steps, factor) for p = N g; each step at the largest alpha of the levels it crosses, the
+    bandwidth term at min(B_intra, g B_inter). Allreduce, reduce-scatter and allgather only.
+    """
     check_collective(collective)
     n, g = _shape(nodes, ranks_per_node)
     if collective == "alltoall":
@@ -224,10 +189,11 @@ def world_time(
     nbytes: float,
     backend: str = "nccl",
 ) -> float:
-    """Seconds for one collective over all nodes x ranks_per_node ranks, one process group, as `backend`
-    runs it: NCCL by the two-level scheme (`two_level_time`); Gloo's alltoall likewise (direct sends,
-    intra and inter concurrent), its allreduce and allgather as one flat ring (`ring_time`), its
-    reduce-scatter as that ring's allreduce."""
+    """Seconds for one collective over all ranks in one process group, as `backend` runs it.
+
+    NCCL: `two_level_time`. Gloo: alltoall as `two_level_time`, allreduce and allgather as one flat ring
+    (`ring_time`), reduce-scatter as that ring's allreduce.
+    """
     check_collective(collective)
     check_backend(backend)
     if backend == "nccl" or collective == "alltoall":
@@ -267,19 +233,25 @@ def step_comm_time(
 ) -> dict[str, float]:
     """Estimated communication seconds of one training iteration on a `TopologyConfig`.
 
-    Inputs are per rank and per iteration, in bytes, summed over forward and backward:
-    - alltoall_bytes_intra: bytes this rank sends by alltoall to other ranks of its node;
-    - alltoall_bytes_inter: bytes this rank sends by alltoall to ranks on other nodes;
-    - allreduce_bytes: size of the allreduced buffer (dense gradients: parameters x 4 for fp32);
-    - ranks_per_node: needed when topology.ranks_per_node is None (pass LOCAL_WORLD_SIZE);
-    - alltoall_count / allreduce_count: collectives issued per iteration (each pays its latency);
-    - dense_allreduce: "flat" (DDP's one allreduce over all ranks: `world_time` on the topology's
-      backend) or "hierarchical" (`two_level_time` on that backend), as trainer.dense_allreduce.
-    Returns seconds: alltoall_intra, alltoall_inter, alltoall (= max, they run concurrently),
-    allreduce, total (= alltoall + allreduce, no overlap with compute assumed).
-    Bytes sent are turned into link time with the fabric's hops: a ring carries a byte (p/2) times
-    on average (p = ranks at that level), fully connected and switch once. The alltoalls take each
-    level's alltoall figures and the allreduce its allreduce figures (`Link.from_config`).
+    Byte counts are per rank and per iteration, forward and backward together. A ring carries a byte p/2
+    times on average (p = ranks at that level); fully connected and switch carry it once.
+
+    Args:
+        topology: the `TopologyConfig`.
+        alltoall_bytes_intra: bytes this rank sends by alltoall to other ranks of its node.
+        alltoall_bytes_inter: bytes this rank sends by alltoall to ranks on other nodes.
+        allreduce_bytes: size of the allreduced buffer (dense gradients: parameters x 4 for fp32).
+        ranks_per_node: needed when topology.ranks_per_node is None (pass LOCAL_WORLD_SIZE).
+        alltoall_count, allreduce_count: collectives issued per iteration (each pays its latency).
+        dense_allreduce: "flat" (one allreduce over all ranks) or "hierarchical" (two levels).
+
+    Returns:
+        Seconds under alltoall_intra_s, alltoall_inter_s, alltoall_s (the max: they run concurrently),
+        allreduce_s and total_s (alltoall + allreduce, no overlap with compute assumed).
+
+    Raises:
+        CommsError: negative bytes, bytes across a level that does not exist, an unknown scheme, or
+            ranks_per_node missing.
     """
     g = ranks_per_node or topology.ranks_per_node
     if not g:

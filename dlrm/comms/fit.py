@@ -1,23 +1,16 @@
 # long file: fitting is one concept: the least squares, each scope's link, and the topology file the command writes
-"""Fabrics from measurement: time the trainer's collectives, fit alpha and B, write a topology file.
+"""Fit a topology's links to measured collectives and write it as a topology file.
 
 Run under torchrun with the ranks of the topology to measure (Gloo on CPU, NCCL on GPU)::
 
     torchrun --standalone --nproc_per_node=2 -m dlrm.comms.fit --topology cpu --name cpu
 
-It times --collectives (default allreduce and alltoall: the dense gradients' and the embeddings'
-collectives) over a doubling sweep of message sizes, as `dlrm.comms.measure` does (the slowest rank's
-time; --rounds sweeps in shuffled orders, the median over rounds x --iters), in each scope the topology
-has: all ranks on one node (the intra-node link), or inside each node and across nodes (intra- and
-inter-node links) on several. Per scope, one least-squares fit of alpha and B over every collective's
-points (`costmodel.fit_points`, each point with its collective's steps and bandwidth factor as the
-backend runs it) gives the link's latency_us and bandwidth_GBps. Where, for some collective, the joint
-fit's largest relative miss exceeds its own fit's by more than --material, each collective's own fit is
-written too, under the link's `collectives:`, and the cost model uses it for that collective
-(`costmodel.Link.from_config`). Rank 0 writes the topology --topology names with the fitted links, the
-fits' errors, the date and the command in comments, to conf/topology/NAME.yaml (`topology=NAME` then
-takes it; the trainer takes names) or to --out (the comms tools' --topology take a path), atomically. A
-fit needs at least MIN_SIZES message sizes.
+It times --collectives over a doubling sweep of message sizes in each scope the topology has (one node:
+the intra-node link; several: intra- and inter-node). Per scope one least-squares fit of alpha and B over
+every collective's points gives the link's latency_us and bandwidth_GBps. Where one collective's own fit
+misses by --material less than the joint fit, each collective's own figures are written under the
+link's `collectives:`. Rank 0 writes conf/topology/NAME.yaml (or --out) atomically, the fits' errors,
+date and command in comments. A fit needs at least MIN_SIZES message sizes.
 """
 
 from __future__ import annotations
@@ -95,10 +88,19 @@ def fit_alpha_beta(
 
 
 def fit_points(points: Sequence[tuple[float, float, float, float]], min_sizes: int = 2) -> Fit:
-    """Least-squares alpha and B from (steps, factor, size in bytes, time in s) points, each its own
-    collective's coefficients, minimising relative error: t_i = steps_i alpha + factor_i n_i / B.
-    One fit over several collectives gives the one link that serves them all. CommsError with fewer
-    than `min_sizes` (at least two) distinct sizes or a time that is not positive."""
+    """Least-squares alpha and B over points of possibly different collectives, in relative error.
+
+    Args:
+        points: (steps, factor, size in bytes, time in s), each with its collective's coefficients, so
+            t_i = steps_i alpha + factor_i n_i / B.
+        min_sizes: distinct sizes needed (at least two).
+
+    Returns:
+        The `Fit`.
+
+    Raises:
+        CommsError: fewer than `min_sizes` distinct sizes, or a time that is not positive.
+    """
     import numpy as np
 
     pts = np.asarray(points, dtype=float).reshape(-1, 4)
@@ -179,11 +181,19 @@ def _max_rel(fit: Fit, points: Sequence[tuple[float, float, float, float]]) -> f
 
 
 def fit_scope(rows: Sequence[dict], scope: str, fabric: str, backend: str, material: float, min_sizes: int) -> LinkFit:
-    """Fit one scope's bench rows (`dlrm.comms.measure.summarize`'s, median times) jointly and per collective.
+    """Fit one scope's bench rows (median times) jointly and per collective.
 
-    The collectives' own figures are kept (`per_collective`) when, for one of them, the joint fit's largest
-    relative miss over its points exceeds its own fit's by more than `material`: they then differ by more
-    than the noise shows."""
+    Args:
+        rows: summary rows of the benchmark (collective, scope, ranks, bytes, median seconds).
+        scope: 'world', 'intra' or 'inter'.
+        fabric, backend: how the link's collectives run.
+        material: the joint fit's largest relative miss may exceed a collective's own by this much before
+            the collectives' own figures are kept.
+        min_sizes: distinct sizes a fit needs.
+
+    Returns:
+        The `LinkFit`.
+    """
     mine = [r for r in rows if r["scope"] == scope]
     if not mine:
         raise CommsError(f"no measurements in scope {scope!r}; measure it first")
@@ -215,10 +225,11 @@ def _figures(fit: Fit) -> dict[str, float]:
 def fitted_topology(
     base: TopologyConfig, name: str, fits: Sequence[LinkFit], uplink_GBps: float | None = None
 ) -> TopologyConfig:
-    """`base` renamed `name`, with each fitted scope's link (LINK_OF_SCOPE) replaced by its fit. With
-    `uplink_GBps` (an emulated cluster's shaped uplink per rank, `uplink_GBps_of_env`), the inter-node
-    link's bandwidth is that rate and every collective's own fit is written beside it: what each
-    reaches of it, which dlrm.cluster's --gbit scales alike (`LinkConfig.rate_overrides`)."""
+    """`base` renamed `name`, each fitted scope's link replaced by its fit.
+
+    With `uplink_GBps` (an emulated cluster's shaped uplink per rank) the inter-node link's bandwidth is
+    that rate and every collective's own fit is written beside it.
+    """
     topo = replace(base, name=name)
     for f in fits:
         key = LINK_OF_SCOPE[f.scope]
@@ -236,8 +247,7 @@ def fitted_topology(
 
 
 def uplink_GBps_of_env(ranks_per_node: int) -> float | None:
-    """The shaped uplink's rate per rank (GB/s) that dlrm.cluster sets for its ranks (UPLINK_GBIT_ENV: the
-    node's uplink, shared by its ranks), or None outside it."""
+    """The emulated cluster's shaped uplink rate per rank (GB/s) from the environment, or None outside it."""
     gbit = os.environ.get(UPLINK_GBIT_ENV)
     return float(gbit) / 8 / ranks_per_node if gbit else None
 

@@ -1,22 +1,15 @@
 """Collective benchmark: latency, algbw and busbw of allreduce, alltoall, reduce-scatter and allgather.
 
 Run under torchrun (Gloo on CPU, NCCL on GPU); rank 0 prints a table and writes bench.json, bench.csv
-and bench.png into --out (atomically, with `dlrm.common.io.write_atomic`)::
+and bench.png into --out, atomically::
 
     torchrun --nproc_per_node=2 -m dlrm.comms.measure --min-bytes 1K --max-bytes 64M --out outputs/comms
 
-Message size n (bytes) follows nccl-tests: the per-rank buffer of allreduce, the per-rank send buffer of
-alltoall, the per-rank input of reduce-scatter and the per-rank output of allgather. Per size: median and
-p95 latency over --iters timed iterations (after --warmup), each the slowest rank's time after a barrier;
-algbw = n / median time; busbw = algbw x 2(p-1)/p for allreduce, x (p-1)/p for the others.
-`alltoall_uneven` sends the uneven splits of a table-wise sharded embedding's forward: rank i (of p in the
-group) owns a share 2(i+1)/(p+1) of the embedding columns and sends n/p x that share to every rank; its
-n is the mean send buffer. With --topology and --scopes intra,inter the collectives also run inside each
-node's group (e.g. [0,1],[2,3]) and across nodes ([0,2],[1,3]), all groups at once. Two simulated
-nodes of 2 CPU ranks (topology cpu_2x2), one command per "node"::
-
-    for k in 0 1; do torchrun --nnodes=2 --nproc_per_node=2 --node_rank=$k --master_addr=127.0.0.1 \
-        --master_port=29511 -m dlrm.comms.measure --topology cpu_2x2 --scopes world,intra,inter & done; wait
+Message size n follows nccl-tests. Per size: median and p95 latency over --iters timed iterations, each
+the slowest rank's time after a barrier; algbw = n / median; busbw = algbw x 2(p-1)/p for allreduce,
+x (p-1)/p for the others. `alltoall_uneven` sends a table-wise sharded embedding's uneven splits
+(rank i of p owns 2(i+1)/(p+1) of the columns). With --topology and --scopes intra,inter the
+collectives also run inside each node's group and across nodes, all groups at once.
 """
 
 from __future__ import annotations
@@ -113,14 +106,15 @@ def group_layout(world_size: int, nodes: int, ranks_per_node: int) -> dict[str, 
 
 
 def uneven_splits(nelems: int, p: int, i: int) -> tuple:
-    """(input_splits, output_splits) in elements for rank i of p: rank j sends c_j to everyone."""
+    """(input_splits, output_splits) in elements for rank i of p, rank j sending c_j to everyone."""
     base = nelems // p
     counts = [max(1, round(base * 2 * (j + 1) / (p + 1))) for j in range(p)]
     return [counts[i]] * p, counts
 
 
 def make_op(collective: str, nbytes: int, group, ranks: list[int], rank: int, device) -> Callable[[], object]:
-    """A closure that runs one collective of nbytes (nccl-tests' size) on `group` with float32 buffers."""
+    """A closure that runs one `collective` of `nbytes` (nccl-tests' size) on `group` (its global `ranks`)
+    from this process's global `rank`, float32 buffers on `device`."""
     import torch
     import torch.distributed as dist
 
@@ -175,7 +169,7 @@ def time_op(op: Callable[[], object], group, warmup: int, iters: int, device) ->
 
 
 def summarize(collective: str, scope: str, p: int, nbytes: int, times_s: Sequence[float]) -> dict:
-    """One result row: median/p95 latency (us), algbw and busbw (GB/s = 1e9 bytes/s)."""
+    """One result row: the inputs, median and p95 latency (us), algbw and busbw (GB/s = 1e9 bytes/s)."""
     import numpy as np
 
     median = float(statistics.median(times_s))
@@ -303,11 +297,13 @@ def check_args(args: argparse.Namespace, world_size: int, local_world_size: int)
 
 
 def measure(req: Request, rank: int, world_size: int, device, warmup: int, iters: int, rounds: int = 1) -> list[dict]:
-    """Time every collective of `req` in every scope (all ranks call it); one summary row per size.
+    """Time every collective of `req` in every scope; all ranks call it.
 
-    With rounds > 1 the sweep runs `rounds` times, each in another order (the same on every rank), and
-    each size's row summarizes its iterations of all rounds: a burst of load on a shared machine then
-    spreads over the sizes instead of bending the curve at the sizes it hit.
+    With rounds > 1 the sweep runs `rounds` times, each in another order (the same on every rank), so a
+    burst of load spreads over the sizes instead of bending the curve where it hit.
+
+    Returns:
+        One summary row per (collective, scope, size), each over its iterations of all rounds.
     """
     import random
 

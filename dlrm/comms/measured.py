@@ -1,12 +1,10 @@
 """The trainer's measured communication beside the cost model's prediction for the same plan.
 
-The core records what it measured (`summary["step_breakdown"]`: per rank `comm_s`, `comm_wait_s`, the
-part spent waiting for the slowest rank, and `comm_behind_s`, the part spent behind a collective of
-another kind; and `comm_critical_s`, the collectives' own time, from the last rank's entry to the last
-rank's exit) and its plan; this module, outside the core, models the same plan and puts the
-collectives' own time beside it (`summary["comm_vs_model"]`),
-with the model's intra-node link fitted to a comms bench result when one is given
-(trainer.comms_bench). `dlrm.train` attaches it to the Trainer as `summary_extras`.
+The trainer records per rank the seconds spent in each kind of collective, the part waiting for the
+slowest rank, the part behind another kind, and the collectives' own time (last rank in to last rank
+out). This module models the same plan and puts that own time beside the model
+(`summary["comm_vs_model"]`), the intra-node link optionally fitted to a comms bench result
+(trainer.comms_bench).
 """
 
 from __future__ import annotations
@@ -24,9 +22,17 @@ from dlrm.distributed.sharding import table_plans
 
 
 def fitted_topology(topology, bench: dict, collective: str, ranks_per_node: int):
-    """`topology` (a TopologyConfig) with its intra-node link's latency and bandwidth replaced by the
-    alpha and B fitted to `collective`'s rows of a comms bench result (`dlrm.comms.report.load_bench`)
-    among `ranks_per_node` ranks; CommsError if the bench has no such rows."""
+    """`topology` with its intra-node latency and bandwidth fitted to a comms bench result.
+
+    Args:
+        topology: the `TopologyConfig`.
+        bench: a loaded bench.json.
+        collective: whose rows to fit.
+        ranks_per_node: the group size whose rows to fit.
+
+    Raises:
+        CommsError: the bench has no rows of that collective and size.
+    """
     rows = [
         r
         for r in bench["results"]
@@ -67,23 +73,25 @@ def comm_vs_model(
     behind: dict | None = None,
     critical: dict | None = None,
 ) -> dict:
-    """Measured seconds per step of the embedding exchange (alltoall, and reduce-scatter/allgather
-    of row-wise shards) and of the dense allreduce, beside the cost model's for the same plan (`tables`,
-    `dlrm.distributed.sharding.table_plans`), batch and topology. With a comms bench (trainer.comms_bench),
-    the model's intra-node link takes the alpha and B fitted to the bench's alltoall (for the exchange)
-    and allreduce (for the allreduce).
+    """Measured seconds per step of the embedding exchange and dense allreduce beside the model's.
 
-    measured, waits, behind, critical: the breakdown's comm_s (a rank's seconds in each kind, the mean
-    over ranks), comm_wait_s (of them waiting for the last entry; a kind missing could not be told
-    apart; None: not measured), comm_behind_s (behind another kind entered earlier) and comm_critical_s
-    (the collectives' own seconds, all ranks in to all out, as the link serves them: `phases.Waits`).
-    A rank can leave a collective while its peer still waits for its bytes, so a rank's transfer
-    undercounts the collective that the model and `dlrm.comms.measure` price. Per row: total_s, wait_s,
-    behind_s, transfer_s (a rank's: total less both), measured_s (the own time, compared), model_s
-    (model_latency_s of it: the latency terms, `dlrm.comms.calibrate` scales the rest), ratio =
-    measured_s / model_s, and `compared`: False, with `why`, where the ratio would mean nothing
-    (placeholder figures that no comms bench replaces, no model figure, nothing ran, waiting not told
-    apart); ratio is then None."""
+    Args:
+        cfg: the run's config (sharding precisions, topology, batch).
+        tables: the plan's tables.
+        world_size, local_world_size: the launch's shape.
+        dense_params: dense parameters to allreduce.
+        comms_bench: a loaded bench.json to fit the intra-node link to, or None.
+        measured: a rank's seconds per kind of collective (mean over ranks).
+        waits: of those, seconds waiting for the last rank to enter (None: not measured).
+        behind: seconds behind a collective of another kind entered earlier.
+        critical: the collectives' own seconds, all ranks in to all out.
+
+    Returns:
+        Per row ('embedding_exchange', 'dense_allreduce'): total_s, wait_s, behind_s, transfer_s,
+        measured_s (the own time), model_s, model_latency_s, ratio = measured_s / model_s, and `compared`;
+        where the ratio would mean nothing (placeholder figures, no model figure, nothing ran), compared
+        is False with `why`, and ratio is None.
+    """
 
     def model(collective: str, latency_only: bool = False) -> dict:
         topology = cfg.topology
@@ -129,8 +137,7 @@ def comm_vs_model(
 
 
 def without_bandwidth_term(topology):
-    """`topology` with every link's (and collective's) bandwidth so high that the cost model's time is its
-    latency terms alone."""
+    """`topology` with bandwidths so high that the model's time is its latency terms alone."""
     fast = 1e15  # GB/s: n / B below 1e-18 s for any message here
 
     def link(cfg):
@@ -141,16 +148,19 @@ def without_bandwidth_term(topology):
 
 
 def placeholder_links(topology, local_world_size: int) -> list[str]:
-    """The links this run's collectives cross whose figures are placeholders (LinkConfig.placeholder):
-    intra_node with several ranks per node, inter_node with several nodes."""
+    """The links this run's collectives cross whose figures are placeholders."""
     used = [("intra_node", local_world_size > 1), ("inter_node", topology.nodes > 1)]
     return [key for key, crossed in used if crossed and getattr(topology, key).placeholder]
 
 
 def summary_extras(cfg: Config, local_world_size: int) -> Callable[..., dict]:
-    """What `Trainer(summary_extras=...)` adds to the summary: comm_vs_model, when the run measured a
-    step breakdown. A trainer.comms_bench file is read and fitted here, before any training (its errors
-    are CommsError, one line)."""
+    """What the trainer adds to its summary: comm_vs_model, when the run measured a step breakdown.
+
+    A trainer.comms_bench file is read and fitted here, before any training.
+
+    Raises:
+        CommsError: the comms bench file is unusable.
+    """
     bench = load_bench(cfg.trainer.comms_bench) if cfg.trainer.comms_bench else None
     if bench is not None:
         fitted_topology(cfg.topology, bench, "alltoall", local_world_size)  # fails now, not after the run

@@ -4,14 +4,10 @@ Run it under torchrun on every node before the first training (NCCL on GPUs, Glo
 
     torchrun --nnodes=2 --nproc_per_node=8 ... -m dlrm.comms.preflight --topology dgx_h100_multinode
 
-It times allreduce and alltoall at one large message size (--bytes) in each scope the topology has
-(inside each node, across nodes, all ranks), as `dlrm.comms.measure` does, and compares each busbw with
-what `dlrm.comms.costmodel` predicts from the topology config (the same figures the planner and the
-cost model use). Rank 0 prints the facts that decide collective speed (backend, NCCL version, the
-fabric variables of launch/env/), one line per (collective, scope) with measured/expected, and a
-verdict: PASS when every one reaches --min-fraction of its expectation, else FAIL naming the slow scope
-and what to check. It writes preflight.json into --out. Exit status 0 on PASS, 3 on FAIL (quiet under
-`python -m dlrm.torchrun`, as a failed collective), 2 on bad input.
+It times allreduce and alltoall at one large size (--bytes) in each scope the topology has and compares
+each busbw with the cost model's prediction from the same topology. Rank 0 prints the facts that decide
+collective speed, one line per (collective, scope) and a verdict: PASS when each reaches --min-fraction
+of its expectation. It writes preflight.json into --out. Exit status: 0 PASS, 3 FAIL, 2 bad input.
 """
 
 from __future__ import annotations
@@ -46,9 +42,15 @@ ADVICE = {
 
 
 def expected_busbw_GBps(topo: TopologyConfig, ranks_per_node: int, collective: str, scope: str, nbytes: int) -> float:
-    """busbw (GB/s) that the cost model predicts from the topology config for one scope's groups, each
-    collective as the topology's backend runs it (`costmodel.level_time`, `world_time`), on each link's
-    figures for that collective (`Link.from_config`)."""
+    """busbw (GB/s) the cost model predicts for one scope's groups.
+
+    Args:
+        topo: the topology config.
+        ranks_per_node: ranks per node of this launch.
+        collective: 'allreduce' or 'alltoall'.
+        scope: 'world', 'intra' or 'inter'.
+        nbytes: the message size.
+    """
     intra, inter = Link.from_config(topo.intra_node, collective), Link.from_config(topo.inter_node, collective)
     g, n, backend = ranks_per_node, topo.nodes, backend_of(topo)
     if scope == "intra":

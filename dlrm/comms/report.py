@@ -1,14 +1,12 @@
-"""Report: the Zion paper's ring vs fully connected comparison from the cost model, and bench vs model.
+"""Report: ring vs fully connected fabrics from the cost model, and a benchmark beside the model.
 
     python -m dlrm.comms.report --topology zion --out outputs/comms_report
     python -m dlrm.comms.report --bench outputs/comms_bench/bench.json --out outputs/comms_report
 
-From the model alone (links of --topology, fabric swapped between ring and fully_connected):
-1. allreduce and alltoall time vs message size at --ranks ranks (one node);
-2. the same at --scale-bytes per rank on 1 .. --max-nodes nodes of --ranks ranks (two-level, the inter-node
-   network from the topology).
-With --bench: alpha and B fitted per (collective, scope) and measured vs predicted time per size.
-Prints markdown tables; writes report.md and report.png (and bench_vs_model.png) into --out (atomically).
+From the model alone: allreduce and alltoall time vs message size at --ranks ranks, and at
+--scale-bytes per rank over 1 .. --max-nodes nodes. With --bench: alpha and B fitted per (collective,
+scope) and measured vs predicted time per size. Prints markdown tables; writes report.md and
+report.png (and bench_vs_model.png) into --out, atomically.
 """
 
 from __future__ import annotations
@@ -72,7 +70,11 @@ def scale_comparison(
 
 
 def load_bench(path: str) -> dict:
-    """A bench.json written by dlrm.comms.measure; CommsError naming the problem and the fix otherwise."""
+    """A benchmark's bench.json as a dict.
+
+    Raises:
+        CommsError: the file is missing, unreadable or not a benchmark result.
+    """
     fix = "pass the bench.json written by `torchrun ... -m dlrm.comms.measure --out DIR` (DIR/bench.json)"
     try:
         data = parse_json(read_bounded(path, JSON_LIMIT))

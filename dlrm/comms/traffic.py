@@ -1,15 +1,10 @@
 """Bytes a sharding plan moves per training step, rank to rank, and their modelled time.
 
 `traffic` is the embedding exchange of each sharding type as a [world, world] matrix of bytes;
-`comm_summary` splits it into intra- and inter-node bytes per rank, adds the allreduce of the dense
-gradients and data-parallel tables, and times the busiest rank with `dlrm.comms.costmodel`.
-
-On Gloo, whose reduce-scatter is a whole allreduce (`dlrm.comms.costmodel`'s docstring), a reduce-scatter
-among the ranks of one node (table_row_wise, grid_shard; row_wise on one node) also sends each reduced
-chunk back, the allreduce's allgather half: twice the bytes, exactly what its ring sends. Not modelled:
-a reduce-scatter spanning nodes (row_wise) runs as Gloo's flat ring allreduce, whose uplink carries
-2(p-1)/p n per node instead of the pairwise (p-g)/p n per rank counted here (1.5x the time at 2 x 2),
-and its backward allgather as a ring (0.75x); the two together, 1.125x the pairwise figure at 2 x 2.
+`comm_summary` splits it into intra- and inter-node bytes per rank, adds the allreduce of dense
+gradients and data-parallel tables, and times the busiest rank with the cost model. On Gloo, a
+reduce-scatter inside one node also sends each chunk back (twice the bytes); one spanning nodes is
+counted pairwise, not as Gloo's flat ring (docs/design/cost-model.md).
 """
 
 from __future__ import annotations
@@ -26,38 +21,37 @@ LENGTH_BYTES = 4  # int32 lengths in the input KeyedJaggedTensor (both data sour
 
 
 def id_bytes(tables: list[TablePlan]) -> int:
-    """Bytes per id in the input KeyedJaggedTensor: int32 when every table's ids fit (as both data
-    sources do: `dlrm.data.synthetic`, `dlrm.data.criteo.format`), else int64."""
+    """Bytes per id in the input KeyedJaggedTensor: 4 when every table's ids fit int32, else 8."""
     return 4 if max((t.rows for t in tables), default=0) <= 2**31 else 8
 
 
 def traffic(tables: list[TablePlan], world: int, ranks_per_node: int, global_batch: int, split: bool = False):
-    """Bytes per iteration (forward + backward) rank i sends to rank j: T[i, j], split by kind.
+    """Bytes per iteration (forward + backward) rank i sends to rank j, by kind.
 
-    B_l = global_batch / world samples per rank; per table: F features, L ids per sample per feature,
-    dim D. Ids take `id_bytes`, lengths 4 bytes, pooled embeddings and their gradients 4 bytes per
-    element. Ids are assumed spread over the rows in proportion to the shards' rows (their
-    expectation when ids are uniform), so a row-sharded table gets a share of the ids equal to its
-    share of the rows. Per sharding type, as TorchRec's sharding modules exchange them:
+    B_l = global_batch / world samples per rank; per table F features, L ids per sample per feature, dim D.
+    Ids take `id_bytes`, lengths 4 bytes, pooled embeddings and their gradients 4 bytes per element. Ids
+    spread over a row-sharded table's shards in proportion to their rows. Per sharding type:
 
-    - table_wise / column_wise / table_column_wise: each shard's rank gets every rank's ids of the
-      table (B_l F L ids) and their lengths (B_l F), and sends every other rank its B_l x F x cols
-      pooled slice; the backward sends the gradients of those slices back (same bytes, reversed).
-    - row_wise (across all ranks): ids are bucketised by row range to the shards, each shard rank
-      getting all B_l F lengths; each shard computes partial sums for the global batch and
-      reduce-scatters them (sends B_l F D to each other shard rank); the backward allgathers the
-      gradients (same bytes, reversed).
-    - table_row_wise / grid_shard (each column block row-sharded over the ranks of one node): ids and
-      lengths as for row_wise; intra-node reduce-scatter (each shard sends (B / g) F D to each other
-      shard of its node), then cross-node alltoall among ranks of the same local index (B_l F D to
-      each); backward reversed (TorchRec's GridPooledEmbeddingDist, TwRwPooledEmbeddingDist).
-    - data_parallel: no alltoall (its gradients are allreduced, see `allreduce_bytes`).
-    Not modelled: the split sizes each KJT alltoall exchanges first (a few integers per rank pair).
-    tests/comms/test_traffic.py counts TorchRec's actual collectives on 2 nodes x 2 ranks:
-    the pooled bytes match exactly, ids and lengths to within those split sizes.
-    Returns {"ids": T, "pooled_fwd": T, "pooled_bwd": T} (numpy arrays [world, world], diagonal 0;
-    "ids" holds ids and lengths); with split=True also "reduce_scatter_in_node": the part of
-    "pooled_fwd" that reduce-scatters among the ranks of one node send.
+    - table_wise / column_wise / table_column_wise: the shard's rank gets every rank's B_l F L ids and
+      B_l F lengths, and sends each other rank its B_l x F x cols pooled slice; backward reversed.
+    - row_wise: ids bucketised by row range; each shard reduce-scatters its partial sums (B_l F D to
+      each other shard rank); backward allgathers.
+    - table_row_wise / grid_shard: row_wise within one node (reduce-scatter of (B / g) F D to each
+      shard of the node), then alltoall among ranks of one local index (B_l F D each); backward reversed.
+    - data_parallel: no alltoall (its gradients are allreduced).
+
+    The split sizes each KJT alltoall exchanges first (a few integers per rank pair) are not modelled.
+
+    Args:
+        tables: the plan's tables.
+        world, ranks_per_node: the launch's shape.
+        global_batch: samples per step over all ranks.
+        split: also return the reduce-scatter part.
+
+    Returns:
+        {"ids", "pooled_fwd", "pooled_bwd"}: numpy arrays [world, world] of bytes, diagonal 0 ("ids"
+        holds ids and lengths); with split=True also "reduce_scatter_in_node", the part of "pooled_fwd"
+        sent by reduce-scatters inside one node.
     """
     p, g = world, ranks_per_node
     b_local = global_batch / p
@@ -111,11 +105,18 @@ def traffic(tables: list[TablePlan], world: int, ranks_per_node: int, global_bat
 def comm_summary(cfg: Config, tables: list[TablePlan], world: int, ranks_per_node: int, dense_params: int) -> dict:
     """Per-rank, per-iteration bytes (sent and received, intra- and inter-node) and modelled seconds.
 
-    The estimate uses the busiest rank (max over ranks of bytes sent or received at each level),
-    since every rank waits for the slowest in a collective. Pooled embeddings and their gradients
-    travel in sharding.qcomms_forward / qcomms_backward, the allreduce in trainer.dense_allreduce_precision
-    (flat or hierarchical as trainer.dense_allreduce). On Gloo "pooled_fwd" also holds the return half of
-    the reduce-scatters among the ranks of one node (module docstring): their bytes, reversed, once more.
+    The busiest rank counts (max over ranks at each level): every rank waits for the slowest. Pooled
+    embeddings and gradients travel in the configured qcomms precisions, the allreduce in the dense
+    allreduce's precision and scheme.
+
+    Args:
+        cfg: the run's config.
+        tables: the plan's tables.
+        world, ranks_per_node: the launch's shape.
+        dense_params: dense parameters (plus data-parallel table elements) to allreduce.
+
+    Returns:
+        A dict of byte counts and the `step_comm_time` seconds.
     """
     p, g = world, ranks_per_node
     mats = traffic(tables, p, g, cfg.data.global_batch_size, split=True)
@@ -173,8 +174,7 @@ def comm_summary(cfg: Config, tables: list[TablePlan], world: int, ranks_per_nod
 
 
 def alltoalls_per_step(cfg: Config) -> int:
-    """The alltoalls a training step issues, each paying its latency: TorchRec's input distribution
-    sends the KJT's splits, lengths and values (and per-id weights) in one collective each, then the
-    pooled embeddings go forward and their gradients backward (5 a step, counted in a profiled trace
-    of the main job; 6 weighted)."""
+    """The alltoalls one training step issues: the KJT's splits, lengths and values (and weights),
+    then pooled embeddings forward and their gradients backward (5, or 6 with per-id weights).
+    """
     return 5 + int(cfg.model.weighted)
