@@ -1,4 +1,4 @@
-"""`python -m dlrm.plan`: see `dlrm.plan`."""
+"""`python -m dlrm.plan`: the dry-run planner's command line."""
 
 import sys
 

@@ -1,18 +1,8 @@
-"""Planning many ranks fast: above LARGE_WORLD ranks `python -m dlrm.plan` narrows TorchRec's search.
+"""Planning many ranks fast: above LARGE_WORLD ranks the 'default' proposer narrows TorchRec's search.
 
-TorchRec's planner spends its time estimating every shard of every candidate (table x sharding
-type x compute kernel). A row_wise candidate has one shard per rank, so at 1,024 ranks the row_wise
-candidates are ~3/4 of all shards estimated, and the default proposers then try many proposals.
-Above LARGE_WORLD ranks (proposer 'default' only), `large_world_planner` therefore
-
-- offers the unpinned tables every sharding type but row_wise: at that many ranks a row_wise
-  table reduce-scatters the pooled embeddings of the global batch across every node, which
-  table_row_wise does inside the node over NVLink and then across nodes by alltoall, so
-  table_row_wise is the cheaper of the two (TorchRec's full search picks table_row_wise for every
-  table of mlperf_dcnv2 at 1,024 ranks); tables pinned to row_wise keep it;
-- uses TorchRec's UniformProposer (one proposal per sharding type) instead of its four proposers.
-
-`--proposer exact` keeps the trainer's planner at any size.
+Above LARGE_WORLD ranks, unpinned tables are offered every sharding type but row_wise (table_row_wise
+is the cheaper of the two there), and TorchRec's UniformProposer replaces its four proposers.
+`--proposer exact` keeps the trainer's planner at any size. The reasoning is in docs/design/planning.md.
 """
 
 from __future__ import annotations
@@ -27,11 +17,12 @@ SKIPPED_TYPES = ("row_wise", "grid_shard")  # grid_shard: TorchRec enumerates it
 
 
 def is_large(world: int, proposer: str) -> bool:
+    """Whether `world` ranks with `proposer` take the narrowed search."""
     return proposer == "default" and world > LARGE_WORLD
 
 
 def large_world_planner(cfg: Config, topology, uniform: bool = True):
-    """TorchRec's planner with the narrowed search above; logs one line to stderr saying so."""
+    """TorchRec's planner with the narrowed search; logs one line to stderr saying so."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner
 
     from dlrm.distributed.sharding import AnyDeviceEmbeddingBagCollectionSharder, OrderedUniformProposer, constraints

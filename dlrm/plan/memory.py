@@ -1,8 +1,7 @@
 """Per-rank memory of a sharding plan: HBM and host DDR, by part, against the topology's capacity.
 
-`memory_summary` counts every shard of the plan where its compute kernel puts it, and `check_fits`
-names the first rank that does not fit. The lower bounds checked before planning, and the sizes of
-weights and optimizer state, are `dlrm.distributed.capacity`'s (the trainer checks them too).
+`memory_summary` counts every shard where its compute kernel puts it; `check_fits` names the first rank
+that does not fit.
 """
 
 from __future__ import annotations
@@ -67,13 +66,20 @@ class RankMemory:
 
 
 def memory_summary(cfg: Config, tables: list[TablePlan], world: int, dense_params: int) -> dict:
-    """Bytes per rank in HBM and in host DDR, by part, against the capacities; `fits` per rank.
+    """Bytes per rank in HBM and host DDR, by part, against the capacities.
 
     On cuda a shard lives where its kernel puts it: fused/dense in HBM; fused_uvm in host DDR;
-    fused_uvm_caching in host DDR plus a cache of `load_factor` (TorchRec's default 0.2) of its weights
-    in HBM (fbgemm caches the weights only: the optimizer state stays in host memory).
-    Dense MLPs (weights, gradients, optimizer state) and data-parallel tables are in HBM. On cpu
-    everything is in DDR (and hbm is 0).
+    fused_uvm_caching in host DDR plus an HBM cache of `load_factor` of its weights (the optimizer state
+    stays in host memory). Dense MLPs and data-parallel tables are in HBM. On cpu everything is in DDR.
+
+    Args:
+        cfg: the run's config (topology capacities, optimizer, precision).
+        tables: the plan's tables.
+        world: ranks.
+        dense_params: dense parameters per rank.
+
+    Returns:
+        The capacities, the optimizers and precision, and "per_rank": each rank's `RankMemory` as a dict.
     """
     from torchrec.distributed.planner.constants import UVM_CACHING_RATIO
 
@@ -112,7 +118,11 @@ def memory_summary(cfg: Config, tables: list[TablePlan], world: int, dense_param
 
 
 def check_fits(memory: dict, cfg: Config) -> None:
-    """Raise PlanError naming the first rank whose HBM or DDR need exceeds its capacity."""
+    """Check every rank's need against its capacity.
+
+    Raises:
+        PlanError: naming the first rank whose HBM or DDR need exceeds its capacity.
+    """
     for m in memory["per_rank"]:
         for kind, key, cap in (
             ("HBM", "topology.hbm_GB", memory["hbm_capacity_bytes"]),

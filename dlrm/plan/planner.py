@@ -1,8 +1,7 @@
 """Planning without the hardware: TorchRec's planner on the meta-device model, no process group.
 
-`make_plan` runs the trainer's planner (or a cheaper proposer) for the config's topology and puts
-together the whole report: the plan as typed `TablePlan` records, memory (`dlrm.plan.memory`) and
-communication (`dlrm.comms.traffic`); `--json` prints it.
+`make_plan` runs the trainer's planner (or a cheaper proposer) for the config's topology and returns the
+whole report: the plan as `TablePlan` records, memory per rank and communication per iteration.
 """
 
 from __future__ import annotations
@@ -23,7 +22,15 @@ MAX_RANKS = 65536  # the largest world dlrm.plan plans for: beyond any cluster, 
 
 
 def world_of(cfg: Config, ranks_per_node: int | None) -> tuple[int, int]:
-    """(world size, ranks per node) for planning; checks them like the launcher's world is checked."""
+    """(world size, ranks per node) to plan for.
+
+    Args:
+        cfg: the run's config (its topology).
+        ranks_per_node: overrides topology.ranks_per_node.
+
+    Raises:
+        ConfigError: the shape is unusable, as the launcher's world would be.
+    """
     tp = cfg.topology
     if ranks_per_node is not None and ranks_per_node <= 0:
         raise ConfigError(f"--ranks-per-node {ranks_per_node} is invalid: it must be a positive number")
@@ -51,9 +58,15 @@ def world_of(cfg: Config, ranks_per_node: int | None) -> tuple[int, int]:
 def run_planner(cfg: Config, model, world: int, ranks_per_node: int, proposer: str = "default"):
     """TorchRec's ShardingPlan for `model` (on meta) on `world` ranks, no process group.
 
-    proposer 'exact' is exactly the trainer's planner (`dlrm.distributed.sharding.plan_sharding`), and so is 'default'
-    up to `dlrm.plan.large.LARGE_WORLD` ranks, above which it narrows the search (see `dlrm.plan.large`);
-    'greedy' and 'uniform' replace TorchRec's proposers by one cheaper one (faster on many ranks; the plan may differ).
+    Args:
+        cfg: the run's config.
+        model: the model on the meta device.
+        world, ranks_per_node: the shape to plan for.
+        proposer: 'exact' (the trainer's planner), 'default' (the same up to LARGE_WORLD ranks, a narrowed
+            search above), 'greedy' or 'uniform' (one cheaper proposer; the plan may differ).
+
+    Returns:
+        The ShardingPlan.
     """
     from torchrec.distributed.planner.proposers import GreedyProposer
     from torchrec.distributed.planner.types import PlannerError
@@ -72,7 +85,19 @@ def run_planner(cfg: Config, model, world: int, ranks_per_node: int, proposer: s
 
 
 def make_plan(cfg: Config, ranks_per_node: int | None = None, proposer: str = "default") -> dict:
-    """The report dict (`--json` prints it). Raises ConfigError or PlanError (nothing fits)."""
+    """The plan report that `--json` prints.
+
+    Args:
+        cfg: the run's config.
+        ranks_per_node: overrides topology.ranks_per_node.
+        proposer: as `run_planner`.
+
+    Returns:
+        dict with the plan's tables, memory per rank and communication per iteration.
+
+    Raises:
+        ConfigError: the config is invalid. PlanError: nothing fits.
+    """
     validate(cfg)
     world, g = world_of(cfg, ranks_per_node)
     if proposer not in PROPOSERS:

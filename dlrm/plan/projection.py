@@ -1,45 +1,15 @@
 """Step time projected over node counts (weak scaling): compute, alltoall and allreduce per step.
 
-`python -m dlrm.plan [overrides] --scale 1,2,4 [--sync-period H] [--measured run_dir/summary.json]`.
+    python -m dlrm.plan [overrides] --scale 1,2,4 [--sync-period H] [--measured run_dir/summary.json]
 
-Weak scaling: the per-rank batch b = data.global_batch_size / ranks of ONE node stays fixed; N nodes
-train a global batch of b * N * g. For each N and each dense sync mode a row gives the step time
-split into phases that sum to it:
+The per-rank batch stays fixed; N nodes train a global batch of b * N * g. Per N and dense sync mode
+(allreduce, hierarchical, local_sgd) a row splits the step into phases that sum to it:
 
-- compute (per rank, the same at every N): from the topology's peak figures, dense = 2 x dense
-  parameters FLOPs per sample forward and twice that backward at `topology.dense_tflops`; embedding =
-  the rows looked up per rank (b x sum over tables of features x pooling x dim x 4 bytes) read once
-  forward and three times backward (read gradient, read and write the row with its fused optimizer)
-  at `topology.mem_bw_GBps`. Or, with --measured, a one-node run's per-phase times
-  (`step_breakdown.phase_s` of its summary.json): dense = dense_fwd + backward + optimizer, embedding =
-  emb_lookup, other = data + other; that run should have the same per-rank batch and rank type, and
-  the flat allreduce (trainer.dense_allreduce=flat, dense_sync=allreduce). Its communication phases
-  calibrate the communication too (CALIBRATION).
-- alltoall (ids, pooled embeddings, their gradients; intra and inter node concurrent, the busiest
-  rank): `dlrm.comms.traffic` on the plan's shards re-placed for N nodes (see `replace_shards`).
-- allreduce of the dense gradients and data-parallel tables: `allreduce` = one flat ring over all
-  ranks (`costmodel.ring_time`: each node's uplink carries one ring edge at the node's whole
-  inter-node rate, the edges inside a node run at the intra-node rate, the slower sets the pace);
-  `hierarchical` = intra reduce-scatter, inter allreduce of 1/g, intra allgather
-  (`costmodel.two_level_time`, on the topology's backend: Gloo's reduce-scatter is an allreduce);
-  `local_sgd` = the flat allreduce every H steps, its cost / H per step.
+    step_s = dense_compute + embedding_compute + alltoall + allreduce_exposed + other
 
-Overlap rule (stated in every output): the allreduce overlaps the backward compute and only its
-excess is exposed: allreduce_exposed = max(0, allreduce - backward); the alltoalls are exposed (the
-forward needs the pooled embeddings, the backward of the embeddings needs their gradients).
-step_s = dense_compute + embedding_compute + alltoall + allreduce_exposed + other.
-
-Calibration (--measured; CALIBRATION): the one-node run also measured its own communication phases
-(input_dist + emb_a2a_fwd + grad_a2a: the embedding exchange; dense_allreduce: the exposed allreduce),
-which the model's one-node figures underestimate (per-collective overheads, waiting for peers). Their
-difference, measured - modelled at one node, is carried to every node count: alltoall(N) = model(N) +
-(measured(1) - model(1)), likewise the exposed allreduce (divided by H for local SGD, which
-allreduces every H steps), each floored at 0. At one node the projected step is the run's phase sum.
-
-Planning: TorchRec's planner runs twice, for one node and for the largest N (above 256 ranks with
-the narrowed search of `dlrm.plan.large`, seconds); each N is projected with both plans' sharding
-types and column blocks, the shards placed on the N-node world by `replace_shards` (greedy on
-load), and the faster kept (`plan_nodes`). A planner run for each N might find still better plans.
+Compute comes from the topology's peak figures or a measured one-node run; communication from the
+traffic and cost models on the plan re-placed for N nodes; the allreduce overlaps the backward and only
+its excess is exposed. The model and its calibration are described in docs/design/planning.md.
 """
 
 from __future__ import annotations
@@ -238,7 +208,20 @@ def _comms(cfg: Config, tables, dense_params: int, g: int, b_local: float, n: in
 def project(
     cfg: Config, tables, dense_params: int, g: int, node_counts: list[int], sync_period: int, measured=None
 ) -> list[dict]:
-    """Rows (one per node count and sync mode) of the modelled step; see the module docstring."""
+    """Model the step at every node count and sync mode.
+
+    Args:
+        cfg: the run's config.
+        tables: the plan's tables (one node's).
+        dense_params: dense parameters allreduced each step.
+        g: ranks per node.
+        node_counts: the N to project.
+        sync_period: H, the local-SGD period.
+        measured: a one-node run's per-phase seconds, or None for peak figures.
+
+    Returns:
+        One row per (N, sync mode): each phase's seconds, step_s and samples/s.
+    """
     check_sync_period(sync_period)
     if measured is None:
         check_peak_figures(cfg)
@@ -295,8 +278,11 @@ def tables_of(report: dict):
 
 
 def plan_pair(cfg: Config, ranks_per_node, proposer: str, node_counts: list[int]) -> tuple[dict, dict[int, dict]]:
-    """(plan report of one node, {plan_nodes: its plan report}) for one node and the largest node count
-    (same per-rank batch); see PLANNING."""
+    """Plan one node and the largest node count, at the same per-rank batch.
+
+    Returns:
+        (the one-node plan report, {node count: its plan report}).
+    """
     from dlrm.plan.planner import make_plan
 
     one = replace(cfg, topology=replace(cfg.topology, nodes=1))
@@ -330,10 +316,11 @@ def best_rows(
 
 
 def scaling(cfg: Config, ranks_per_node, proposer: str, node_counts: list[int], sync_period: int, measured):
-    """(plan report of one node, projection rows); see PLANNING.
+    """Plan one node and the largest node count, project every node count with each plan.
 
-    Plans one node and the largest node count (same per-rank batch), projects every node count with
-    each plan's sharding types and keeps, per node count and sync mode, the faster; `plan_nodes` says which.
+    Returns:
+        (the one-node plan report, rows): per node count and sync mode the faster plan's row, its
+        `plan_nodes` saying which plan.
     """
     check_sync_period(sync_period)  # before planning
     if measured is None:
