@@ -1,15 +1,9 @@
-"""The UVM cache's line locks around an evaluation (TorchRec's prefetch pipeline, fbgemm's cache).
+"""The UVM cache's line locks, switched off around an evaluation (sharding.prefetch_pipeline).
 
-With `sharding.prefetch_pipeline`, fbgemm's table-batched embedding (TBE) locks the cache lines a
-batch's ids occupy when it loads them (`lock_cache_line`, its `lxu_cache_locking_counter`) and only
-that batch's backward pass unlocks them. An evaluation's lookups run no backward: each would leave
-its lines locked for the rest of the run, and the cache could evict ever fewer lines. Evaluating with
-the locks off is exact: the pipeline holds no batch at an evaluation (dlrm.trainer.trainer), so no
-line is locked then and none needs to be.
-
-Two libraries' internals are used here only: fbgemm's `lock_cache_line` (read by its `_prefetch`), and
-TorchRec's `_lookups`, the list in which a sharded collection keeps its lookups (and so the TBEs: they
-are not submodules of the model). tests/trainer/test_cache_locks.py fails when either changes.
+With the prefetch pipeline, fbgemm locks the cache lines a batch's ids occupy and only that batch's
+backward unlocks them; an evaluation runs no backward, so its lookups run with the locks off. This is
+exact because the pipeline holds no batch at an evaluation. Two library internals are used here only
+(fbgemm's `lock_cache_line`, TorchRec's `_lookups`); docs/design/library-workarounds.md explains them.
 """
 
 from __future__ import annotations
@@ -21,6 +15,8 @@ import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
 
 
+# fbgemm's lock_cache_line and TorchRec's _lookups are library internals:
+# tests/trainer/test_cache_locks.py fails if either changes.
 def embedding_kernels(model: torch.nn.Module) -> list[SplitTableBatchedEmbeddingBagsCodegen]:
     """fbgemm's TBE modules of `model`'s sharded embedding collections, each once."""
     found: dict[int, SplitTableBatchedEmbeddingBagsCodegen] = {}

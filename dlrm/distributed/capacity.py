@@ -66,13 +66,19 @@ def fix_hint(cfg: Config) -> str:
 
 
 def precheck_memory(cfg: Config, world: int, dense_params: int) -> None:
-    """Cheap lower bounds, before the planner runs: the model cannot fit if
+    """Refuse a model that cannot fit, by cheap lower bounds, before the planner runs.
 
-    - the replicated parts (dense MLPs, tables pinned to data_parallel) exceed a rank's HBM (cuda)
-      or DDR (cpu);
-    - its sharded tables, spread perfectly over all ranks, plus the replicated parts exceed a rank's
-      memory, counting host DDR on cuda (TorchRec may keep tables there by UVM);
-    - a table pinned to table_wise does not fit one rank likewise.
+    Refused when the replicated parts (dense MLPs, data_parallel tables) exceed a rank's HBM (cuda) or DDR
+    (cpu); when the sharded tables, spread perfectly, plus the replicated parts exceed a rank's memory
+    (host DDR counted on cuda); or when a table pinned to table_wise does not fit one rank.
+
+    Args:
+        cfg: the run's config.
+        world: ranks.
+        dense_params: parameters outside the embedding tables.
+
+    Raises:
+        PlanError: naming the rank's need, its capacity and the fix.
     """
     cuda = cfg.topology.device == "cuda"
     cap = capacity_GB(cfg) * GB  # where dense parts and data-parallel tables live

@@ -19,12 +19,18 @@ COMPRESS_WRAPPERS = {"bf16": bf16_compress_wrapper, "fp16": fp16_compress_wrappe
 
 
 def hierarchical_allreduce_(tensor: torch.Tensor, groups: ProcessGroups) -> torch.Tensor:
-    """Average `tensor` over all ranks in place, in three steps (the Zion two-level scheme):
+    """Average `tensor` over all ranks in place by the two-level scheme.
 
     1. reduce-scatter inside the node: each of the g local ranks gets the node's sum of 1/g of it;
-    2. allreduce across nodes of that 1/g: only n/g bytes per rank cross the inter-node network;
+    2. allreduce of that 1/g across nodes: n/g bytes per rank cross the inter-node network;
     3. allgather inside the node to rebuild the whole tensor.
-    The tensor is padded to a multiple of g. Returns `tensor`.
+
+    Args:
+        tensor: any shape; padded internally to a multiple of g elements.
+        groups: the job's intra- and inter-node groups.
+
+    Returns:
+        `tensor`, averaged.
     """
     g = dist.get_world_size(groups.intra_node)
     world = dist.get_world_size(groups.world)
@@ -47,13 +53,12 @@ def _hierarchical_hook(groups: ProcessGroups, bucket: dist.GradBucket) -> torch.
     return future
 
 
+# Gloo's bf16 reduction is checked by tests/distributed/test_precision_training.py.
 def _registrable(hook, group: dist.ProcessGroup):
     """`hook` as DDP accepts it on `group`'s backend.
 
-    DDP refuses hooks named bf16_compress_hook / bf16_compress_wrapper_hook unless CUDA with NCCL
-    >= 2.10 is present (NCCL's bf16 support). Gloo reduces bf16 too (checked by
-    tests/distributed/test_precision_training.py), so on Gloo the same torch hook is registered
-    through a delegate of another name; on NCCL torch's own check runs.
+    DDP refuses torch's bf16 hooks by name unless NCCL supports bf16; on Gloo, which reduces bf16 too, the
+    same hook is registered under another name. On NCCL torch's own check runs.
     """
     if dist.get_backend(group) != "gloo":
         return hook
@@ -70,13 +75,17 @@ def _ddp_modules(model: torch.nn.Module) -> list[DistributedDataParallel]:
 
 
 def use_hierarchical_allreduce(model: torch.nn.Module, groups: ProcessGroups, precision: str = "fp32") -> int:
-    """Register the hierarchical hook on every DDP module inside `model` (dense MLPs, data-parallel
-    tables); call before the first forward. Returns how many DDP modules got it.
+    """Register the hierarchical hook on every DDP module inside `model`, before the first forward.
 
-    precision bf16/fp16: the hook runs on the bucket cast to it (torch's compress wrappers), so all
-    three steps send half the bytes; the result is cast back to the gradients' dtype.
-    The three steps run synchronously inside the hook: exact and simple; on GPUs they do not yet
-    overlap with the rest of the backward pass.
+    The three steps run synchronously inside the hook (exact; on GPUs not overlapped with the backward).
+
+    Args:
+        model: the DMP-wrapped model.
+        groups: the job's process groups.
+        precision: 'fp32', or 'bf16'/'fp16' to send every step in that precision and cast back.
+
+    Returns:
+        How many DDP modules got the hook.
     """
     hook = _hierarchical_hook
     if precision != "fp32":

@@ -1,6 +1,6 @@
-"""Where a sharding plan puts each table: plain records, torch-free, for the tools that analyse a plan
-(memory, traffic, reports, projections) without importing TorchRec. `dlrm.distributed.sharding.table_plans`
-makes them from TorchRec's plan."""
+"""Where a sharding plan puts each table: plain, torch-free records for the tools that analyse a plan
+(memory, traffic, reports, projections) without importing TorchRec.
+"""
 
 from __future__ import annotations
 

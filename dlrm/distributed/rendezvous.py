@@ -28,16 +28,15 @@ _PR_SET_PDEATHSIG = 1  # prctl option, from linux/prctl.h
 
 
 def end_with_launcher() -> bool:
-    """Have the kernel kill this rank when its torchrun agent dies; returns whether it did.
+    """Have the kernel SIGKILL this rank when its torchrun agent dies.
 
-    torchrun starts each rank in a session of its own, so a SIGKILLed agent (the OOM killer, a
-    scheduler's `kill -9`, a test's clean-up) would otherwise leave its ranks training on, holding their
-    GPUs, for as long as their peers answer. They die with it instead, as a job killed as a whole
-    does (its peers elsewhere then fail in one line: a lost rank). SIGKILL, not the clean stop's
-    SIGTERM: a multi-threaded parent's death can deliver the signal once per thread, and a second
-    SIGTERM is an immediate stop anyway (dlrm.trainer.stop). Linux only, and only under torchrun
-    (TORCHELASTIC_RUN_ID), whose agent starts its ranks from its main thread (the signal comes when
-    the thread that started the process ends). A rank whose agent is already gone ends here."""
+    torchrun starts each rank in a session of its own, so a killed agent would otherwise leave its ranks
+    training on. Linux only, and only under torchrun (TORCHELASTIC_RUN_ID). A rank whose agent is already
+    gone ends here.
+
+    Returns:
+        Whether the death signal was set.
+    """
     if "TORCHELASTIC_RUN_ID" not in os.environ or platform.system() != "Linux":
         return False
     parent = os.getppid()
@@ -114,11 +113,11 @@ def _who(store: dist.Store, world: World) -> str:
 
 
 def _join(store: dist.Store, world: World, address: str, deadline: float, timeout_s: float) -> None:
-    """Count this rank in (`JOINED`) and poll one key, `ALL_JOINED`, which the last rank to join sets: one
-    request per rank per poll whatever the world size, O(W) for the job (polling every rank's key from
-    every rank was O(W^2) per round). A blocking store wait would answer at once, but a TCPStore wait
-    that times out logs a C++ warning; the polls are short checks. `joined/RANK` names the ranks for
-    rank 0's messages. One join per store prefix (`launcher_store` gives every attempt its own)."""
+    """Count this rank in (`JOINED`) and poll `ALL_JOINED`, which the last rank to join sets.
+
+    One request per rank per poll whatever the world size; `joined/RANK` names the ranks for rank 0's
+    messages. One join per store prefix.
+    """
     store.set(f"joined/{world.rank}", os.uname().nodename)
     if store.add(JOINED, 1) == world.world_size:
         store.set(ALL_JOINED, "1")
@@ -138,16 +137,17 @@ def _join(store: dist.Store, world: World, address: str, deadline: float, timeou
 
 
 def launcher_store(world: World, timeout_s: float | None = None) -> dist.Store:
-    """The rendezvous store at MASTER_ADDR:MASTER_PORT, every rank joined, under a prefix that no
-    earlier attempt used; its operations wait `timeout_s` (None: torch's default).
+    """The rendezvous store at MASTER_ADDR:MASTER_PORT once every rank has joined.
 
-    Where torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True, torch's default) it
-    outlives the workers across restarts (--max-restarts), so the prefix carries the attempt
-    (TORCHELASTIC_RESTART_COUNT): restarted ranks would otherwise read the dead attempt's addresses.
-    Otherwise (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, which dlrm.torchrun sets for multi-node launches)
-    rank 0 hosts a new store every round and the prefix is constant: restart counts are per agent, so
-    after a node's agent is started again its ranks count 0 while the others count 1, and a prefix by
-    the count would keep them apart (torch's own `_create_c10d_store` reasons the same way).
+    The store's prefix is new for every attempt: it carries the restart count where torchrun's agent hosts
+    the store (it outlives restarts), and is constant where rank 0 hosts a new store every round.
+
+    Args:
+        world: this process's place in the job.
+        timeout_s: how long the store's operations wait (None: torch's default).
+
+    Raises:
+        RendezvousTimeout: some ranks did not join in time.
     """
     timeout_s = _DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
     deadline = time.monotonic() + timeout_s

@@ -36,9 +36,8 @@ from dlrm.distributed.plan_records import Shard, TablePlan
 class AnyDeviceEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     """TorchRec's EBC sharder offering every sharding type on every device.
 
-    TorchRec offers row_wise, table_row_wise and grid_shard only on CUDA, although they run and
-    are numerically right on CPU with Gloo (our distributed tests check it against an unsharded
-    model). This sharder offers the CUDA list everywhere, so CPU runs can use and test them.
+    TorchRec offers row_wise, table_row_wise and grid_shard only on CUDA, although they run and are exact
+    on CPU with Gloo; this sharder offers the CUDA list everywhere.
     """
 
     def __init__(self, *args, replicate: bool = True, **kwargs) -> None:
@@ -53,15 +52,12 @@ class AnyDeviceEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
 COMM_TYPES = {"fp32": CommType.FP32, "fp16": CommType.FP16, "bf16": CommType.BF16}
 
 
+# fbgemm 1.8's backward_loss_scale divides before the fp16 cast: tests/distributed/test_precision_options.py shows both.
 class LossScaledCodec:
-    """A TorchRec quantized-comms codec whose input is multiplied by `scale` before it is encoded and whose
-    output is divided by it after it is decoded, both in the input's precision (fp32); the rest (dtype,
-    sizes, context) is the wrapped codec's.
+    """A quantized-comms codec that scales its input by `scale` before encoding and divides after decoding.
 
-    Not fbgemm's own loss scale (QCommsConfig.backward_loss_scale): fbgemm 1.8's decode divides the fp16
-    payload before casting it back, which rounds every gradient under fp16's smallest normal onto the
-    subnormal grid the scale is meant to avoid. tests/distributed/test_precision_options.py shows both;
-    once fbgemm divides after the cast, its own scale will do.
+    Both in the input's precision (fp32); dtype, sizes and context are the wrapped codec's. Used instead of
+    fbgemm's own backward loss scale, which divides before casting back (docs/design/library-workarounds.md).
     """
 
     def __init__(self, codec: Any, scale: float) -> None:
@@ -210,9 +206,10 @@ def plan_sharding(
     pg: dist.ProcessGroup | None,
     proposer: Proposer | None = None,
 ) -> ShardingPlan:
-    """Plan on rank 0 and broadcast (pg given), or plan locally (pg None: no process group needed).
+    """TorchRec's sharding plan: made on rank 0 and broadcast over `pg`, or made locally when `pg` is None.
 
-    Raises PlanError (a UserError) when TorchRec's planner finds no plan.
+    Raises:
+        PlanError: TorchRec's planner finds no plan.
     """
     planner = make_planner(cfg, topology, proposer)
     module_sharders = sharders(cfg)
@@ -229,8 +226,11 @@ def shard_model(
 ) -> DistributedModelParallel:
     """Distribute `model` (built on meta) by `plan`: sharded tables plus DDP-wrapped dense layers.
 
-    The tables are materialised on `device` directly (fbgemm allocates them there, in
-    model.embedding_precision), and their collectives use the qcomms codecs of `cfg.sharding`.
+    The tables are materialised on `device` directly, in model.embedding_precision, and their collectives
+    use the qcomms codecs of `cfg.sharding`.
+
+    Returns:
+        The DistributedModelParallel.
     """
     return DistributedModelParallel(
         module=model,

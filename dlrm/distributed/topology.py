@@ -1,8 +1,8 @@
 """The process group and TorchRec's planner Topology, from the topology config and the launcher's world.
 
-Data flows one way: `World.from_env()` (dlrm.distributed.world) reads what torchrun set (or a single process),
-`validate_world` checks it against the config before anything starts, then `init_distributed`
-creates the process group and `planner_topology` describes the hardware to the planner.
+`validate_world` checks the launcher's world against the config before anything starts,
+`init_distributed` creates the process group and `planner_topology` describes the hardware to the
+planner.
 """
 
 from __future__ import annotations
@@ -154,9 +154,14 @@ def init_distributed(
 ) -> dist.ProcessGroup:
     """The default process group: from the launcher's environment, or a 1-rank group in-process.
 
-    device: this rank's GPU, bound to the group at once (NCCL's eager init: a wrong device or a
-    broken link fails here, not at the first collective); timeout_s: how long its collectives wait
-    for the other ranks before failing (None: torch's default).
+    Args:
+        cfg: the topology config (backend).
+        world: this process's place in the job.
+        device: this rank's GPU, bound to the group at once, so a wrong device or broken link fails here.
+        timeout_s: how long collectives wait for the other ranks (None: torch's default).
+
+    Returns:
+        The default process group.
     """
     if not dist.is_initialized():
         backend = backend_for(cfg)
@@ -207,20 +212,20 @@ PLANNER_COLLECTIVES = {  # TorchRec's collective types, by the names of Topology
 }
 
 
+# TorchRec 1.8's estimator (planner/estimator/estimator.py): tests/plan/test_planner.py notices a change.
 def bytes_counted(collective_type: CollectiveType, world_size: int, local_world_size: int) -> float:
-    """How many times the bytes a rank's collective moves TorchRec's perf estimator counts (1.8,
-    torchrec/distributed/planner/estimator/estimator.py; tests/plan/test_planner.py notices a change):
+    """How many times the bytes a rank's collective moves TorchRec's perf estimator counts.
 
-    - ALL_TO_ALL (the input and output distribution of table-, column- and row-wise shards): it counts
-      batch x world_size x dim, the rank's own share included, of which (W - 1) / W leaves the rank:
-      W / (W - 1), 2 on 2 ranks (the pooled embeddings priced at twice their bytes);
-    - ALL_REDUCE (a data-parallel table's gradients, T bytes): it counts T (2N - 1) / N, N = min(nodes,
-      2), where a ring allreduce (Gloo's; NCCL's on these sizes) moves 2 (W - 1) / W T per rank: 1.5 on
-      2 nodes of 1 rank, 0.57 on one node of 8.
+    ALL_TO_ALL: W / (W - 1) (it counts the rank's own share too). ALL_REDUCE: (2N - 1) / N with N =
+    min(nodes, 2), against a ring's 2 (W - 1) / W. Reduce-scatter and allgather: 1. The derivation is in
+    docs/design/library-workarounds.md.
 
-    Replication against table-wise on 2 nodes x 1 rank was so priced 2 / 1.5 too cheap, and the planner
-    replicated dlrm_wide's tables on the emulated cluster, 5-21% slower (docs/cluster_findings.md).
-    Reduce-scatter and allgather are left as counted (Gloo runs its reduce-scatter as an allreduce).
+    Args:
+        collective_type: TorchRec's collective.
+        world_size, local_world_size: the launch's shape.
+
+    Returns:
+        The estimator's bytes over the bytes moved.
     """
     w = world_size
     if w <= 1:
@@ -233,24 +238,14 @@ def bytes_counted(collective_type: CollectiveType, world_size: int, local_world_
     return 1.0
 
 
+# Corrects TorchRec's BasicCommsBandwidths allreduce pricing:
+# tests/plan/test_planner.py notices a TorchRec that fixes its own.
 class LinkBandwidths(BasicCommsBandwidths):
-    """TorchRec's bandwidth per collective (bytes/ms), with the allreduce priced on the links it crosses.
+    """TorchRec's bandwidth per collective (bytes/ms), the allreduce priced on the links it crosses.
 
-    TorchRec's BasicCommsBandwidths prices every ALL_REDUCE at inter_host_bw x local_world_size ("1 NIC
-    per GPU"), on one node too, so the planner prices a replicated (data_parallel) table's gradient
-    allreduce without the intra-node link: on one CPU node with loopback figures fitted by
-    dlrm.comms.fit (0.18 GB/s; inter-node 2 GB/s untouched) it priced replication 22x too cheap and
-    replicated every table of dlrm_small, for steps twice as slow. Here an allreduce on one node runs
-    at the intra-node link, across nodes at the slower of it and the node's NICs (a ring crosses both).
-    tests/plan/test_planner.py notices a TorchRec that fixes its own.
-
-    own: per collective, its own (inter, intra) bandwidths where the topology has fitted them
-    (`LinkConfig.collectives`: Gloo's 2-rank alltoall reached half the rate of its allreduce on a
-    shaped link), used for that collective instead of the two above.
-
-    The bandwidth returned is the link's times `bytes_counted`: TorchRec's estimator counts other bytes
-    than a rank's collective moves, and its time (bytes counted / bandwidth) is then the bytes moved
-    over the link's bandwidth.
+    An allreduce on one node runs at the intra-node link, across nodes at the slower of it and the node's
+    NICs; a collective with its own fitted figures (`LinkConfig.collectives`) uses them. Each bandwidth is
+    multiplied by `bytes_counted`, so the estimator's time is the bytes moved over the link's bandwidth.
     """
 
     def __init__(
