@@ -1,22 +1,18 @@
 """torchrun, quiet about user errors: `python -m dlrm.torchrun [torchrun options] -m dlrm.train [overrides]`.
 
-Takes exactly torchrun's arguments and runs torchrun's own `run`. The difference is what a failure
-prints: when a rank exits with status 2 (a user error: the rank has printed `error: <message>`,
-see `dlrm.common.errors`) and every other failed rank exited 2 too or was stopped by torchrun (SIGTERM),
-the job exits 2 with nothing more: no "failed (exitcode: 2)" log line, no ChildFailedError summary
-and traceback repeating the message. The same for a clean stop on SIGINT/SIGTERM (dlrm.trainer.stop:
-exit 130/143), also when torchrun itself got the signal and forwarded it to the ranks, and for a
-collective that timed out or lost a rank (exit 3, one `failed:` line: dlrm.distributed.topology). Any other
-failure (a crash, a signal, another exit status) gets torchrun's full report and traceback, as
-plain torchrun would print it.
+Takes exactly torchrun's arguments and runs torchrun's own `run`. Only what a failure prints differs:
+
+| the ranks' failure                                          | the job exits | printed                       |
+|-------------------------------------------------------------|---------------|-------------------------------|
+| a user error (2), the other ranks 2 or stopped by torchrun  | 2             | the rank's `error:` line only |
+| a clean stop on SIGINT/SIGTERM                              | 130 / 143     | nothing more                  |
+| a collective timed out or lost a rank                       | 3             | one `failed:` line            |
+| anything else                                               | its status    | torchrun's full report        |
 
 A multi-node launch gets TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 unless the environment sets it
-(`separate_store`): rank 0's worker then hosts the job's store, a new one every rendezvous round, on a
-free port of its node, instead of sharing the rendezvous host agent's. With the shared store, an agent
-started again in place of a dead node's (torchrun --max-restarts on every node) waits 60 s for a
-MASTER_ADDR the surviving agent never publishes again, and fails. Single-node launches keep torch's
-default, and so does a multi-node dlrm.train that names no run directory (hydra.run.dir= / run.name=):
-its ranks agree on outputs/<timestamp> through the agent's store (dlrm.train).
+(`separate_store`): rank 0's worker hosts the job's store, a new one every rendezvous round, so an
+agent started again in place of a dead node's can join. Single-node launches keep torch's default, as
+does a multi-node training that names no run directory (its ranks agree on one through the agent's store).
 """
 
 from __future__ import annotations
@@ -41,8 +37,9 @@ SEPARATE_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # torch's opt-out of the 
 
 
 def separate_store(args: Namespace) -> bool:
-    """Whether the ranks should host their own store (see the module's docstring): a multi-node launch,
-    unless it is a dlrm.train that names no run directory."""
+    """Whether the ranks should host their own store: a multi-node launch, unless it is a training
+    that names no run directory.
+    """
     try:
         multi_node = not args.standalone and parse_min_max_nnodes(args.nnodes)[1] > 1
     except (RuntimeError, ValueError):  # a bad --nnodes: torchrun's `run` reports it
@@ -79,6 +76,7 @@ class _DropUserErrorNoise(logging.Filter):
 
 @record
 def main(argv: Sequence[str] | None = None) -> None:
+    """Run torchrun with these arguments; exit with the job's status, quiet as the module says."""
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     if separate_store(args):
         os.environ.setdefault(SEPARATE_STORE, "1")

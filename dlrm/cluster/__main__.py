@@ -1,4 +1,4 @@
-"""`python -m dlrm.cluster`: see `dlrm.cluster.emulator`."""
+"""`python -m dlrm.cluster`: the emulated cluster's command line."""
 
 import sys
 

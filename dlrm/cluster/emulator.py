@@ -4,25 +4,12 @@
         [--kill-agent NODE@AT_S] [--max-restarts N] -- [overrides]
     python -m dlrm.cluster --nodes 2 --ranks-per-node 2 --gbit G --module dlrm.comms.measure -- [its arguments]
 
-Each node is a namespace `dlrm-<pid>-n<i>` with `lo` and one interface `eth0` at 198.18.0.<i+1>/24 (the
-benchmarking range), a veth into a bridge that lives in its own namespace `dlrm-<pid>-sw`: nothing is
-added to the host's network. Both directions of every uplink are shaped by `tc tbf` to the inter-node
-bandwidth; ranks of one node reach each other through the node's loopback (a packet to a local address
-never leaves `lo`). Node i runs `python -m dlrm.torchrun --nnodes=N --nproc_per_node=R -m dlrm.train
-OVERRIDES` in its namespace (topology=emu_NxR unless OVERRIDES name one), with GLOO_SOCKET_IFNAME /
-NCCL_SOCKET_IFNAME=eth0 and a c10d rendezvous whose store lives in the bridge's namespace at
-198.18.0.254, outliving every agent; TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 makes rank 0 host the job's
-store, so that a node's agent started again joins the restarted job (dlrm.torchrun). Everything is
-removed on exit, on Ctrl-C / SIGTERM and on failure. Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and
-iproute2.
-
-Bandwidth: topology `inter_node.bandwidth_GBps` is per rank (dlrm.config.LinkConfig), and the R ranks of a
-node share its uplink, so the uplink is shaped to R x that rate; `--gbit G` sets the uplink instead and
-passes `topology.inter_node.bandwidth_GBps=G/8/R` to the trainer (and each collective's own fitted
-bandwidth, `inter_node.collectives`, scaled alike), so planner, cost model and fabric agree.
-
-The fabric is dlrm.cluster.fabric; the faults (a link down, a node's agent killed) and the line each ends
-with are dlrm.cluster.faults.
+Node i runs `python -m dlrm.torchrun --nnodes=N --nproc_per_node=R -m dlrm.train OVERRIDES` in its
+namespace (topology=emu_NxR unless the overrides name one), its sockets on the node's shaped uplink, the
+c10d store in the switch's namespace so it outlives every agent. The uplink is shaped to R x the
+topology's per-rank inter_node.bandwidth_GBps; `--gbit G` sets the uplink instead and passes the
+matching per-rank bandwidth to the trainer. Everything is removed on exit, Ctrl-C, SIGTERM or failure.
+Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2.
 """
 
 from __future__ import annotations
@@ -73,7 +60,19 @@ class Job:
 
 
 def plan_job(nodes: int | None, ranks: int | None, gbit: float | None, overrides: list[str]) -> Job:
-    """Compose the trainer's config as dlrm.train will, and check nodes x ranks against its topology."""
+    """Compose the trainer's config as the trainer will and check nodes x ranks against its topology.
+
+    Args:
+        nodes, ranks: --nodes and --ranks-per-node (None: the topology's).
+        gbit: --gbit, the uplink rate (None: from the topology).
+        overrides: the trainer's Hydra overrides.
+
+    Returns:
+        The `Job` to start.
+
+    Raises:
+        UsageError: the sizes or rate disagree with the topology.
+    """
     from dlrm.config import validate, validate_world
     from dlrm.config.compose import CONF_DIR, compose, override_value
 
@@ -129,9 +128,9 @@ def agent_command(job: Job, fabric: Fabric, i: int) -> list[str]:
 
 
 def agent_env(uplink_gbit: float | None = None) -> dict[str, str]:
-    """This environment for the agents, less another launcher's variables, with the node's interface,
-    the ranks hosting their own store (dlrm.torchrun sets that too; $TORCHRUN may be another launcher)
-    and the uplink's shaped rate (`dlrm.comms.fit` writes it as the inter-node link's bandwidth)."""
+    """The agents' environment: this one less another launcher's variables, plus the node's interface,
+    the ranks hosting their own store, and the uplink's shaped rate (`uplink_gbit`, None: not shaped).
+    """
     drop = ("SLURM_", "TORCHELASTIC_", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env.update(GLOO_SOCKET_IFNAME=IFNAME, NCCL_SOCKET_IFNAME=IFNAME, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")

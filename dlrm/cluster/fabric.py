@@ -1,10 +1,9 @@
-"""The network of dlrm.cluster's emulated cluster: one namespace per node behind a tbf-shaped uplink into a
-bridge in its own namespace; `Fabric.close` removes them and every process inside.
+"""The emulated cluster's network: one namespace per node behind a tbf-shaped uplink into a bridge
+in its own namespace; `Fabric.close` removes them and every process inside.
 
-The bridge's namespace also holds the job's c10d rendezvous store (`Fabric.start_store`: a TCPStore at
-198.18.0.254, `python -m dlrm.cluster.fabric --serve-store PORT PREFIX`), so that it outlives any node's agent:
-a killed node 0 is a node like the others, and no agent's exit takes the store from one still
-shutting down its rendezvous."""
+The bridge's namespace also holds the job's c10d rendezvous store (`Fabric.start_store`), so that it
+outlives any node's agent, node 0's included.
+"""
 
 from __future__ import annotations
 

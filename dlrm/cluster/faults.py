@@ -1,21 +1,13 @@
-"""The faults dlrm.cluster injects, timed from the start of training, and the one line each ends with.
+"""The faults the emulated cluster injects, timed from the start of training, and the line each ends with.
 
-- `--link-down NODE:AT_S:FOR_S` (`LinkDown`): the node's uplink goes down, then up again. Gloo's
-  collectives wait for it: the job rides through an outage shorter than trainer.collective_timeout_s
-  and fails with one `failed:` line per node (exit 3) after a longer one.
-- `--kill-agent NODE@AT_S` (`AgentKill`): the node's torchrun agent and its workers are SIGKILLed (a
-  node that dies) and the node's agent is started again with the same command (a replacement node).
-  The other nodes' ranks lose their connections to it and end with one `failed:` line each; their
-  agents restart the job (torchrun --max-restarts, one restart per kill: dlrm.cluster passes the
-  number of kills unless --max-restarts says otherwise), the rendezvous re-forms with the new agent
-  once the dead one's heartbeats have expired, and with trainer.resume=auto the job resumes from its
-  last checkpoint and finishes with the uninterrupted run's weights. The agents host no job store
-  (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: see dlrm.torchrun, dlrm.distributed.topology's store prefix).
-  A kill beyond --max-restarts is not restarted: the job fails (exit 3) and the same command with
-  trainer.resume=auto continues it; the cluster stops survivors still running
-  trainer.collective_timeout_s + FAILED_GRACE_S after such a kill. Any node can be killed, node 0
-  too: the rendezvous store lives in the bridge's namespace (dlrm.cluster.fabric). See
-  docs/emulated-cluster.md.
+- `--link-down NODE:AT_S:FOR_S` (`LinkDown`): the node's uplink goes down, then up again. The job rides
+  through an outage shorter than trainer.collective_timeout_s and fails with one `failed:` line per
+  node (exit 3) after a longer one.
+- `--kill-agent NODE@AT_S` (`AgentKill`): the node's torchrun agent and workers are SIGKILLed and the
+  agent is started again (a replacement node). The other agents restart the job (one restart per
+  kill unless --max-restarts says otherwise); with trainer.resume=auto it resumes from its last
+  checkpoint. A kill beyond --max-restarts ends the job (exit 3); the same command with
+  trainer.resume=auto continues it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`python -m dlrm.bench.cluster`: see `dlrm.bench.cluster.experiments`."""
+"""`python -m dlrm.bench.cluster`: the cluster experiments' command line."""
 
 import sys
 

@@ -1,36 +1,23 @@
 # long file: one benchmark run end to end: its experiments (comms, train, scale), rounds and results.json
-"""The Zion paper's questions measured on the emulated cluster (`python -m dlrm.cluster`), beside the model.
+"""The Zion paper's questions measured on the emulated cluster, beside the model.
 
     python -m dlrm.bench.cluster --out outputs/cluster_bench              # all experiments, 3 rounds
     python -m dlrm.bench.cluster --quick --out outputs/cluster_bench_q    # about 2-3 minutes
 
-Needs root (each run is a `dlrm.cluster` job: network namespaces, tc-shaped uplinks). Experiments
-(`--experiments`):
+Needs root: each run is an emulated-cluster job. Experiments (`--experiments`):
 
-- ``comms``: `dlrm.comms.measure` on 2 nodes x 2 ranks (`dlrm.cluster --module`), scopes world, intra and
-  inter, against the cost model built from the emu_2x2 topology at that uplink rate (not fitted to the
-  measurement): geometric-mean absolute error per collective and scope over sizes >= 64 KiB. Once, in
-  the first round, per uplink rate.
-- ``train``: `dlrm.train` on 2 x 2 (or `--shape`, e.g. 2x1) per variant (`--variants`: the planner's
-  plan with DDP's flat allreduce, hierarchical allreduce, local SGD every 4 steps, each sharding type) at
-  every `--gbits`:
-  the measured step time (median over the run's log windows after the first), the exposed alltoall and
-  allreduce shares of a profiled step (`summary.json` step_breakdown phases) and `comm_vs_model`.
-- ``scale``: weak scaling at `--batch-per-rank`: one-node runs (1 x 1 and 1 x 2, no inter-node link)
-  calibrate `python -m dlrm.plan --scale ... --measured`; its projection is compared with the measured
-  2 x 1, 4 x 1 and 2 x 2 runs (the train experiment's `auto` run is the 2 x 2 one). With another
-  `--shape` N x R: the 1 x R run calibrates and the train experiment's N x R `auto` run is compared.
+- ``comms``: the collective benchmark on 2x2, scopes world, intra and inter, against the cost model of
+  the emu_2x2 topology at that uplink rate; geometric-mean error per collective and scope. Once per
+  uplink rate, in the first round.
+- ``train``: training on 2x2 (or `--shape`) per variant (`--variants`: flat, hierarchical, local SGD,
+  each sharding type) at every `--gbits`: step time, exposed alltoall and allreduce shares, and
+  comm_vs_model.
+- ``scale``: weak scaling at `--batch-per-rank`: one-node runs calibrate the planner's `--scale
+  --measured` projection, compared with the measured multi-node runs.
 
-The variants run interleaved within a round (their order rotated by one each round), so slow phases of a
-shared machine fall on all of them; the figures are medians over rounds. Each run's record is appended to
-`results.json` as it ends; `findings.md` (tables and the findings stated from them) and `findings.png`
-are rewritten after each round. All three written atomically. `--render` rewrites them from a results.json,
-the model side re-evaluated with the current model against its measurements.
-
-Modules: this one runs (options, jobs, the loop, `--render`); `dlrm.bench.cluster.summaries` reads the
-results back into tables, `dlrm.bench.cluster.findings` answers the questions and writes findings.md,
-`dlrm.bench.cluster.plot` draws findings.png and
-`dlrm.bench.cluster.modelled` computes the model side (and re-computes it for `--render`).
+Variants run interleaved within a round, their order rotated each round; figures are medians over
+rounds. `results.json` grows as runs end; `findings.md` and `findings.png` are rewritten after each
+round, all atomically. `--render` rewrites them from a results.json with the current model.
 """
 
 from __future__ import annotations
@@ -216,8 +203,10 @@ class Spec:
 
 
 def round_specs(opts: Options, round_index: int) -> list[Spec]:
-    """The jobs of one round, in the order they run (rotated by the round's index). The scale experiment
-    calibrates on one node of the shape's ranks; on 2 x 2 it also measures 2 x 1 and 4 x 1 (1 x 1's)."""
+    """The jobs of one round, in the order they run (rotated by `round_index`).
+
+    The scale experiment calibrates on one node of the shape's ranks; on 2x2 it also measures 2x1 and 4x1.
+    """
     specs: list[Spec] = []
     if "comms" in opts.experiments and round_index == 0:
         specs += [Spec("comms", 2, 2, g, "bench") for g in opts.gbits]
@@ -306,7 +295,7 @@ def run_job(opts: Options, spec: Spec, run_dir: Path) -> tuple[bool, str, float]
 
 
 def run_plan(opts: Options, gbit: float, series: str, calibration: Path) -> dict:
-    """`dlrm.plan --json --scale` calibrated on a one-node run of `series` ('1x1' or '1x2')."""
+    """The planner's `--json --scale` projection calibrated on a one-node run of `series` ('1x1' or '1x2')."""
     overrides, counts = plan_overrides(opts.model, opts.batch_per_rank, gbit, series, opts.shape)
     cmd = [sys.executable, "-m", "dlrm.plan", "--json", "--scale", counts]
     cmd += ["--measured", str(calibration / "summary.json"), *overrides]
@@ -397,8 +386,9 @@ def run(opts: Options, now: Callable[[], float] = time.monotonic) -> int:
 
 
 def render(opts: Options) -> int:
-    """Rewrite findings.md and findings.png from an earlier run's results.json (the tables' code may have
-    changed), the model side re-evaluated against the stored measurements (`cluster_bench_model.remodel`)."""
+    """Rewrite findings.md and findings.png from an earlier run's results.json, the model side
+    re-evaluated against the stored measurements.
+    """
     out = Path(opts.out)
     try:
         results = json.loads((out / "results.json").read_text())

@@ -1,5 +1,6 @@
-"""The findings of dlrm.bench.cluster's page: the paper's questions answered from the measured medians
-(`findings`), and the page itself (`findings_md`). Pure functions of the results dict."""
+"""The cluster experiments' findings: the paper's questions answered from the measured medians
+(`findings`), and the page itself (`findings_md`). Pure functions of the results dict.
+"""
 
 from __future__ import annotations
 

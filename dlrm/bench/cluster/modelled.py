@@ -1,10 +1,9 @@
-"""The model side of dlrm.bench.cluster, beside the measured figures: the cost model's time for each comms
-benchmark row, `dlrm.plan --scale --measured`'s projection and comm_vs_model's modelled seconds.
+"""The model side of the cluster experiments: the cost model's time for each benchmark row, the planner's
+`--scale --measured` projection, and comm_vs_model's modelled seconds.
 
-`remodel` re-evaluates all three with the current model against the stored measurements (what `--render`
-does), keeping the figures of the model the run had (`model_s_at_run`, `projections_at_run`,
-`comm_model_s_at_run`) and recording what it redid in `results["remodelled"]`. It needs the run
-directories (bench rows excepted): where a run's files are gone, its stored figures stay.
+`remodel` re-evaluates all three with the current model against the stored measurements (`--render`),
+keeping the run's own figures (`model_s_at_run`, `projections_at_run`, `comm_model_s_at_run`) and
+recording what it redid in `results["remodelled"]`. Where a run's files are gone, its stored figures stay.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ PROPOSER = "default"  # dlrm.plan --proposer's default
 
 
 def emulated_topology(gbit: float, nodes: int, ranks_per_node: int):
-    """The emulated topology emu_{nodes}x{ranks_per_node} at this uplink rate, as dlrm.cluster sets it
-    (`LinkConfig.rate_overrides`)."""
+    """The emulated topology emu_{nodes}x{ranks_per_node} at this uplink rate, as the emulated cluster sets it."""
     from dlrm.config.compose import compose
 
     overrides = [f"topology=emu_{nodes}x{ranks_per_node}"]
@@ -41,9 +39,16 @@ def comms_model_links(gbit: float, nodes: int, ranks_per_node: int):
 
 
 def model_time(links, collective: str, scope: str, group_size: int, nodes: int, nbytes: float) -> float:
-    """The cost model's seconds for one benchmark row: `world` spans the nodes (`world_time`), `intra` and
-    `inter` are one level (`level_time`), each as the topology's backend runs it, with each link's figures
-    for this collective (`Link.from_config`)."""
+    """The cost model's seconds for one benchmark row.
+
+    Args:
+        links: (topology, backend) from `comms_model_links`.
+        collective: the benchmark's collective.
+        scope: 'world' (spans the nodes), 'intra' or 'inter' (one level).
+        group_size: ranks in one group of the scope.
+        nodes: nodes of the job.
+        nbytes: the message size.
+    """
     from dlrm.comms.costmodel import Link, level_time, world_time
 
     topo, backend = links
@@ -170,10 +175,11 @@ def remodel_projections(results: dict) -> int:
 
 
 def tables_from_summary(summary: dict, model) -> list:
-    """The `TablePlan`s of a run from its summary's sharding_plan (table, type, ranks) and its model config:
-    row-sharded tables split into equal row blocks over their ranks (TorchRec's ceil(rows / k)), column-wise
-    ones into equal column blocks, data-parallel ones replicated. Exact for whole-table shards and for
-    row or column counts that the ranks divide."""
+    """The `TablePlan`s of a run from its summary's sharding_plan and its model config.
+
+    Row-sharded tables split into equal row blocks over their ranks (ceil(rows / k)), column-wise ones into
+    equal column blocks, data-parallel ones replicated: exact where the ranks divide the rows or columns.
+    """
     plan = {e["table"]: e for e in summary["sharding_plan"]}
     world = summary["world_size"]
     out = []
@@ -201,9 +207,11 @@ def tables_from_summary(summary: dict, model) -> list:
 
 
 def remodel_comm_vs_model(results: dict) -> int:
-    """comm_vs_model's modelled seconds of every multi-rank training run whose summary.json and config.yaml
-    are kept, from the current model (`dlrm.comms.measured.comm_vs_model` on the run's config and plan);
-    runs re-modelled."""
+    """comm_vs_model's modelled seconds of every kept multi-rank training run, from the current model.
+
+    Returns:
+        How many runs were re-modelled.
+    """
     from omegaconf import DictConfig, OmegaConf
 
     from dlrm.common.io import JSON_LIMIT, parse_json, read_bounded

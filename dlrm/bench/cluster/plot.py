@@ -1,4 +1,4 @@
-"""findings.png of dlrm.bench.cluster: measured (solid) and modelled (dashed) step times and alltoall shares."""
+"""findings.png of the cluster experiments: measured (solid) and modelled (dashed) step times and alltoall shares."""
 
 from __future__ import annotations
 

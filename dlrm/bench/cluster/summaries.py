@@ -1,5 +1,6 @@
-"""dlrm.bench.cluster's results read back: a training run's figures, the summaries over rounds, the tables
-of findings.md (`dlrm.bench.cluster.findings` writes the page). Pure functions of the results dict."""
+"""The cluster experiments' results read back: a training run's figures, summaries over rounds, and the
+tables of findings.md. Pure functions of the results dict.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ DEFAULT_SHAPE = (2, 2)  # nodes x ranks per node of the train experiment
 
 
 def shape_of(results: dict) -> tuple[int, int]:
-    """(nodes, ranks per node) of the results' train experiment (`--shape`; 2 x 2 before it existed)."""
+    """(nodes, ranks per node) of the results' train experiment; 2x2 for results without `--shape`."""
     nodes, rpn = results.get("options", {}).get("shape") or DEFAULT_SHAPE
     return int(nodes), int(rpn)
 
@@ -92,14 +93,14 @@ def train_cell(results: dict, nodes: int, rpn: int, gbit: float | None, variant:
 def projected(
     results: dict, gbit: float, series: str, nodes: int, dense_sync: str | None, key: str = "step_s"
 ) -> float | None:
-    """The median over rounds of `dlrm.plan --scale`'s figure `key` for that row (None: not projected)."""
+    """The median over rounds of the `--scale` projection's figure `key` for that row (None: not projected)."""
     want = (gbit, series, nodes, dense_sync)
     rows = results.get("projections", [])
     return median([p[key] for p in rows if (p["gbit"], p["series"], p["nodes"], p["dense_sync"]) == want])
 
 
 def comms_errors(results: dict) -> list[dict]:
-    """Geometric-mean |model/measured - 1| over sizes >= 64 KiB per (gbit, collective, scope)."""
+    """Geometric-mean |model/measured - 1| over sizes of at least 64 KiB, per (gbit, collective, scope)."""
     from dlrm.comms.accuracy import geomean_abs_error
 
     groups: dict[tuple, list[dict]] = {}
@@ -182,7 +183,7 @@ def comm_ratio(run: dict, kind: str) -> float | None:
 
 
 def scale_table(results: dict) -> str:
-    """Measured weak-scaling step times beside `dlrm.plan --scale --measured` calibrated on one node."""
+    """Measured weak-scaling step times beside the planner's `--scale --measured` projection."""
     rows = []
     for series, rpn in (("1x1", 1), ("1x2", 2)):
         one = train_cell(results, 1, rpn, None, "auto", "step_s")
