@@ -80,7 +80,7 @@ LOCAL_GRACE_S = 3.0
 
 
 def user_error_message(e: UserError, rank: int) -> str | None:
-    """The one line to print for `e` on this rank, or None when rank 0 prints it (see dlrm.common.errors)."""
+    """The one line to print for `e` on this rank, or None when rank 0 prints it (module docstring)."""
     if rank == 0:
         return f"{e.prefix}: {e}"
     if e.same_on_all_ranks:

@@ -60,8 +60,15 @@ def publish(finished: str | os.PathLike[str], target: str | os.PathLike[str]) ->
 
 
 def refuse_alias(out: str | os.PathLike[str], flag: str, inputs: dict[str, str | os.PathLike[str]]) -> None:
-    """UserError if the output `out` (given as `flag`) is one of `inputs` ({what: path}) or lies inside
-    an input directory: writing it would destroy what the command reads."""
+    """Refuse an output that is one of a command's inputs or lies inside an input directory.
+
+    Args:
+        out: the output path, given as `flag`.
+        inputs: {what: path} of the command's inputs.
+
+    Raises:
+        UserError: writing `out` would destroy what the command reads.
+    """
     target = Path(out).resolve()
     for what, given in inputs.items():
         source = Path(given).resolve()
@@ -107,9 +114,12 @@ class UnreadableFileError(UserError):
 
 
 def read_bounded(path: str | os.PathLike[str], limit: int) -> bytes:
-    """The bytes of the regular file `path`, at most `limit` of them. UnreadableFileError naming it for
-    a FIFO, a device (/dev/zero), a directory or a larger file: reading those would hang or exhaust
-    memory. FileNotFoundError and other OSErrors pass through."""
+    """The bytes of the regular file `path`, at most `limit` of them.
+
+    Raises:
+        UnreadableFileError: a FIFO, a device, a directory or a larger file (reading it would hang or
+            exhaust memory). FileNotFoundError and other OSErrors pass through.
+    """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO does not block the open
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -200,9 +210,14 @@ def tree_bytes(path: Path) -> int:
 def disk_full_is_user_error(
     path: str | os.PathLike[str], what: str, keep: str = "", like: Path | None = None
 ) -> Iterator[None]:
-    """Turn a full disk (ENOSPC, EDQUOT) met while writing `what` to `path` into one DiskFullError line
-    naming the path; `keep` says what is kept (e.g. the last good checkpoint); `like`, an earlier
-    output of the same kind, says by its size how much space is needed."""
+    """Within the block, turn a full disk (ENOSPC, EDQUOT) into one DiskFullError naming the path.
+
+    Args:
+        path: where the block writes.
+        what: what it writes (for the message).
+        keep: what is kept, e.g. the last good checkpoint.
+        like: an earlier output of the same kind; its size says how much space is needed.
+    """
     try:
         yield
     except BaseException as e:  # DCP's CheckpointException is a BaseException

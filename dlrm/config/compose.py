@@ -174,7 +174,7 @@ def compose(overrides: Sequence[str], config_dir: str | None = None, config_name
 
 @contextmanager
 def hydra_session() -> Iterator[None]:
-    """Hydra initialized on conf/ for the block, as `@hydra.main` of dlrm/train.py initializes it."""
+    """Hydra initialized on conf/ for the block, as `@hydra.main` initializes it."""
     from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="train"):

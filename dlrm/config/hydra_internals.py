@@ -1,6 +1,6 @@
-"""Hydra's private API, in one place. Each use says why no public API does the job;
-tests/test_train_cli.py fails when a Hydra release changes any of them."""
+"""Hydra's private API, in one place. Each use says why no public API does the job."""
 
+# tests/test_train_cli.py fails when a Hydra release changes any of these.
 from __future__ import annotations
 
 import argparse
@@ -24,7 +24,7 @@ def prepend_config_dir(directory: Path) -> None:
 
     Private because Hydra has no public call that adds a second directory which may hold the primary
     config (`-cn`); a `hydra.searchpath` entry cannot. Re-initializes the session: call inside
-    `dlrm.config.compose.hydra_session`, which restores the previous one."""
+    `hydra_session`, which restores the previous one."""
     import copy
 
     from hydra._internal.hydra import Hydra

@@ -26,9 +26,12 @@ def resolved_run_dir(composed: DictConfig) -> Path:
 
 
 def run_in_hydra_job(composed: DictConfig, job: Callable[[], T]) -> T:
-    """`job()` run by Hydra's `run_job` in the run directory of `composed` (`resolved_run_dir` first),
-    between the callbacks' run start and end. Returns what `job` returns; raises what it raises.
-    Call inside `dlrm.config.compose.hydra_session`."""
+    """Run `job()` by Hydra's `run_job` in the run directory of `composed`, between the callbacks'
+    run start and end; call inside a Hydra session.
+
+    Returns:
+        What `job` returns; raises what it raises.
+    """
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.utils import JobStatus, run_job
     from hydra.types import HydraContext

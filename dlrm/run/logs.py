@@ -1,26 +1,10 @@
 """Logging for one process of a job: set up once, at the entry point, with `setup_logging`.
 
-Rank 0 logs INFO and above to the console (stdout, plain messages) and everything it shows, with
-time stamps, to the run's `train.log` (DEBUG too with debug=True). Other ranks log warnings and errors
-only, to stderr, prefixed with their rank. Our modules log through `logging.getLogger(__name__)`
-(the `dlrm.*` loggers); Python warnings go through logging too, so they carry the rank prefix.
-
-Library noise is handled at its source, never by muting our own loggers or warnings:
-- fbgemm logs its kernel arguments with `logging.info` on the root logger: the root logger stays at
-  WARNING, and only the `dlrm` loggers log INFO;
-- TorchRec's planner warns about dense-tensor sizes of meta (dry-run) models, which is how we always
-  plan: its storage-reservation logger is set to ERROR;
-- torch.fx warns once per rank that `is_fx_tracing` changed meaning (TorchRec calls it): that logger
-  is set to ERROR;
-- FutureWarnings raised inside torch, TorchRec and fbgemm are notices to their API users about
-  upcoming changes, not about this run: ignored when raised there (ours still show);
-- data-parallel tables have no sharding spec (they are replicated) and ignore the cache settings of
-  the fused parameters we pass every table: TorchRec warns once per table about each (`KNOWN_NOTICES`,
-  dropped by message, so that its other warnings still show);
-- torch warns at backward that fbgemm's CPU lookup for data-parallel tables
-  (`dense_embedding_codegen_lookup_function`) has no autograd kernel; its CPU kernel records its own
-  backward, so the gradients are right (tests/trainer/test_observability.py checks them against
-  `nn.EmbeddingBag`): that one warning is ignored.
+Rank 0 logs INFO and above to the console and everything it shows, time-stamped, to the run's
+`train.log` (DEBUG too with debug=True). Other ranks log warnings and errors only, to stderr, prefixed
+with their rank. Library noise is handled at its source (the root logger stays at WARNING, a few named
+library loggers and known notices are quieted), never by muting the `dlrm` loggers; the list and the
+reasons are in docs/design/logging.md.
 """
 
 from __future__ import annotations

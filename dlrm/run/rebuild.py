@@ -39,9 +39,18 @@ def _number(value: object) -> float | None:
 
 
 def rebuild_summary(run_dir: Path, checkpoint: Path, backend: str, topology: str, global_batch_size: int) -> str:
-    """Write run_dir/summary.json from run_dir/metrics.jsonl and `checkpoint`'s manifest (the run's
-    last step). Figures that neither holds (peak memory, the step breakdown, skipped steps) are left
-    out. Returns what it was rebuilt from, for the console."""
+    """Write run_dir/summary.json from run_dir/metrics.jsonl and `checkpoint`'s manifest.
+
+    Figures that neither holds (peak memory, the step breakdown, skipped steps) are left out.
+
+    Args:
+        run_dir: the finished run's directory.
+        checkpoint: the checkpoint the run ended on.
+        backend, topology, global_batch_size: the run's, as its config says.
+
+    Returns:
+        What the summary was rebuilt from, for the console.
+    """
     manifest = read_manifest(checkpoint)
     step = manifest["step"]
     metrics = run_dir / "metrics.jsonl"

@@ -54,10 +54,17 @@ class RunInUseError(UserError):
 
 
 def lock_run_dir(run_dir: Path) -> int:
-    """Take the run directory's lock for this process's life (rank 0 of a training): an exclusive
-    flock on run_dir/.lock, opened without following a planted symlink, released by the kernel when
-    the process ends however it ends. RunInUseError naming the holder if another process has it.
-    Returns the lock's file descriptor (keep it open)."""
+    """Take the run directory's lock for this process's life (rank 0 of a training).
+
+    An exclusive flock on run_dir/.lock, opened without following a symlink, released by the kernel
+    when the process ends however it ends.
+
+    Returns:
+        The lock's file descriptor (keep it open).
+
+    Raises:
+        RunInUseError: another process holds it; the message names the holder.
+    """
     return _lock(run_dir, f"run directory {run_dir}", "give this one another run.name (or hydra.run.dir)")
 
 
@@ -194,10 +201,21 @@ def recorded_config_sha256(run_dir: Path | None) -> str | None:
 
 
 def check_continuation(run_dir: Path, config: dict, manifest: dict | None = None) -> dict[str, tuple[Any, Any]]:
-    """Compare a continuation's resolved `config` with the run's config.yaml (every rank may call
-    it: it only reads), after checking that config.yaml is the one the run recorded: `manifest`, the
-    checkpoint it continues from, names its sha256. Logs the changes; ConfigError naming the keys
-    if one cannot apply. Returns the changes (empty when there is no recorded config)."""
+    """Compare a continuation's resolved config with the run's config.yaml, and log the changes.
+
+    Reads only, so every rank may call it. config.yaml is first checked to be the one the run recorded.
+
+    Args:
+        run_dir: the run directory.
+        config: the continuation's resolved config, plain data.
+        manifest: the checkpoint it continues from, which names config.yaml's sha256.
+
+    Returns:
+        {dotted key: (old, new)} (empty when there is no recorded config).
+
+    Raises:
+        ConfigError: naming the keys a checkpoint cannot take, or a config.yaml not the recorded one.
+    """
     saved = read_config(run_dir)
     if saved is None:
         return {}

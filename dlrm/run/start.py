@@ -1,6 +1,7 @@
-"""Starting a run: where it writes (the run directory, placed the same for every rank), whether it
-may write there (output places, locks, a fresh start or a continuation of the run found there), and
-its records (config.yaml, continuations.jsonl: dlrm.run.records)."""
+"""Starting a run: where it writes (the run directory, the same for every rank), whether it may write
+there (output places, locks, a fresh start or a continuation), and its records (config.yaml,
+continuations.jsonl).
+"""
 
 from __future__ import annotations
 
@@ -80,10 +81,18 @@ def _shared_run_dir() -> str:
 
 @contextmanager
 def taken_run(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: bool, overrides: list[str]) -> Iterator[bool]:
-    """Own the run directory and checkpoint.dir for the block (rank 0 locks them), refuse to start over
-    another run's outputs, then write the run's config.yaml, or, continuing a run with a checkpoint,
-    compare with it (dlrm.run.records). Yields False when the run is already finished (nothing to
-    train: its records stay as they are, a line says so), else True."""
+    """Own the run directory and checkpoint.dir for the block (rank 0 locks them).
+
+    Refuses to start over another run's outputs, then writes the run's config.yaml or, continuing a run
+    with a checkpoint, compares the config with it.
+
+    Yields:
+        False when the run is already finished (nothing to train; its records stay), else True.
+
+    Raises:
+        UserError: the places are locked by another run, hold another run's outputs, or the continuation
+            changes a key a checkpoint cannot take.
+    """
     tr = cfg.trainer
     locks = []
     try:
