@@ -156,12 +156,15 @@ class StopRequest:
 
 
 def supervise(agents: list[subprocess.Popen], faults: FaultSchedule, stop: StopRequest, kill_grace_s: float) -> int:
-    """Wait for the agents, applying the faults on time; the job's exit status: the first failure's,
-    128 + the signal on a stop request (forwarded to the agents), else 0.
+    """Wait for the agents, applying the faults on time.
 
-    When one agent fails the others get FAILED_GRACE_S to end; once a fault has killed an agent and left
-    its node down, the others get kill_grace_s from the kill; then the caller's teardown ends them. A node
-    whose agent the faults started again (its entry in `agents` replaced) counts like any other.
+    When one agent fails the others get FAILED_GRACE_S to end; once a fault has killed an agent and left its
+    node down, the others get kill_grace_s from the kill. A node whose agent the faults started again (its
+    entry in `agents` replaced) counts like any other.
+
+    Returns:
+        The job's exit status: the first failure's, 128 + the signal on a stop request (forwarded to the
+        agents), else 0.
     """
     failed: tuple[float, int] | None = None
     while stop.signum is None:

@@ -94,13 +94,11 @@ def _under_launcher() -> bool:
 
 
 def exit_on_user_error(e: BaseException, rank: int) -> None:
-    """If `e` is (or wraps) a UserError: print its one line (see `user_error_message`) and exit 2.
+    """If `e` is (or wraps) a UserError: print its one line and exit 2; else return, so the caller re-raises.
 
-    A rank other than 0 waits REPORT_GRACE_S for rank 0 to report an error every rank meets
-    (torchrun then stops it). Returns (so the caller re-raises) for anything else: bugs and
-    environment failures keep their traceback. With a process group up, the exit skips interpreter
-    teardown (os._exit): other ranks may be inside a collective, and tearing Gloo down then can
-    hang or abort instead of exiting 2.
+    A rank other than 0 first waits REPORT_GRACE_S for rank 0 to report an error every rank meets. With a
+    process group up, the exit skips interpreter teardown (os._exit): other ranks may be inside a
+    collective, where tearing Gloo down can hang or abort instead of exiting 2.
     """
     user = user_error_in(e)
     if user is None:

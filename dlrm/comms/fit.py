@@ -73,11 +73,22 @@ def fit_alpha_beta(
     backend: str = "nccl",
     min_sizes: int = 2,
 ) -> Fit:
-    """Least-squares alpha and B from (size in bytes, time in s) pairs, minimising relative error.
+    """Least-squares alpha and B of one collective from (size, time) pairs, in relative error.
 
-    Solves t_i = steps * alpha + factor * n_i * beta for (alpha, beta = 1/B), (steps, factor) of the
-    collective as `backend` runs it (`level_coefficients`), each row divided by t_i so small messages
-    count as much as large ones. Needs p >= 2 and `min_sizes` (at least two) distinct sizes.
+    Solves t_i = steps * alpha + factor * n_i / B with the collective's (steps, factor) as `backend` runs
+    it, each row divided by t_i so that small messages count as much as large ones.
+
+    Args:
+        collective, fabric, p, backend: the collective, how its level is wired, its ranks (p >= 2).
+        sizes: message sizes in bytes (nccl-tests' definition).
+        times_s: one measured time per size, in seconds.
+        min_sizes: distinct sizes needed (at least two).
+
+    Returns:
+        The `Fit`.
+
+    Raises:
+        CommsError: p < 2, sizes and times of other lengths, too few sizes, or a time that is not positive.
     """
     steps, factor = level_coefficients(collective, fabric, p, backend)
     if steps == 0:
@@ -270,9 +281,18 @@ def _pct(x: float) -> str:
 def topology_yaml(
     topo: TopologyConfig, fits: Sequence[LinkFit], header: Sequence[str], notes: dict[str, str] | None = None
 ) -> str:
-    """The topology as YAML that `load_topology` and Hydra's topology group read, with `header` and
-    each fitted link's errors as comments; `notes`: a comment for a link's line or a collective's
-    ('inter_node', 'inter_node.alltoall') instead of the fit's."""
+    """The topology as YAML that `load_topology` and Hydra's topology group read.
+
+    Args:
+        topo: the topology to write.
+        fits: each fitted link's fit, written as comments with its errors.
+        header: comment lines at the top (date, command).
+        notes: a comment for a link's line or a collective's ('inter_node', 'inter_node.alltoall') instead
+            of the fit's.
+
+    Returns:
+        The file's text.
+    """
     notes = notes or {}
     by_key = {LINK_OF_SCOPE[f.scope]: f for f in fits}
     lines = [f"# {part}" for h in header for part in textwrap.wrap(h, 108, break_on_hyphens=False) or [""]]

@@ -125,8 +125,13 @@ def check_overrides(overrides: Sequence[str], dirs: Sequence[Path] = (CONF_DIR,)
 
 
 def override_value(overrides: Sequence[str], key: str) -> str | None:
-    """The value Hydra gives `key` from these overrides (the last one wins; `+`/`++` and quotes as Hydra
-    reads them; a `~key` deletion is no value), else None. ConfigError for an override Hydra cannot parse."""
+    """The value Hydra gives `key` from these overrides, else None.
+
+    The last one wins; `+`/`++` and quotes are read as Hydra reads them; a `~key` deletion is no value.
+
+    Raises:
+        ConfigError: an override Hydra cannot parse.
+    """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -162,11 +167,16 @@ def _composition_error(e: Exception) -> ConfigError:
 
 
 def compose(overrides: Sequence[str], config_dir: str | None = None, config_name: str | None = None) -> Config:
-    """The typed Config for these Hydra overrides, composed from conf/ (and `config_dir`, `-cd DIR`, with
-    `config_name`, `-cn NAME`, as the primary config) as `dlrm.train` does.
+    """The typed Config for these Hydra overrides, composed from conf/ as the trainer does. Does not `validate`.
 
-    Raises ConfigError for an unknown key or option (with a "did you mean"), a value of the wrong
-    type, or anything else Hydra refuses. Does not `validate`.
+    Args:
+        overrides: Hydra overrides.
+        config_dir: `-cd DIR`, a directory of config groups and primary configs added to conf/.
+        config_name: `-cn NAME`, the primary config.
+
+    Raises:
+        ConfigError: an unknown key or option (with a "did you mean"), a value of the wrong type, or
+            anything else Hydra refuses.
     """
     with hydra_session():
         return to_config(compose_job(overrides, False, config_dir, config_name or "config"))

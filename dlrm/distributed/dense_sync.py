@@ -97,9 +97,14 @@ def use_hierarchical_allreduce(model: torch.nn.Module, groups: ProcessGroups, pr
 
 
 def use_compressed_allreduce(model: torch.nn.Module, precision: str, group: dist.ProcessGroup) -> int:
-    """Register torch's bf16/fp16 compression hook on every DDP module inside `model` (before the
-    first forward): each bucket is cast to `precision`, divided by the world size, allreduced over
-    `group` in that precision and cast back. Returns how many DDP modules got it."""
+    """Register torch's bf16/fp16 compression hook on every DDP module inside `model`, before the first forward.
+
+    Each bucket is cast to `precision`, divided by the world size, allreduced over `group` in that precision
+    and cast back.
+
+    Returns:
+        How many DDP modules got the hook.
+    """
     hook = _registrable(COMPRESS_HOOKS[precision], group)
     ddps = _ddp_modules(model)
     for ddp in ddps:

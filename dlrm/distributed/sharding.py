@@ -186,8 +186,11 @@ def uniform_on_gloo(cfg: Config) -> bool:
 def make_planner(cfg: Config, topology: Topology, proposer: Proposer | None = None) -> EmbeddingShardingPlanner:
     """TorchRec's planner for this topology, with per-rank batch size and table constraints.
 
-    proposer: one TorchRec proposer instead of its default four (faster with 100+ ranks; the plan may
-    differ). None: the default four, or TorchRec's UniformProposer where `uniform_on_gloo`.
+    Args:
+        cfg: the run's config.
+        topology: TorchRec's planner Topology.
+        proposer: one TorchRec proposer instead of its default four (faster with 100+ ranks; the plan may
+            differ). None: the default four, or TorchRec's UniformProposer where `uniform_on_gloo`.
     """
     if proposer is None and uniform_on_gloo(cfg):
         proposer = OrderedUniformProposer()
@@ -261,7 +264,7 @@ def describe_plan(plan: ShardingPlan) -> list[dict]:
 
 
 def table_plans(plan: ShardingPlan, model: ModelConfig, world_size: int) -> list[TablePlan]:
-    """The plan of every table of `model`, in config order."""
+    """The plan of every table of `model`, in config order, as torch-free `TablePlan` records."""
     by_name = dict(_parameter_plans(plan))
     out = []
     for t in model.tables:

@@ -65,10 +65,18 @@ def synchronizer(device: torch.device) -> Callable[[], None]:
 
 
 def device_for(cfg: TopologyConfig, world: World, tf32: bool = False) -> torch.device:
-    """The compute device of this rank: cuda:<local rank> or cpu. The one place with CUDA calls
-    (a ROCm build of torch answers to the same 'cuda' device and 'nccl' backend names).
+    """The compute device of this rank: cuda:<local rank> or cpu. The one place with CUDA calls.
 
-    tf32: allow TF32 in CUDA matmuls and cuDNN.
+    A ROCm build of torch answers to the same 'cuda' device and 'nccl' backend names.
+
+    Args:
+        cfg: the topology config (its device).
+        world: this process's place in the job.
+        tf32: allow TF32 in CUDA matmuls and cuDNN.
+
+    Raises:
+        DeviceError: the topology asks for cuda and torch sees no GPU (the message says why), or this
+            rank's local index has no GPU (NoGPUForRankError).
     """
     if cfg.device == "cuda":
         if not torch.cuda.is_available():
@@ -195,6 +203,9 @@ def build_process_groups(device: torch.device, nodes: int, ranks_per_node: int) 
     """Node x local-rank groups over the default group: rank = node * ranks_per_node + local rank.
 
     A collective call: every rank must make it. Built from a 2-D (node, local) device mesh.
+
+    Returns:
+        The `ProcessGroups`: world, this rank's node, and the ranks of its local index across nodes.
     """
     mesh = init_device_mesh(device.type, (nodes, ranks_per_node), mesh_dim_names=("node", "local"))
     return ProcessGroups(
@@ -274,7 +285,12 @@ class LinkBandwidths(BasicCommsBandwidths):
 def planner_topology(cfg: TopologyConfig, world_size: int, local_world_size: int) -> Topology:
     """TorchRec's Topology: sizes from the launcher, memory and bandwidths from the config.
 
-    TorchRec measures bandwidth in bytes per millisecond and capacity in bytes.
+    Args:
+        cfg: the topology config.
+        world_size, local_world_size: the launcher's sizes.
+
+    Returns:
+        TorchRec's Topology (bandwidth in bytes per millisecond, capacity in bytes).
     """
     to_bytes_per_ms = GB / 1000.0
     intra = cfg.intra_node.bandwidth_GBps * to_bytes_per_ms

@@ -47,13 +47,20 @@ def fuse_embedding_optimizer(model: torch.nn.Module, cfg: EmbeddingOptimConfig) 
 def build_optimizer(
     model: torch.nn.Module, fused: torch.optim.Optimizer, cfg: OptimConfig, local_sgd: LocalSGD | None = None
 ) -> CombinedOptimizer:
-    """The fused embedding optimizer (DMP's `fused_optimizer`), the embedding optimizer of
-    data-parallel tables, and the dense optimizer, stepped together.
+    """All of a model's optimizers, stepped together.
 
-    Data-parallel tables are replicated and allreduced like the MLPs, outside the fused kernels;
-    they still get the embedding optimizer (class, lr) so every sharding trains tables alike.
-    With `local_sgd`, the optimizers of these replicated parameters average them periodically
-    after stepping; the fused one is untouched.
+    Data-parallel tables are replicated and allreduced like the MLPs, outside the fused kernels; they still
+    get the embedding optimizer (class, lr), so every sharding trains tables alike.
+
+    Args:
+        model: the DMP-wrapped model.
+        fused: DMP's `fused_optimizer` (the embedding optimizer inside the fused kernels).
+        cfg: the optim section.
+        local_sgd: with it, the optimizers of the replicated parameters average them periodically after
+            stepping; the fused one is untouched.
+
+    Returns:
+        The fused, the data-parallel tables' and the dense optimizer as one CombinedOptimizer.
     """
 
     def replicated(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -84,12 +91,12 @@ def lr_factor(step: int, cfg: ScheduleConfig) -> float:
 
 
 def lr_schedule(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, step: int = 0) -> LambdaLR:
-    """torch's LambdaLR over `lr_factor`, positioned at `step` (the next step to train): every param
-    group's lr is its initial lr times lr_factor(step). Call its `step()` after each training step:
-    the fused embedding optimizer reads its lr at zero_grad/step, the dense one when it steps.
+    """torch's LambdaLR over `lr_factor`, positioned at `step` (the next step to train).
 
-    The factor is a function of the step alone, so a resumed run is positioned by its step (no
-    scheduler state is saved)."""
+    Every param group's lr is its initial lr times lr_factor(step). Call its `step()` after each training
+    step. The factor is a function of the step alone, so a resumed run is positioned by its step (no
+    scheduler state is saved).
+    """
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])  # LambdaLR's base lr; set at step 0, kept from then on
     return LambdaLR(optimizer, functools.partial(lr_factor, cfg=cfg), last_epoch=step - 1)

@@ -28,14 +28,20 @@ def _view(t: torch.Tensor, size: torch.Size) -> torch.Tensor | None:
 def fit_to_checkpoint(
     ours: dict[str, dict[str, torch.Tensor]], saved: dict[str, torch.Size], step: torch.Tensor
 ) -> tuple[dict, Callable[[], None], list[str]]:
-    """This run's optimizer state `ours` ({param: {name: tensor}}) keyed and shaped as the checkpoint
-    saved it (`saved`: {DCP key "optim.state.<param>.<name>": global size}).
+    """This run's optimizer state keyed and shaped as the checkpoint saved it.
 
-    Returns (the state to load into, `finish` to call after the load, the params whose saved state
-    fits neither layout). A data-parallel `sum` loads the saved fused state through a view of itself;
-    a fused ShardedTensor loads a saved `sum` through a full temporary that `finish` copies into its
-    local shards (data-parallel tables are small: every rank held them whole); a data-parallel `step`
-    becomes the resumed step (`step`, loaded with the rest).
+    A data-parallel `sum` loads the saved fused state through a view of itself; a fused ShardedTensor loads
+    a saved `sum` through a full temporary that `finish` copies into its local shards; a data-parallel
+    `step` becomes the resumed step.
+
+    Args:
+        ours: {param: {name: tensor}}, this run's optimizer state.
+        saved: {DCP key "optim.state.<param>.<name>": global size}, from the checkpoint's metadata.
+        step: the step tensor loaded with the rest.
+
+    Returns:
+        (the state to load into, `finish` to call after the load, the params whose saved state fits
+        neither layout).
     """
     fitted: dict[str, dict[str, torch.Tensor]] = {}
     copies: list[tuple[torch.Tensor, ShardedTensor]] = []

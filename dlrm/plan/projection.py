@@ -100,7 +100,15 @@ def check_peak_figures(cfg: Config) -> None:
 
 
 def compute_times(cfg: Config, tables, dense_params: int, b_local: float, measured: dict | None) -> dict[str, float]:
-    """Seconds per step on one rank: dense, embedding, backward (their backward part), other."""
+    """Seconds per step on one rank: dense, embedding, backward (their backward part), other.
+
+    Args:
+        cfg: the run's config (its topology's peak figures).
+        tables: the plan's tables.
+        dense_params: dense parameters.
+        b_local: samples per rank and step.
+        measured: a one-node run's per-phase seconds, used instead of the peak figures; or None.
+    """
     if measured is not None:
         m = measured.get
         dense = m("dense_fwd", 0.0) + m("backward", 0.0) + m("optimizer", 0.0)

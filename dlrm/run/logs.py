@@ -68,8 +68,10 @@ class _ConsoleFormatter(logging.Formatter):
 def setup_logging(rank: int, run_dir: Path | None, debug: bool = False) -> None:
     """Configure this process's logging (idempotent: handlers set by earlier calls are replaced).
 
-    rank: the process's global rank; run_dir: where rank 0 writes train.log (None: no file);
-    debug: also log DEBUG records of our modules (to the console and train.log).
+    Args:
+        rank: the process's global rank.
+        run_dir: where rank 0 writes train.log (None: no file).
+        debug: also log DEBUG records of the `dlrm` loggers (to the console and train.log).
     """
     root = logging.getLogger()
     for handler in list(root.handlers):

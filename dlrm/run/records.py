@@ -91,10 +91,17 @@ def _lock(directory: Path, what: str, fix: str) -> int:
 
 
 def check_fresh_start(run_dir: Path, checkpoints: list[Path], resume: str | None, look_at_config: bool) -> None:
-    """A run without trainer.resume must not start over another one's outputs: refused (one line)
-    when the checkpoint directory holds checkpoints (they would be replaced, then deleted by
-    retention) or, with look_at_config (rank 0, before it writes its own), the run directory holds
-    a run's config.yaml."""
+    """Refuse a run without trainer.resume that would start over another run's outputs.
+
+    Args:
+        run_dir: the run directory.
+        checkpoints: the checkpoint directory's complete checkpoints.
+        resume: trainer.resume (None: a fresh start).
+        look_at_config: also refuse a run directory holding a config.yaml (rank 0, before it writes its own).
+
+    Raises:
+        ConfigError: the checkpoint directory holds checkpoints, or the run directory a run's config.yaml.
+    """
     if resume:
         return
     config = run_dir / CONFIG
@@ -108,10 +115,18 @@ def check_fresh_start(run_dir: Path, checkpoints: list[Path], resume: str | None
 
 
 def check_resume_point(checkpoints: list[Path], resume: str, max_steps: int) -> None:
-    """Where a training resumes (trainer.resume: auto, the newest of `checkpoints`, or a step_* path),
-    checked before anything starts: a resume from step s into a checkpoint directory that holds later
-    checkpoints would replace them (and retention delete them); a step past max_steps has nothing to
-    train. The step is the directory's (step_NNNNNNNN); loading checks it against the manifest."""
+    """Check where a training resumes, before anything starts.
+
+    The step is the directory's (step_NNNNNNNN); loading checks it against the manifest.
+
+    Args:
+        checkpoints: the checkpoint directory's complete checkpoints.
+        resume: trainer.resume: auto (the newest of `checkpoints`) or a step_* path.
+        max_steps: trainer.max_steps.
+
+    Raises:
+        ConfigError: later checkpoints would be replaced, or the step is past max_steps.
+    """
     where = (checkpoints[-1] if checkpoints else None) if resume == "auto" else Path(resume)
     digits = where.name.removeprefix("step_") if where is not None else ""
     if not digits.isdigit():
@@ -244,8 +259,18 @@ def check_continuation(run_dir: Path, config: dict, manifest: dict | None = None
 
 
 def record(run_dir: Path, config: dict, continuing: bool, overrides: list[str], changes: dict) -> None:
-    """Rank 0: a new run (or one without a checkpoint yet) writes config.yaml atomically; a
-    continuation keeps it and adds a line to continuations.jsonl (rewritten atomically)."""
+    """Rank 0: record the run in its directory.
+
+    A new run (or one without a checkpoint yet) writes config.yaml atomically; a continuation keeps it
+    and adds a line to continuations.jsonl (rewritten atomically).
+
+    Args:
+        run_dir: the run directory.
+        config: the resolved config, plain data.
+        continuing: whether this invocation continues a run with a checkpoint.
+        overrides: the invocation's command-line overrides.
+        changes: {dotted key: (old, new)} from `check_continuation`.
+    """
     if not continuing:
         write_atomic(run_dir / CONFIG, yaml.dump(config, Dumper=_PlainDumper, sort_keys=False).encode())
         return

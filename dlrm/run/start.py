@@ -30,9 +30,13 @@ from dlrm.run.records import (
 
 
 def check_output_places(cfg: Config, run_dir: str | None) -> None:
-    """Where the run will write, checked before anything starts: hydra.run.dir and checkpoint.dir must
-    be directories this process can create or write; trainer.resume=auto needs a run that another
-    invocation can find again (run.name, hydra.run.dir or checkpoint.dir), not a new timestamped one."""
+    """Check where the run will write, before anything starts.
+
+    Raises:
+        ConfigError: hydra.run.dir or checkpoint.dir is not a directory this process can create or write,
+            or trainer.resume=auto has no run another invocation can find again (run.name, hydra.run.dir
+            or checkpoint.dir).
+    """
     if cfg.trainer.resume == "auto" and not (cfg.run.name or run_dir or cfg.checkpoint.dir):
         raise ConfigError(
             "trainer.resume=auto continues a run from its own checkpoints, but without run.name (or "
