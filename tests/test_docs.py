@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tests.helpers import REPO_ROOT as ROOT
 
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "design").glob("*.md"))]
 README_MAX_LINES = 230
 
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)

@@ -4,10 +4,10 @@
 Every estimate is ``T = steps * alpha + factor * n / B``: n the message size in bytes as nccl-tests
 counts it, p the ranks taking part, alpha the latency per message (s), B the unidirectional bandwidth per
 rank (bytes/s); (steps, factor) depend on the collective, the fabric, p and the backend (NCCL or Gloo).
-Two levels (N nodes x g ranks) combine an intra-node and an inter-node link. The derivation of every
-case is in docs/design/cost-model.md.
+Two levels (N nodes x g ranks) combine an intra-node and an inter-node link.
 """
 
+# The derivation of every case: docs/design/cost-model.md.
 from __future__ import annotations
 
 import math

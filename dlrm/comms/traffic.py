@@ -4,9 +4,10 @@
 `comm_summary` splits it into intra- and inter-node bytes per rank, adds the allreduce of dense
 gradients and data-parallel tables, and times the busiest rank with the cost model. On Gloo, a
 reduce-scatter inside one node also sends each chunk back (twice the bytes); one spanning nodes is
-counted pairwise, not as Gloo's flat ring (docs/design/cost-model.md).
+counted pairwise, not as Gloo's flat ring.
 """
 
+# Gloo's reduce-scatter and what is not modelled: docs/design/cost-model.md.
 from __future__ import annotations
 
 import numpy as np

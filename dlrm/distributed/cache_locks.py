@@ -2,10 +2,11 @@
 
 With the prefetch pipeline, fbgemm locks the cache lines a batch's ids occupy and only that batch's
 backward unlocks them; an evaluation runs no backward, so its lookups run with the locks off. This is
-exact because the pipeline holds no batch at an evaluation. Two library internals are used here only
-(fbgemm's `lock_cache_line`, TorchRec's `_lookups`); docs/design/library-workarounds.md explains them.
+exact because the pipeline holds no batch at an evaluation. Two library internals are used here only:
+fbgemm's `lock_cache_line` and TorchRec's `_lookups`.
 """
 
+# The mechanism in full: docs/design/library-workarounds.md.
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -52,12 +52,13 @@ class AnyDeviceEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
 COMM_TYPES = {"fp32": CommType.FP32, "fp16": CommType.FP16, "bf16": CommType.BF16}
 
 
-# fbgemm 1.8's backward_loss_scale divides before the fp16 cast: tests/distributed/test_precision_options.py shows both.
+# fbgemm 1.8's backward_loss_scale divides before the fp16 cast (docs/design/library-workarounds.md);
+# tests/distributed/test_precision_options.py shows both.
 class LossScaledCodec:
     """A quantized-comms codec that scales its input by `scale` before encoding and divides after decoding.
 
     Both in the input's precision (fp32); dtype, sizes and context are the wrapped codec's. Used instead of
-    fbgemm's own backward loss scale, which divides before casting back (docs/design/library-workarounds.md).
+    fbgemm's own backward loss scale, which divides before casting back.
     """
 
     def __init__(self, codec: Any, scale: float) -> None:

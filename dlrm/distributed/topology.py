@@ -224,12 +224,12 @@ PLANNER_COLLECTIVES = {  # TorchRec's collective types, by the names of Topology
 
 
 # TorchRec 1.8's estimator (planner/estimator/estimator.py): tests/plan/test_planner.py notices a change.
+# The derivation: docs/design/library-workarounds.md.
 def bytes_counted(collective_type: CollectiveType, world_size: int, local_world_size: int) -> float:
     """How many times the bytes a rank's collective moves TorchRec's perf estimator counts.
 
     ALL_TO_ALL: W / (W - 1) (it counts the rank's own share too). ALL_REDUCE: (2N - 1) / N with N =
-    min(nodes, 2), against a ring's 2 (W - 1) / W. Reduce-scatter and allgather: 1. The derivation is in
-    docs/design/library-workarounds.md.
+    min(nodes, 2), against a ring's 2 (W - 1) / W. Reduce-scatter and allgather: 1.
 
     Args:
         collective_type: TorchRec's collective.

@@ -9,9 +9,10 @@ The per-rank batch stays fixed; N nodes train a global batch of b * N * g. Per N
 
 Compute comes from the topology's peak figures or a measured one-node run; communication from the
 traffic and cost models on the plan re-placed for N nodes; the allreduce overlaps the backward and only
-its excess is exposed. The model and its calibration are described in docs/design/planning.md.
+its excess is exposed.
 """
 
+# The model and its calibration: docs/design/planning.md.
 from __future__ import annotations
 
 import math

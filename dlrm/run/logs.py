@@ -3,10 +3,10 @@
 Rank 0 logs INFO and above to the console and everything it shows, time-stamped, to the run's
 `train.log` (DEBUG too with debug=True). Other ranks log warnings and errors only, to stderr, prefixed
 with their rank. Library noise is handled at its source (the root logger stays at WARNING, a few named
-library loggers and known notices are quieted), never by muting the `dlrm` loggers; the list and the
-reasons are in docs/design/logging.md.
+library loggers and known notices are quieted), never by muting the `dlrm` loggers.
 """
 
+# Each library's noise and why it is quieted so: docs/design/logging.md.
 from __future__ import annotations
 
 import logging
