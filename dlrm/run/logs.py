@@ -20,7 +20,7 @@ from tqdm import tqdm
 LOG_FILE = "train.log"
 JOB_START = time.monotonic()  # imported by the entry point before the heavy imports: the job's clock
 
-# Loggers of libraries whose warnings do not concern the run (see the module docstring).
+# Loggers of libraries whose warnings do not concern the run (docs/design/logging.md).
 QUIET_LOGGERS = {
     "torchrec.distributed.planner.storage_reservations": logging.ERROR,
     "torch.fx._symbolic_trace": logging.ERROR,
