@@ -152,12 +152,15 @@ class VocabularyRemap(torch.nn.Module):
         keys = features.keys()
         per_key = list(features.values().long().split(features.length_per_key()))  # raw ids: int64
         where = {key: i for i, key in enumerate(keys)}
-        local = {t: torch.cat([per_key[where[f]] for f in feats]) for t, feats in self.features.items()}
+        present = {t: [f for f in feats if f in where] for t, feats in self.features.items()}  # keys may be a subset
+        local = {t: torch.cat([per_key[where[f]] for f in feats]) for t, feats in present.items() if feats}
         if self.training:
             rows = self._admit_and_map(local)
         else:
             rows = {t: self.map_ids(t, ids) for t, ids in local.items()}
-        for table, feats in self.features.items():
+        for table, feats in present.items():
+            if not feats:
+                continue
             parts = rows[table].split([per_key[where[f]].numel() for f in feats])
             for f, part in zip(feats, parts, strict=True):
                 per_key[where[f]] = part
