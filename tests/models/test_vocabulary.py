@@ -212,3 +212,46 @@ def test_jagged_ids_of_several_features_map_per_table():
     assert f[0] == g[0] and f[1] != f[0] and g[1] not in f, "one vocabulary for the table's features"
     assert h == [5, 6], "a feature without a vocabulary passes unchanged"
     assert out.lengths().tolist() == kjt.lengths().tolist()
+
+
+def test_parquet_ids_reach_a_vocabulary_raw_and_are_mapped_to_rows(tmp_path):
+    """63-bit ids and hashed strings of a table with a vocabulary are read as they are (no range check
+    against the rows, no modulo), and the model maps them to rows."""
+    import pyarrow.parquet as pq
+
+    from tests.helpers import parquet_data
+
+    rows = parquet_data.table(480)
+    rows = rows.set_column(rows.schema.get_field_index("user"), "user", pa_int64(rows["user"].to_numpy() + BIG))
+    pq.write_table(rows, tmp_path / "part-0.parquet", row_group_size=40)
+    cfg = compose(
+        [
+            *parquet_data.overrides(tmp_path),
+            "model=tiny",
+            "model.bottom_mlp=[16,8]",
+            "model.tables=[{name:t_user,rows:16,dim:8,features:[user],vocabulary:{policy:lfu}},"
+            "{name:t_items,rows:50,dim:8,features:[items],pooling:3},"
+            "{name:t_city,rows:40,dim:8,features:[city],vocabulary:{policy:lru}}]",
+            "model.dense_in_features=2",
+            "data.global_batch_size=64",
+        ]
+    )
+    batch = next(make_source(cfg).batches("train", rank=0, world_size=1))
+    raw = batch.sparse_features.to_dict()
+    assert raw["user"].values().min() >= BIG, "user ids read raw"
+    assert raw["city"].values().max() >= 40, "strings hashed to 63 bits, not modulo the rows"
+    model = build_model(cfg.model, CPU)
+    initialize(model, cfg.model, cfg.seed)
+    remap = vocabulary_remap(model)
+    assert remap is not None
+    rows_of = remap(batch.sparse_features).to_dict()
+    assert rows_of["user"].values().max() < 16 and rows_of["city"].values().max() < 40
+    assert torch.equal(rows_of["items"].values(), raw["items"].values().long())
+    loss, _ = model(batch)
+    assert torch.isfinite(loss)
+
+
+def pa_int64(values):
+    import pyarrow as pa
+
+    return pa.array(values, pa.int64())
