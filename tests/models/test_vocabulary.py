@@ -255,3 +255,22 @@ def pa_int64(values):
     import pyarrow as pa
 
     return pa.array(values, pa.int64())
+
+
+def test_an_exported_state_rebuilt_on_the_meta_device_maps_ids_as_the_trained_model():
+    """dlrm.export's load path (build_model on meta, load_state_dict(assign=True)) keeps the mapping."""
+    cfg = compose(["model=tiny", "model.tables.0.vocabulary.policy=lfu", "model.tables.0.rows=16"])
+    trained = build_model(cfg.model, CPU)
+    initialize(trained, cfg.model, cfg.seed)
+    remap = vocabulary_remap(trained)
+    assert remap is not None
+    remap(_kjt([BIG + i for i in range(10)], key="C1"))
+    rebuilt = build_model(cfg.model)
+    rebuilt.load_state_dict(trained.state_dict(), assign=True)
+    trained.eval()
+    rebuilt.eval()
+    probe = _kjt([BIG + i for i in range(12)], key="C1")
+    again = vocabulary_remap(rebuilt)
+    assert again is not None
+    assert again(probe).values().tolist() == remap(probe).values().tolist()
+    assert remap(probe).values().tolist()[10:] == [15, 15]
