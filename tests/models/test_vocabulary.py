@@ -274,3 +274,55 @@ def test_an_exported_state_rebuilt_on_the_meta_device_maps_ids_as_the_trained_mo
     assert again is not None
     assert again(probe).values().tolist() == remap(probe).values().tolist()
     assert remap(probe).values().tolist()[10:] == [15, 15]
+
+
+def test_a_training_run_logs_each_vocabulary_to_metrics_and_tensorboard(tmp_path):
+    """`python -m dlrm.train` with a vocabulary: vocab_<table>_* in metrics.jsonl and TensorBoard."""
+    import json
+    import subprocess
+    import sys
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.helpers import REPO_ROOT
+
+    command = [
+        sys.executable,
+        "-m",
+        "dlrm.train",
+        "model=tiny",
+        "model.tables.3.vocabulary.policy=lru",
+        "trainer.max_steps=4",
+        "trainer.log_every_steps=2",
+        "data.global_batch_size=64",
+        "data.eval_batches=1",
+        "trainer.progress=none",
+        f"hydra.run.dir={tmp_path}",
+    ]
+    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    windows = [r for r in records if "vocab_t_C4_occupancy" in r]
+    assert [r["step"] for r in windows] == [2, 4]
+    assert windows[0]["vocab_t_C4_new_ids"] > 0 and 0 < windows[-1]["vocab_t_C4_occupancy"] <= 1
+    assert all(f"vocab_t_C4_{k}" in windows[0] for k in ("evictions", "collisions", "collision_rate"))
+    tags = EventAccumulator(str(tmp_path / "tensorboard")).Reload().Tags()["scalars"]
+    assert "train/vocab_t_C4_occupancy" in tags and "train/vocab_t_C4_new_ids" in tags
+
+
+def test_the_vocabularies_page_runs_as_written():
+    """docs/vocabularies.md: its command runs and prints both mappings' figures."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO_ROOT
+
+    page = (REPO_ROOT / "docs" / "vocabularies.md").read_text()
+    commands = page.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    assert len(commands) == 1 and commands[0].startswith("python -m dlrm.bench.vocab")
+    argv = commands[0].split()
+    result = subprocess.run([sys.executable, *argv[1:]], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("log: 3 days x 4,000 rows") and "Bayes AUC" in lines[0]
+    assert lines[1].startswith("modulo") and lines[2].startswith("managed") and "eval AUC" in lines[2]
