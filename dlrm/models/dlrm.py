@@ -461,7 +461,7 @@ def initialize(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> None:
     state = model.state_dict()
     with torch.no_grad():
         for name, value in state.items():
-            if ".remap." in name:  # a vocabulary's state (dlrm.models.id_remap): built as it starts
+            if ".remap.tables." in name:  # a vocabulary's state (dlrm.models.id_remap): built as it starts
                 continue
             table = _table_of(name, tables)
             if table is not None:
