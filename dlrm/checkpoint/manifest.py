@@ -49,6 +49,12 @@ def signature_differences(saved: dict, current: dict) -> list[str]:
         for key in ("rows", "dim", "features"):
             if a[key] != b[key]:
                 diffs.append(f"table {name}: {key} {a[key]} in the checkpoint, {b[key]} in this model")
+        policies = [(t.get("vocabulary") or {}).get("policy", "none") for t in (a, b)]  # older records: none
+        if policies[0] != policies[1]:
+            diffs.append(
+                f"table {name}: vocabulary policy {policies[0]} in the checkpoint, {policies[1]} in this model "
+                "(a vocabulary's state is the policy's: resume with the same policy)"
+            )
     for key in ("interaction", "dense_in_features", "bottom_mlp", "top_mlp", "dcn_num_layers", "dcn_low_rank_dim"):
         if saved.get(key) != current.get(key) and not (key.startswith("dcn") and current.get("interaction") == "dot"):
             diffs.append(f"model.{key}: {saved.get(key)} in the checkpoint, {current.get(key)} in this model")

@@ -21,7 +21,7 @@ from dlrm.config.checkpoint import CheckpointConfig
 from dlrm.config.checks import ConfigError, _fail
 from dlrm.config.choices import DataSource, DenseSync, Device, EmbeddingOptimizer, PoolingType, Precision, ShardingType
 from dlrm.config.data import CriteoConfig, DataConfig, ParquetConfig, SparseColumnConfig, SyntheticConfig
-from dlrm.config.model import ModelConfig, TableConfig, TaskConfig
+from dlrm.config.model import ModelConfig, TableConfig, TaskConfig, VocabularyConfig
 from dlrm.config.optim import DenseOptimConfig, EmbeddingOptimConfig, OptimConfig, ScheduleConfig
 from dlrm.config.run import RunConfig
 from dlrm.config.sharding import ShardingConfig
@@ -48,6 +48,7 @@ __all__ = [
     "SparseColumnConfig",
     "SyntheticConfig",
     "TableConfig",
+    "VocabularyConfig",
     "TaskConfig",
     "TopologyConfig",
     "TrainerConfig",

@@ -8,7 +8,50 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from dlrm.config.checks import _fail, _require_positive
-from dlrm.config.choices import Interaction, PoolingType, Precision, ShardingType
+from dlrm.config.choices import Interaction, PoolingType, Precision, ShardingType, VocabularyPolicy
+
+
+@dataclass
+class VocabularyConfig:
+    """A table's managed vocabulary: raw ids (any int64 but 2**63 - 1, e.g. 63-bit user ids or hashed
+    strings) are mapped to rows by TorchRec's managed-collision module (MCH) instead of indexing the table.
+
+    An id gets a row of its own while the table has room (admitted at the step it is first seen); when
+    the table is full a new id replaces the lowest-scoring admitted one under `policy`, whose row is
+    reset to its initial values. The table's last row serves every id without a row (not yet admitted,
+    or unseen at evaluation): the vocabulary holds `rows - 1` ids.
+    """
+
+    policy: VocabularyPolicy = VocabularyPolicy.none
+    """none: ids index the table directly (in [0, rows)); lfu: evict the least frequently seen id; lru:
+    the least recently seen; distance_lfu: the lowest count / (steps since last seen + 1)^decay_exponent."""
+    decay_exponent: float = 1.0
+    """The exponent of the age in the lru and distance_lfu scores."""
+    max_age_steps: int | None = None
+    """Evict ids not seen for more than this many training steps even when the table has room (lru and
+    distance_lfu, which record when each id was last seen); None: only a full table evicts."""
+
+    @property
+    def managed(self) -> bool:
+        """Whether the table maps ids through a managed vocabulary."""
+        return self.policy != VocabularyPolicy.none
+
+    def check(self, key: str, rows: int) -> None:
+        if not self.managed:
+            if self.max_age_steps is not None:
+                _fail(f"{key}.max_age_steps", self.max_age_steps, "an age limit needs a vocabulary: set policy: lru")
+            return
+        if rows < 2:
+            _fail(f"{key}", str(self.policy), "a managed vocabulary needs rows >= 2 (the last row serves unknown ids)")
+        _require_positive(f"{key}.decay_exponent", self.decay_exponent)
+        if self.max_age_steps is not None:
+            _require_positive(f"{key}.max_age_steps", self.max_age_steps)
+            if self.policy == VocabularyPolicy.lfu:
+                _fail(
+                    f"{key}.max_age_steps",
+                    self.max_age_steps,
+                    "lfu records no time of last use: use policy: lru or distance_lfu, or drop the age limit",
+                )
 
 
 @dataclass
@@ -38,6 +81,9 @@ class TableConfig:
     sharding: ShardingType | None = None
     """Pins this table's sharding type (below sharding.per_table, above sharding.strategy); None: the
     strategy decides."""
+    vocabulary: VocabularyConfig = field(default_factory=VocabularyConfig)
+    """How raw ids map to rows: directly (policy: none), or through a managed vocabulary of `rows` rows
+    (see VocabularyConfig and docs/vocabularies.md)."""
 
     def check(self, key: str) -> None:
         if not self.name:
@@ -53,6 +99,7 @@ class TableConfig:
         _require_positive(f"{key}.pooling", self.pooling)
         if not self.features:
             _fail(f"{key}.features", list(self.features), "list the sparse features this table serves")
+        self.vocabulary.check(f"{key}.vocabulary", self.rows)
 
 
 TASK_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a task's name is part of metric keys and TensorBoard tags

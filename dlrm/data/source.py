@@ -42,6 +42,16 @@ def feature_layout(cfg: Config) -> tuple[list[str], list[int], list[int]]:
     return names, rows, pooling
 
 
+RAW_ID_BOUND = (1 << 63) - 1  # ids of a table with a managed vocabulary: any int64 below it (the model maps them)
+
+
+def id_bounds(cfg: Config) -> list[int]:
+    """Per feature (KJT key order) the bound its ids must lie below as read: its table's rows, or
+    RAW_ID_BOUND for a table with a managed vocabulary (model.tables[*].vocabulary: raw ids, strings
+    hashed to 63 bits), which the model maps to rows."""
+    return [RAW_ID_BOUND if t.vocabulary.managed else t.rows for t in cfg.model.tables for _ in t.features]
+
+
 def batches_on(source: BatchSource, device: torch.device) -> bool:
     """Whether `source` makes its batches on `device` already (a source may say where it makes them
     in a `device` attribute; without one, its batches are in host memory)."""
@@ -57,18 +67,19 @@ def make_source(cfg: Config, device: torch.device | None = None) -> BatchSource:
     Criteo's and Parquet's multi-hot ids are expanded on `device` when it is a GPU
     (`dlrm.data.multihot.BaseIdBatch`)."""
     names, rows, pooling = feature_layout(cfg)
+    bounds = id_bounds(cfg)  # files hold raw ids; synthetic ids are drawn below the table's rows
     on_gpu = device is not None and device.type == "cuda"  # multi-hot ids expand there
     if cfg.data.source == "criteo":
         from dlrm.data.criteo.loader import CriteoSource
 
         return CriteoSource(
-            cfg.data.criteo, names, rows, cfg.data.global_batch_size, cfg.seed, device if on_gpu else None
+            cfg.data.criteo, names, bounds, cfg.data.global_batch_size, cfg.seed, device if on_gpu else None
         )
     if cfg.data.source == "parquet":
         from dlrm.data.parquet.source import ParquetSource
 
         return ParquetSource(
-            cfg.data.parquet, names, rows, cfg.data.global_batch_size, cfg.seed, device if on_gpu else None
+            cfg.data.parquet, names, bounds, cfg.data.global_batch_size, cfg.seed, device if on_gpu else None
         )
     from dlrm.data.synthetic import SyntheticSource
 

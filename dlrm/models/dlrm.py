@@ -34,7 +34,9 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from dlrm.config import ModelConfig
+from dlrm.models.id_remap import RemappedEmbeddingBagCollection
 from dlrm.models.mlp import ReLUMLP
+from dlrm.models.vocabulary import with_vocabularies
 
 EMBEDDING_INIT_BLOCK_ROWS = 4096  # the unit of random generation: part of the initial values' definition
 INIT_CHUNK_ROWS = 1 << 18  # rows generated at a time when filling a shard: only bounds the memory (on its device)
@@ -133,8 +135,11 @@ def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:
     # TorchRec's unsharded bags are fp32 for DataType.FP32 and fp16 for any other type; store them in
     # the configured dtype (bf16 included), as the sharded kernels do, so state dicts agree.
     ebc.embedding_bags.to(embedding_dtype(cfg))
+    # ebc itself when no table has a managed vocabulary, else a RemappedEmbeddingBagCollection (its
+    # embedding_bag_configs and forward are what the sparse arch calls)
+    collection = cast(EmbeddingBagCollection, with_vocabularies(cfg, ebc, device))
     if cfg.dense_in_features == 0:
-        net = _sparse_only(cfg, ebc, device)
+        net = _sparse_only(cfg, collection, device)
         top = cast(torch.nn.Sequential, net.over_arch.model)
         top[0] = relu_mlp_like(top[0], device)
         return net
@@ -146,13 +151,13 @@ def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:
         dense_device=device,
     )
     if cfg.interaction == "dcn" and any(t.dim != cfg.bottom_mlp[-1] for t in cfg.tables):
-        net = _concat_dcn(cfg, ebc, device)
+        net = _concat_dcn(cfg, collection, device)
     elif cfg.interaction == "dcn":
         net = LookupFirstDLRM_DCN(dcn_num_layers=cfg.dcn_num_layers, dcn_low_rank_dim=cfg.dcn_low_rank_dim, **common)
     else:
         net = LookupFirstDLRM(**common)
         net.inter_arch = DotInteraction(num_sparse_features=net.inter_arch.F)
-    net.sparse_arch = PooledSparseArch(ebc)
+    net.sparse_arch = PooledSparseArch(collection)
     net.dense_arch.model = relu_mlp_like(net.dense_arch.model, device)
     top = cast(torch.nn.Sequential, net.over_arch.model)  # TorchRec's: the ReLU MLP, then the last Linear
     top[0] = relu_mlp_like(top[0], device)
@@ -450,9 +455,14 @@ def initialize(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> None:
     rounded to the piece's dtype (model.embedding_precision for the tables).
     """
     tables: dict[str, tuple[int, int]] = {t.name: (t.rows, t.dim) for t in cfg.tables}
+    for module in model.modules():
+        if isinstance(module, RemappedEmbeddingBagCollection):
+            module.reset_rows = functools.partial(reset_rows, tables=tables, seed=seed)
     state = model.state_dict()
     with torch.no_grad():
         for name, value in state.items():
+            if ".remap.tables." in name:  # a vocabulary's state (dlrm.models.id_remap): built as it starts
+                continue
             table = _table_of(name, tables)
             if table is not None:
                 rows, dim = tables[table]
@@ -470,6 +480,28 @@ def initialize(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> None:
                 local.copy_(dense_init(seed, name, shape, math.sqrt(1.0 / shape[0]), local.device))
             else:
                 local.zero_()
+
+
+def reset_rows(
+    ebc: torch.nn.Module, freed: dict[str, torch.Tensor], tables: dict[str, tuple[int, int]], seed: int
+) -> None:
+    """Set rows `freed[table]` ([k] int64) of `ebc`'s tables (plain or sharded: the pieces this rank holds)
+    back to their initial values (`table_rows_init`): a vocabulary gave them to new ids."""
+    with torch.no_grad():
+        for name, value in ebc.state_dict().items():
+            table = _table_of(name, tables)
+            if table is None or table not in freed:
+                continue
+            rows, dim = tables[table]
+            for shard, (r0, c0), (nr, nc) in local_pieces(value):
+                wanted = freed[table].to(shard.device)
+                wanted = wanted[(wanted >= r0) & (wanted < r0 + nr)]
+                block = EMBEDDING_INIT_BLOCK_ROWS
+                for b in wanted.div(block, rounding_mode="floor").unique().tolist():
+                    lo, hi = b * block, min((b + 1) * block, rows)
+                    in_block = wanted[(wanted >= lo) & (wanted < hi)]
+                    values = table_rows_init(seed, table, rows, dim, lo, hi, shard.device)
+                    shard[in_block - r0] = values[in_block - lo, c0 : c0 + nc].to(shard.dtype)
 
 
 def _table_of(param_name: str, tables: dict[str, tuple[int, int]]) -> str | None:

@@ -25,6 +25,7 @@ from dlrm.config.choices import SparseKind
 from dlrm.data.parquet.files import ParquetDataError, list_files
 from dlrm.data.parquet.schema import type_problem
 from dlrm.data.parquet.source import ParquetSource
+from dlrm.data.source import RAW_ID_BOUND
 from dlrm.export import ExportedData
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ def parquet_batches(
     counts["labeled"] = int(bool(labels))
     recorded = replace(columns, path=data, labels=labels, eval_path=None, eval_fraction=0.0, shuffle=False)
     names = [f for t in cfg.tables for f in t.features]
-    rows = [int(t.rows) for t in cfg.tables for _ in t.features]
+    rows = [RAW_ID_BOUND if t.vocabulary.managed else int(t.rows) for t in cfg.tables for _ in t.features]
     try:
         source = ParquetSource(recorded, names, rows, global_batch_size=1, seed=0)
     except UserError as e:

@@ -38,6 +38,7 @@ from dlrm.distributed.topology import (
 )
 from dlrm.distributed.world import World
 from dlrm.models.dlrm import DLRMTrain, build_model, compile_dense, initialize
+from dlrm.models.vocabulary import vocabulary_metrics
 from dlrm.optim.optimizers import build_optimizer, fuse_embedding_optimizer, lr_factor, lr_schedule
 from dlrm.run.records import planned_steps, recorded_config_sha256
 from dlrm.trainer.evaluator import Evaluator, eval_batch_count
@@ -367,7 +368,7 @@ class Trainer:
             )
         lr = lr_factor(self.step - 1, self.cfg.optim.schedule) * self.cfg.optim.dense.lr
         warm_up = self.step - first_step <= self.cfg.trainer.log_every_steps
-        phases = self.profiler.window_record(warm_up, last)
+        phases = {**self.profiler.window_record(warm_up, last), **vocabulary_metrics(self.model)}  # vocab_<table>_*
         self.reporter.window_record(self.step, mean_loss, len(losses), seconds, lr, phases)
         if signum is not None:
             self._stop(signum)
