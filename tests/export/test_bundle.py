@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from dlrm.trainer.metrics import auc_and_logloss
-from tests.helpers.bundles import CRITEO_GBS, EVAL_FRACTION, TASKS, Job
 from tests.helpers import REPO_ROOT as REPO
+from tests.helpers.bundles import CRITEO_GBS, EVAL_FRACTION, TASKS, Job
 from tests.helpers.cli import predict_in_process as predict
 from tests.helpers.criteo import SAMPLE
 
