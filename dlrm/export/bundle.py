@@ -13,10 +13,14 @@ probe batch equal the eager model's), then renamed to OUT in one step; an existi
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +88,7 @@ def serving_model(cfg: ModelConfig, state: dict, int8: bool = False) -> ServingM
 def export_program(module: ServingModel, cfg: ModelConfig, what: str) -> torch.export.ExportedProgram:
     """`torch.export` of the serving module with a dynamic batch; UserError naming `what` when it cannot."""
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _quiet():
             return torch.export.export(module, probe_inputs(cfg), dynamic_shapes=dynamic_shapes(cfg), strict=False)
     except Exception as e:  # torch.export raises many kinds (unsupported op, guard, data-dependent branch)
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
@@ -92,6 +96,18 @@ def export_program(module: ServingModel, cfg: ModelConfig, what: str) -> torch.e
             f"cannot bundle {what}: torch.export cannot capture its serving module ({type(e).__name__}: {reason}); "
             "export it with --format file and score it with python -m dlrm.predict"
         ) from None
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """No log records and no stderr while torch.export traces: on a failure it prints the partial graph
+    there, which the one-line refusal replaces."""
+    logging.disable(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def compile_package(program: torch.export.ExportedProgram, path: Path) -> None:
