@@ -33,6 +33,7 @@ KINDS = {
         "tasks": [{"name": "a"}, {"name": "b", "weight": 0.5}],
         "top_mlp": [16, 2],
     },
+    "fp16_tables": {"embedding_precision": "fp16"},
     "mean_pooling": {"tables": [{**TINY.tables[0], "pooling_type": "mean"}, *TINY.tables[1:]]},
 }
 
