@@ -1,6 +1,8 @@
 """Score rows with an exported model: `python -m dlrm.predict MODEL.pt --data DIR|FILE|GLOB`.
 
-One process, no torchrun. MODEL is a file written by `python -m dlrm.export`. DATA is, for a model
+One process, no torchrun. MODEL is a file written by `python -m dlrm.export`, or a bundle directory
+written by `python -m dlrm.export ... --format bundle` (its compiled program scores the same batches,
+`dlrm.predict.bundle`). DATA is, for a model
 trained on Criteo-shaped data (data.source=criteo or synthetic),
 - a directory written by `python -m dlrm.data.criteo.preprocess` (verified like the trainer's loader:
   headers, row counts, ids within the model's tables, finite values, sha256): the rows of `--days`
@@ -41,6 +43,7 @@ from dlrm.config import ModelConfig
 from dlrm.data.criteo.format import MULTI_HOT_SIZES
 from dlrm.export import ExportedData, read_exported
 from dlrm.models.dlrm import build_model
+from dlrm.predict.bundle import bundle_logits, is_bundle, read_bundle
 from dlrm.predict.criteo import directory_batches, feature_layout, tsv_batches, tsv_options
 from dlrm.predict.parquet import check_source, is_parquet, parquet_batches
 from dlrm.predict.score import QUANTIZE, save_atomic, score
@@ -60,7 +63,9 @@ def _parser() -> ArgumentParser:
         prog="python -m dlrm.predict",
         description=(__doc__ or "").splitlines()[0],
     )
-    ap.add_argument("model", type=Path, help="a file written by `python -m dlrm.export`")
+    ap.add_argument(
+        "model", type=Path, help="a file written by `python -m dlrm.export`, or a bundle (--format bundle) directory"
+    )
     ap.add_argument(
         "--data",
         required=True,
@@ -173,18 +178,27 @@ def _criteo_batches(a: argparse.Namespace, names: list[str], rows: list[int], co
 def _run(a: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, torch.Tensor, dict[str, int], float]:
     """Score --data with the model: (its config, logits, labels, counts, seconds); writes --out."""
     _check_args(a)
-    cfg, state, data = read_exported(a.model)
     counts: dict[str, int] = {"labeled": 1}
-    batches = _batches(a, cfg, data, counts)
-    model = build_model(cfg)
-    model.load_state_dict(state, assign=True)
-    if a.quantize != "none":  # TorchRec's serving tables: row-wise quantized weights, fbgemm's inference kernels
-        from torchrec.inference.modules import quantize_embeddings
+    if is_bundle(a.model):
+        if a.quantize != "none":
+            raise UserError(f"--quantize {a.quantize}: a bundle's tables are as exported; export it with --int8")
+        cfg, data, runner = read_bundle(a.model)
+        batches = _batches(a, cfg, data, counts)
+        t0 = time.perf_counter()
+        logits, labels = bundle_logits(runner, cfg, batches)
+        seconds = time.perf_counter() - t0
+    else:
+        cfg, state, data = read_exported(a.model)
+        batches = _batches(a, cfg, data, counts)
+        model = build_model(cfg)
+        model.load_state_dict(state, assign=True)
+        if a.quantize != "none":  # TorchRec's serving tables: row-wise quantized weights, fbgemm's inference kernels
+            from torchrec.inference.modules import quantize_embeddings
 
-        quantize_embeddings(model, dtype=QUANTIZE[a.quantize], inplace=True)
-    t0 = time.perf_counter()
-    logits, labels = score(model.eval(), batches, len(cfg.tasks))
-    seconds = time.perf_counter() - t0
+            quantize_embeddings(model, dtype=QUANTIZE[a.quantize], inplace=True)
+        t0 = time.perf_counter()
+        logits, labels = score(model.eval(), batches, len(cfg.tasks))
+        seconds = time.perf_counter() - t0
     if not len(logits):
         skipped = f" ({counts['skipped']:,} bad lines skipped)" if counts.get("skipped") else ""
         raise UserError(f"--data {a.data}: no rows to score{skipped}; give a file with rows")

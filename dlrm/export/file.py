@@ -1,4 +1,4 @@
-"""Export a checkpoint as one self-contained file: `python -m dlrm.export CHECKPOINT_DIR OUT.pt`.
+"""The file format of `python -m dlrm.export CHECKPOINT_DIR OUT.pt` (`--format file`, the default).
 
 Runs in one process, no process group: the model described by the checkpoint's manifest is built
 whole on the CPU, DCP fills it from the shards, and one file is written atomically with torch.save:
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -36,7 +35,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dlrm.checkpoint import CheckpointError, load_checkpoint, read_manifest, step_tensor
-from dlrm.common.errors import ArgumentParser, UserError
+from dlrm.common.errors import UserError
 from dlrm.common.io import atomic_path, refuse_alias
 from dlrm.config import ModelConfig, ParquetConfig
 from dlrm.models.dlrm import build_model
@@ -85,14 +84,10 @@ def content_sha256(payload: dict) -> str:
     return h.hexdigest()
 
 
-def export(checkpoint: Path, out: Path, verify: bool = True) -> dict:
-    """Write the checkpoint's model, unsharded and with its config, to `out` (atomically); returns its state dict."""
-    refuse_alias(out, "the output", {"the checkpoint": checkpoint})
-    if not out.parent.is_dir() or out.is_dir():
-        raise UserError(
-            f"cannot write {out}: {'it is a directory' if out.is_dir() else 'its directory does not exist'}; "
-            "give a file path in an existing directory"
-        )
+def read_checkpoint(checkpoint: Path, verify: bool = True) -> dict:
+    """The export's content (format, version, step, model, tables, data, state_dict, sha256) of a
+    checkpoint: the model built whole on the CPU and filled by DCP (verified first; `verify` False
+    skips the data files' sha256)."""
     cfg = model_config_of(checkpoint)
     model = build_model(cfg, torch.device("cpu"))
     state = {"model": model.state_dict(), "progress": {"step": step_tensor(-1)}}
@@ -107,12 +102,24 @@ def export(checkpoint: Path, out: Path, verify: bool = True) -> dict:
         "state_dict": state["model"],
     }
     payload["sha256"] = content_sha256(payload)
+    return payload
+
+
+def export(checkpoint: Path, out: Path, verify: bool = True) -> dict:
+    """Write the checkpoint's model, unsharded and with its config, to `out` (atomically); returns its state dict."""
+    refuse_alias(out, "the output", {"the checkpoint": checkpoint})
+    if not out.parent.is_dir() or out.is_dir():
+        raise UserError(
+            f"cannot write {out}: {'it is a directory' if out.is_dir() else 'its directory does not exist'}; "
+            "give a file path in an existing directory"
+        )
+    payload = read_checkpoint(checkpoint, verify)
     try:
         with atomic_path(out) as tmp:
             torch.save(payload, tmp)
     except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError
         raise UserError(f"cannot write {out}: {e}; free space or choose another path") from None
-    return state["model"]
+    return payload["state_dict"]
 
 
 def _refuse(path: Path, what: str) -> UserError:
@@ -151,7 +158,7 @@ def _load(path: Path) -> dict:
     return data
 
 
-def _data_of(path: Path, record, cfg: ModelConfig) -> ExportedData:
+def data_of(path: Path, record, cfg: ModelConfig) -> ExportedData:
     """The export's "data" entry, checked against its model config."""
     if record is None:
         return ExportedData(None)
@@ -198,7 +205,7 @@ def read_exported(path: Path) -> tuple[ModelConfig, dict, ExportedData]:
     if data.get("sha256") != content_sha256(data):
         raise _refuse(path, "its content differs from its sha256 (a damaged or edited file)")
     _check_state(path, cfg, state)
-    return cfg, state, _data_of(path, data.get("data"), cfg)
+    return cfg, state, data_of(path, data.get("data"), cfg)
 
 
 def _check_state(path: Path, cfg: ModelConfig, state: dict) -> None:
@@ -226,25 +233,3 @@ def load_exported(path: Path) -> torch.nn.Module:
     model = build_model(cfg)  # meta: the file's tensors become the parameters
     model.load_state_dict(state, assign=True)
     return model.eval()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m dlrm.export", description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("checkpoint", type=Path, help="a checkpoint directory (checkpoints/step_NNNNNNNN)")
-    parser.add_argument("out", type=Path, help="the file to write, e.g. model.pt")
-    parser.add_argument(
-        "--no-verify", action="store_true", help="skip the sha256 of the data files (sizes are still checked)"
-    )
-    try:
-        args = parser.parse_args(argv)
-        state = export(args.checkpoint, args.out, verify=not args.no_verify)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    params = sum(t.numel() for t in state.values())
-    print(f"exported {len(state)} tensors ({params:,} values) from {args.checkpoint} to {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from dlrm.export.cli import main
+
+sys.exit(main())

@@ -1,0 +1,110 @@
+"""Two trained models and their bundles, made once per session (AOTInductor compiles each in about a
+minute here) and shared by the bundle tests.
+
+criteo_job: the README's main job's model (dlrm_small, dot) trained in one process on the real Criteo
+sample rows (ids hashed into its 2,000-row tables), its held-out last 20 rows evaluated by the trainer.
+parquet_job: a weighted two-task model on the Parquet helper's rows (a one-id, a weighted list and a
+hashed string feature), evaluated by the trainer on a separate eval file.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from dlrm.data.criteo.format import ParseOptions
+from dlrm.data.criteo.preprocess import preprocess
+from tests.helpers import REPO_ROOT as REPO
+from tests.helpers.criteo import SAMPLE
+from tests.helpers.parquet_data import ROWS, overrides, table, write_dataset
+
+CRITEO_GBS, EVAL_FRACTION = 8, 0.2  # 80 train rows, 20 held out: the trainer scores 2 full batches (16 rows)
+PARQUET_GBS, PARQUET_EVAL_ROWS = 32, 192
+TASKS = ("click", "convert")
+STEPS = 20
+
+
+@dataclass(frozen=True)
+class Job:
+    """A finished training: its run directory, checkpoint, data (preprocessed dir or eval Parquet dir),
+    exported file and bundle."""
+
+    run: Path
+    checkpoint: Path
+    data: Path
+    file: Path
+    bundle: Path
+
+
+def python(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def _train_and_export(root: Path, data: Path, *train: str) -> Job:
+    run = root / "run"
+    r = python(
+        "-m",
+        "dlrm.train",
+        *train,
+        "optim=sgd",
+        f"trainer.max_steps={STEPS}",
+        "trainer.progress=none",
+        "trainer.breakdown=false",
+        "trainer.tensorboard=false",
+        f"hydra.run.dir={run}",
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    ckpt = run / "checkpoints" / f"step_{STEPS:08d}"
+    job = Job(run, ckpt, data, root / "model.pt", root / "bundle")
+    for out, flags in ((job.file, ()), (job.bundle, ("--format", "bundle"))):
+        r = python("-m", "dlrm.export", str(ckpt), str(out), *flags)
+        assert r.returncode == 0, r.stderr[-3000:]
+    return job
+
+
+@pytest.fixture(scope="session")
+def criteo_job(tmp_path_factory) -> Job:
+    if not SAMPLE.exists():
+        pytest.skip(f"{SAMPLE} not found")
+    root = tmp_path_factory.mktemp("criteo_job")
+    data = root / "data"
+    preprocess([str(SAMPLE)], str(data), ParseOptions("fail", "modulo", (2000,) * 26))
+    return _train_and_export(
+        root,
+        data,
+        "model=dlrm_small",
+        "data=criteo_kaggle",
+        f"data.criteo.dir={data}",
+        f"data.criteo.eval_fraction={EVAL_FRACTION}",
+        f"data.global_batch_size={CRITEO_GBS}",
+        "data.eval_batches=100",
+    )
+
+
+@pytest.fixture(scope="session")
+def parquet_job(tmp_path_factory) -> Job:
+    root = tmp_path_factory.mktemp("parquet_job")
+    train_dir, eval_dir = root / "train", root / "eval"
+    write_dataset(train_dir)
+    eval_dir.mkdir()
+    pq.write_table(table(PARQUET_EVAL_ROWS, first=ROWS), eval_dir / "part-0.parquet", row_group_size=40)
+    return _train_and_export(
+        root,
+        eval_dir,
+        *overrides(train_dir),
+        "model.bottom_mlp=[16,8]",
+        "model.top_mlp=[16,2]",
+        f"model.tasks=[{{name:{TASKS[0]}}},{{name:{TASKS[1]}}}]",
+        "model.weighted=true",
+        "data.parquet.sparse=[{name:user,kind:id},{name:items,kind:ids,weights:items_w},{name:city,kind:string}]",
+        "data.parquet.labels=[label,label2]",
+        "data.parquet.eval_fraction=0",
+        f"data.parquet.eval_path={eval_dir}",
+        f"data.global_batch_size={PARQUET_GBS}",
+        f"data.eval_batches={PARQUET_EVAL_ROWS // PARQUET_GBS}",
+    )
