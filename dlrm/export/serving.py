@@ -15,9 +15,8 @@ key), and an Arrow list column's lengths are `diff(offsets)`.
 
 Hooks (`ServingHooks`, made by `hooks_of`): `dense_transform` maps dense [B, n] -> [B, n] before the
 bottom MLP, and `id_remap[table]` maps a feature's values [N_f] -> [N_f] (ids into its table) before
-the lookup. Both are identity today: the spec says which transforms the reader applies. A dense
-transform or a managed vocabulary that must run inside the program is an `nn.Module` of plain tensor
-ops returned by `hooks_of` for the model; the bundle then captures it with the network.
+the lookup: a managed vocabulary's frozen map inside the program (the reader passes raw ids), identity
+otherwise. The dense transform is identity: the spec says which transform the reader applies.
 """
 
 from __future__ import annotations
@@ -46,13 +45,22 @@ class ServingHooks:
 
 
 def hooks_of(net: DLRM, cfg: ModelConfig) -> ServingHooks:
-    """The hooks the serving module of `net` (built from `cfg`) runs: identity for every table and for
-    the dense features. The place where a model's dense transform module (applied to dense [B, n]) and
-    its managed vocabularies' remap modules (one per table, raw ids -> table rows) are returned, so the
-    bundle carries them; the spec's `dense[*].transform` and `sparse[*].id_map` then say the program
-    applies them."""
-    del net  # today's networks carry no transform or vocabulary
-    return ServingHooks(torch.nn.Identity(), {t.name: torch.nn.Identity() for t in cfg.tables})
+    """The hooks the serving module of `net` (built from `cfg`) runs: each managed vocabulary frozen as
+    a `TableVocabulary` (raw ids -> table rows, as training maps them at evaluation), identity for the
+    other tables and for the dense features."""
+    from dlrm.models.vocabulary import TableVocabulary, serving_vocabularies
+
+    frozen = serving_vocabularies(net)
+    id_remap: dict[str, torch.nn.Module] = {t.name: torch.nn.Identity() for t in cfg.tables}
+    for table, v in frozen.items():
+        id_remap[table] = TableVocabulary(v["sorted_ids"], v["rows"], v["unknown_row"])
+    return ServingHooks(torch.nn.Identity(), id_remap)
+
+
+def tables_of(net: DLRM) -> EmbeddingBagCollection:
+    """The network's EmbeddingBagCollection, behind its vocabularies where it has them."""
+    ebc = net.sparse_arch.embedding_bag_collection
+    return cast(EmbeddingBagCollection, getattr(ebc, "ebc", ebc))
 
 
 def feature_names(cfg: ModelConfig) -> list[str]:
@@ -119,7 +127,7 @@ class ServingModel(torch.nn.Module):
     def __init__(self, net: DLRM, cfg: ModelConfig, hooks: ServingHooks | None = None, int8: bool = False) -> None:
         super().__init__()
         hooks = hooks or hooks_of(net, cfg)
-        ebc = cast(EmbeddingBagCollection, net.sparse_arch.embedding_bag_collection)
+        ebc = tables_of(net)
         self.features = feature_names(cfg)
         self.table_of = {f: t.name for t in cfg.tables for f in t.features}
         self.weighted, self.tasks = bool(cfg.weighted), len(cfg.tasks)

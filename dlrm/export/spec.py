@@ -16,7 +16,9 @@ the fields).
 Sparse kinds: id (an integer per row), ids (a list of integers per row), string / strings (hashed,
 `hashing`), hex (Criteo's hexadecimal strings: int(s, 16)). id_map says how a column's value becomes
 a table row: {"kind": "none"} (ids must lie in [0, rows)), {"kind": "modulo", "modulus": rows}
-(value % rows, non-negative), or for strings {"kind": "hash_modulo", "modulus": rows} (hash % rows).
+(value % rows, non-negative), for strings {"kind": "hash_modulo", "modulus": rows} (hash % rows), or
+for a table with a managed vocabulary {"kind": "vocabulary"} (ids >= 0 passed raw, strings hashed
+modulo 2**63 - 1: the program maps them to rows with the vocabulary it carries).
 Dense transforms: "identity" or "log1p_max0" (log(1 + max(x, 0)) computed in float64, then float32);
 `null` is the value of a missing entry, before the transform.
 """
@@ -33,6 +35,7 @@ from omegaconf import OmegaConf
 from dlrm.config import ModelConfig
 from dlrm.data.criteo.format import NUM_DENSE, SPARSE_NAMES
 from dlrm.data.parquet.hashing import hash_strings
+from dlrm.data.source import RAW_ID_BOUND
 from dlrm.export.file import ExportedData
 from dlrm.export.serving import feature_names, input_names
 
@@ -108,7 +111,9 @@ def _columns(cfg: ModelConfig, data: ExportedData) -> tuple[list, list, list]:
         for f in features:
             s = by_name[f]
             rows = int(tables[f].rows)
-            if str(s.kind) in ("string", "strings"):
+            if tables[f].vocabulary.managed:
+                id_map = {"kind": "vocabulary", "modulus": RAW_ID_BOUND}
+            elif str(s.kind) in ("string", "strings"):
                 id_map = {"kind": "hash_modulo", "modulus": rows}
             else:
                 id_map = {"kind": "modulo", "modulus": rows} if str(p.id_policy) == "modulo" else {"kind": "none"}

@@ -100,6 +100,11 @@ def ids_of(table: pa.Table, entry: dict, hashing: dict) -> tuple[np.ndarray, np.
         raise BadInput(f"sparse kind {kind!r} of column {column!r} is not known")
     if id_map["kind"] in ("modulo", "hash_modulo"):
         ids = ids % id_map["modulus"]  # numpy's %: non-negative for a positive modulus
+    elif id_map["kind"] == "vocabulary":  # raw ids: the program maps them with its vocabulary
+        if kind in ("string", "strings"):
+            ids = ids % id_map["modulus"]
+        elif (ids < 0).any():
+            raise BadInput(f"column {column!r} holds id {ids[(ids < 0).argmax()]}; ids are >= 0")
     elif id_map["kind"] == "none":
         bad = (ids < 0) | (ids >= rows)
         if bad.any():

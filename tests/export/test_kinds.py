@@ -38,6 +38,33 @@ KINDS = {
 }
 
 
+def test_a_managed_vocabulary_is_carried_in_the_program():
+    """Raw ids (admitted ones, large 63-bit ones and ids never seen) map to rows inside the program as
+    the trained network maps them at evaluation."""
+    vocab = {**TINY.tables[1], "rows": 12, "vocabulary": {"policy": "lfu"}}
+    cfg = config(tables=[TINY.tables[0], vocab, *TINY.tables[2:]])
+    model = build_model(cfg, torch.device("cpu"))
+    initialize(model, cfg, seed=3)
+    seen = torch.tensor([5, 1 << 40, 77, 5, (1 << 62) + 9, 123456789])
+    model.train()
+    inputs = probe_inputs(cfg, 6, 1)
+    admitting = list(inputs)
+    t_of = [f for t in cfg.tables for f in t.features]
+    at = 1 + 2 * t_of.index(vocab["features"][0])
+    admitting[at], admitting[at + 1] = seen, torch.ones(6, dtype=torch.int64)
+    with torch.no_grad():  # a training forward admits the ids
+        values = torch.cat([admitting[1 + 2 * i] for i in range(len(t_of))])
+        lengths = torch.cat([admitting[2 + 2 * i] for i in range(len(t_of))])
+        model.model(admitting[0], KeyedJaggedTensor(keys=t_of, values=values, lengths=lengths))
+    state = model.state_dict()
+    program = export_program(serving_model(cfg, state), cfg, "vocabulary").module()
+    probe = list(probe_inputs(cfg, 8, 2))
+    probe[at], probe[at + 1] = torch.cat([seen, torch.tensor([1 << 50, 3])]), torch.ones(8, dtype=torch.int64)
+    with torch.no_grad():
+        got = program(*probe)
+    torch.testing.assert_close(got, network_probabilities(cfg, state, tuple(probe)), rtol=0, atol=1e-6)
+
+
 def config(**over) -> ModelConfig:
     merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), TINY, over)
     return OmegaConf.to_object(merged)  # type: ignore[return-value]
