@@ -64,7 +64,11 @@ class TrainerConfig:
     tensorboard: bool = True
     """Write TensorBoard scalars to <run dir>/tensorboard."""
     breakdown: bool = True
-    """Profile the last step of each log window (torch.profiler) for the per-phase times."""
+    """Profile the last step of every breakdown_every-th log window, and the run's last step
+    (torch.profiler), for the per-phase times; the profiler's start, stop and reading are kept off the
+    throughput clock."""
+    breakdown_every: int = 10
+    """With breakdown: log windows per profiled step (1: every window)."""
     profile: list[int] | None = None
     """[first, last] steps to trace with torch.profiler on rank 0 (<run dir>/profile, for TensorBoard
     or Perfetto); None: no trace."""
@@ -92,6 +96,7 @@ class TrainerConfig:
             _require_positive(f"{key}.max_samples", self.max_samples)
         _require_count(f"{key}.eval_every_steps", self.eval_every_steps, "only at the end")
         _require_positive(f"{key}.log_every_steps", self.log_every_steps)
+        _require_positive(f"{key}.breakdown_every", self.breakdown_every)
         self._check_local_sgd(key)
         if self.on_nonfinite == OnNonfinite.skip and self.pipeline:
             _fail(

@@ -305,7 +305,7 @@ class Trainer:
         feed = self._until_next_eval(batches)
         while self.step < self.total_steps:
             last = self.step + 1 == self.total_steps
-            with self.profiler.step(self.step + 1, last):
+            with self.profiler.step(self.step + 1, last, window.paused):
                 loss = self.step_once(feed)
             window.add(loss)
             self.step += 1
