@@ -84,6 +84,10 @@ class TrainerConfig:
     (a stalled rank, a dead link): torch's `timeout` of init_process_group. Long enough for the
     longest single-rank pause between collectives (rank 0 hashing a large checkpoint at save, the
     first plan on a big model); default 30 minutes."""
+    intra_op_threads: int | None = None
+    """torch's intra-op (OpenMP) threads per rank; None: OMP_NUM_THREADS or MKL_NUM_THREADS if set (or a
+    torch.set_num_threads made before the trainer), else the usable cores divided by the ranks on the
+    node (LOCAL_WORLD_SIZE), at least 1 (dlrm.trainer.threads; the choice is logged)."""
     sync_every_step: bool = False
     """Wait for the device after every step (torch.cuda.synchronize): off by default, so the host runs
     ahead of the GPU, bounded by the pipeline's depth; on only to compare (the old behaviour) or to
@@ -97,6 +101,8 @@ class TrainerConfig:
         _require_count(f"{key}.eval_every_steps", self.eval_every_steps, "only at the end")
         _require_positive(f"{key}.log_every_steps", self.log_every_steps)
         _require_positive(f"{key}.breakdown_every", self.breakdown_every)
+        if self.intra_op_threads is not None:
+            _require_positive(f"{key}.intra_op_threads", self.intra_op_threads)
         self._check_local_sgd(key)
         if self.on_nonfinite == OnNonfinite.skip and self.pipeline:
             _fail(

@@ -46,6 +46,7 @@ from dlrm.trainer.phases import STEP_RANGE
 from dlrm.trainer.profiler import StepProfiler
 from dlrm.trainer.reporter import Reporter, global_mean_and_signal
 from dlrm.trainer.stop import StopRequest, TrainingStopped
+from dlrm.trainer.threads import apply_intra_op_threads
 from dlrm.trainer.train_state import TrainState
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class Trainer:
         self.cfg, self.world, self.summary_extras = cfg, world, summary_extras
         self.run_dir = run_dir if world.is_main else None
         keep_freed_memory()  # the host blocks a step frees stay for the next: no page faults each step
+        apply_intra_op_threads(cfg.trainer.intra_op_threads, world.local_world_size)  # no oversubscribed cores
         self.device = device_for(cfg.topology, world, tf32=cfg.trainer.tf32)
         self.sync = synchronizer(self.device)  # the clocks' wait for the device: at log windows, not per step
         self.source = make_source(cfg, self.device)  # data errors before any process group or table exists
