@@ -112,7 +112,14 @@ class Trainer:
         self.profiler = StepProfiler(tr, self.log_every, self.device, self.pg, world.world_size, trace_dir, self.sync)
         root = ck.dir or (run_dir / "checkpoints" if run_dir is not None else None)
         self.checkpointer = (
-            Checkpointer(Path(root), ck.keep, self.pg, world.is_main, every=Every(ck.every_steps, ck.at_end))
+            Checkpointer(
+                Path(root),
+                ck.keep,
+                self.pg,
+                world.is_main,
+                every=Every(ck.every_steps, ck.at_end),
+                background=ck.async_save and ck.every_steps > 0,  # periodic saves only: the last waits anyway
+            )
             if root is not None
             else None
         )
@@ -168,11 +175,13 @@ class Trainer:
         """The global mean loss of every logged window so far."""
         return self.reporter.losses
 
-    def save_checkpoint(self) -> Path:
-        """Checkpoint the current step (all ranks call it); returns the checkpoint's directory."""
+    def save_checkpoint(self, background: bool = False) -> Path:
+        """Checkpoint the current step (all ranks call it); returns the checkpoint's directory. background
+        (with checkpoint.async_save): returns once the state is staged on the host, the files follow
+        (`Checkpointer.save`); the next save, a clean stop and the run's end wait for them."""
         if self.checkpointer is None:
             raise CheckpointError("no checkpoint directory: set checkpoint.dir or give the trainer a run dir")
-        return self.checkpointer.save(self.step, self.state.state_dict(), self.state.manifest())
+        return self.checkpointer.save(self.step, self.state.state_dict(), self.state.manifest(), background)
 
     def resume(self, where: str) -> None:
         """Load model, optimizer state and step from `where`: "auto" (the newest complete checkpoint
@@ -328,7 +337,9 @@ class Trainer:
                     self._log_window(last, first_step)
             if self.checkpointer is not None and self.checkpointer.should_save(self.step, last):
                 with window.paused():
-                    self.reporter.message(f"checkpoint: {self.save_checkpoint()}")
+                    path = self.save_checkpoint(background=not last)
+                    in_flight = self.checkpointer.in_flight
+                    self.reporter.message(f"checkpoint: {path}{' (writing in the background)' if in_flight else ''}")
             if reached:
                 self.profiler.stop_trace()
                 break
@@ -382,6 +393,8 @@ class Trainer:
         ck = self.cfg.checkpoint
         if self.checkpointer is not None and (ck.on_signal or self.checkpointer.should_save(self.step, False)):
             self.reporter.message(f"checkpoint: {self.save_checkpoint()}")
+        if self.checkpointer is not None:
+            self.checkpointer.wait()  # a background save completes before the run ends
         self.profiler.stop_trace()
         self.reporter.close(self.step, None)
         latest = latest_checkpoint(self.checkpointer.root) if self.checkpointer is not None else None
@@ -397,6 +410,8 @@ class Trainer:
 
     def _end(self, evaluation: dict, breakdown: dict | None) -> dict:
         """Close the records; the summary (summary.json on rank 0, the closing console lines)."""
+        if self.checkpointer is not None:
+            self.checkpointer.wait()  # a background save completes before the run ends
         self.reporter.close(self.step, breakdown)
 
         def extras(summary: dict) -> dict:
