@@ -120,8 +120,8 @@ class _FileSystem(FileSystem):
 
 class RankWriter(FileSystemWriter):
     """DCP's file writer with one file per tensor item, `threads` threads (default `WRITER_THREADS`), and
-    the digest of each file this rank wrote (`digests`: the files of its WriteResults, each `storage_data.relative_path`;
-    None for one that `_FileSystem` did not hash).
+    the digest of each file this rank wrote (`digests`: the files of its WriteResults, each
+    `storage_data.relative_path`; None for one that `_FileSystem` did not hash).
 
     With one file per rank, torch's FileSystemWriter keeps every tensor it wrote alive until the
     rank's file is complete (pytorch/pytorch#195982: `_write_files_from_queue` fills a dict that only
