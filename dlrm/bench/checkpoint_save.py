@@ -11,14 +11,18 @@ torch.multiprocessing), in the listed order in odd rounds and reversed in even o
 - `dcp`: `dcp.save(state, checkpoint_id=dir)`, torch's default writer (one file per rank, 1 thread),
   then `dcp.load` of it into zeroed tables;
 - `ours`: `Checkpointer.save` (the non-finite check, DCP's write, the digests, manifest.json, the rename),
-  then `Checkpointer.load` (the manifest, each rank's share of the sizes and digests, DCP's read).
-  Both loads are checked to give back the saved rows exactly.
+  then `Checkpointer.load` (the manifest, each rank's share of the sizes and digests, DCP's read);
+- `ours_async`: `Checkpointer.save(..., background=True)` (checkpoint.async_save: the checks and DCP's
+  staging on the host, then the write on a thread), then `wait`, then the same load.
+  The loads are checked to give back the saved rows exactly.
 
 Each rank sets malloc as the trainer does (`dlrm.trainer.malloc`) and one intra-op thread (as torchrun
 does for several ranks), as a save in a training process runs.
-Prints, per round and variant, the save's and the load's wall time (rank 0, barrier to return) and the
-peak RSS of the busiest rank during the save, with the RSS before it; then medians and `ours`' ratios to
-`dcp` of the same round. `--threads N` overrides the checkpointer's writer threads (`WRITER_THREADS`) to compare counts.
+Prints, per round and variant, the save's and the load's wall time (rank 0, barrier to return), the
+training stall (rank 0: until `save` returns; the whole save but for `ours_async`) and the
+peak RSS of the busiest rank during the save, with the RSS before it; then medians, `ours`' ratios to
+`dcp` of the same round, and `ours_async`'s stall against `ours`' save. `--threads N` overrides the
+checkpointer's writer threads (`WRITER_THREADS`) to compare counts.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
-VARIANTS = ("dcp", "ours")
+VARIANTS = ("dcp", "ours", "ours_async")
 
 
 def rss_mib() -> float:
@@ -68,14 +72,16 @@ def rank_main(rank: int, args: argparse.Namespace, variant: str, port: int, wher
         checkpointer.WRITER_THREADS = args.threads
     state = make_state(rank, args.gb, args.ranks, args.tables)
     pg = dist.group.WORLD
+    ours = Checkpointer(Path(where), 2, pg, rank == 0, background=variant == "ours_async")  # type: ignore[arg-type]
     before = rss_mib()
     dist.barrier()
     start = time.perf_counter()
-    ours = Checkpointer(Path(where), 2, pg, rank == 0)  # type: ignore[arg-type]
     if variant == "dcp":
         dcp.save(state, checkpoint_id=Path(where) / "plain", process_group=pg)
     else:
-        saved = ours.save(1, state, {})
+        saved = ours.save(1, state, {}, background=variant == "ours_async")
+    stall = time.perf_counter() - start  # what training waits for
+    ours.wait()
     dist.barrier()
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
@@ -91,7 +97,7 @@ def rank_main(rank: int, args: argparse.Namespace, variant: str, port: int, wher
     dist.barrier()
     load_s = time.perf_counter() - start
     assert all(torch.equal(state["model"][name], t) for name, t in expected.items()), "the load lost rows"
-    result = {"s": seconds, "load_s": load_s, "peak": peak, "before": before}
+    result = {"s": seconds, "stall_s": stall, "load_s": load_s, "peak": peak, "before": before}
     Path(where, f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
@@ -126,7 +132,8 @@ def main() -> None:
             run = one_run(args, variant)
             runs[variant].append(run)
             print(
-                f"round {n + 1} {variant:4}: save {run['s']:6.2f} s, load {run['load_s']:6.2f} s, "
+                f"round {n + 1} {variant:10}: save {run['s']:6.2f} s (stall {run['stall_s']:6.2f} s), "
+                f"load {run['load_s']:6.2f} s, "
                 f"peak RSS {run['peak']:7.0f} MiB "
                 f"(before the save {run['before']:.0f}), {run['files']} files",
                 flush=True,
@@ -135,7 +142,8 @@ def main() -> None:
     for variant in VARIANTS:
         rs = runs[variant]
         print(
-            f"  {variant:4}: save {statistics.median(r['s'] for r in rs):6.2f} s, "
+            f"  {variant:10}: save {statistics.median(r['s'] for r in rs):6.2f} s, "
+            f"stall {statistics.median(r['stall_s'] for r in rs):6.2f} s, "
             f"load {statistics.median(r['load_s'] for r in rs):6.2f} s, "
             f"peak RSS {statistics.median(r['peak'] for r in rs):7.0f} MiB"
         )
@@ -146,6 +154,12 @@ def main() -> None:
         f"  ours / dcp: save {statistics.median(time_ratio):.2f}x ({min(time_ratio):.2f}-{max(time_ratio):.2f}), "
         f"load {statistics.median(load_ratio):.2f}x ({min(load_ratio):.2f}-{max(load_ratio):.2f}), "
         f"peak RSS {statistics.median(rss_ratio):.2f}x ({min(rss_ratio):.2f}-{max(rss_ratio):.2f})"
+    )
+    stall = [a["stall_s"] / o["stall_s"] for a, o in zip(runs["ours_async"], runs["ours"], strict=True)]
+    rss = [a["peak"] / o["peak"] for a, o in zip(runs["ours_async"], runs["ours"], strict=True)]
+    print(
+        f"  ours_async / ours: training stall {statistics.median(stall):.2f}x ({min(stall):.2f}-{max(stall):.2f}), "
+        f"peak RSS {statistics.median(rss):.2f}x ({min(rss):.2f}-{max(rss):.2f})"
     )
 
 

@@ -12,6 +12,10 @@ random data; Gloo on the CPU). Run from the repository root (see docs/benchmarks
 
     git clone https://github.com/facebookresearch/dlrm ~/src/dlrm
     .venv/bin/python -m dlrm.bench.example --example ~/src/dlrm --rounds 5 --configs fp32,bf16 --out F
+    .venv/bin/python -m dlrm.bench.example --example ~/src/dlrm --short   # the regression guard: minutes
+
+`--short` (the regression guard, docs/benchmarks.md) runs 2 rounds of fp32 and bf16 with short windows
+and ends with one line of the guarded ratios against their goals (`GOALS`).
 """
 
 from __future__ import annotations
@@ -43,6 +47,15 @@ EXAMPLE_ARGS = (
     "--dense_arch_layer_sizes", "512,256,64,16", "--over_arch_layer_sizes", "512,256,1", "--learning_rate", "0.1",
 )  # fmt: skip
 BF16 = ("trainer.dense_precision=bf16",)
+DEFAULT_CONFIGS = "fp32,bf16,bf16_1p2t"
+# --short: what is not given on the command line (rounds, configs, warmup, window, windows)
+SHORT = {"rounds": 2, "configs": "fp32,bf16", "warmup": 10, "window": 10, "windows": 3}
+# The guarded figures (issue 52): (configuration, ratio key, goal, "min" or "max")
+GOALS = (
+    ("fp32", "samples_per_s", 1.3, "min"),
+    ("bf16", "samples_per_s", None, "min"),
+    ("fp32", "peak_rss_mb", 1.05, "max"),
+)
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,14 @@ SETUPS = {
     "bf16": Setup("ours, 2 ranks, bf16 autocast (the documented CPU benchmark)", 2, 1, BF16),
     "bf16_1p2t": Setup("ours, 1 process x 2 threads, bf16 (the most samples/s on 2 idle cores)", 1, 2, BF16),
     "bf16_1p1t": Setup("ours, 1 process x 1 thread, bf16 (the most samples per CPU-second)", 1, 1, BF16),
+    "fp32_compiled": Setup(
+        "ours, 2 ranks, fp32, torch.compile of the dense part (the fastest on a CPU without native bf16)",
+        2,
+        1,
+        ("trainer.compile_dense=true",),
+    ),
+    "fp32_1p2t": Setup("ours, 1 process x 2 threads, fp32 (for a CPU without native bf16)", 1, 2),
+    "fp32_1p1t": Setup("ours, 1 process x 1 thread, fp32 (for a CPU without native bf16)", 1, 1),
 }
 
 
@@ -227,11 +248,19 @@ def main(argv: list[str] | None = None) -> None:
         help="a checkout of https://github.com/facebookresearch/dlrm (its torchrec_dlrm/dlrm_main.py runs), "
         "or the example's dlrm_main.py",
     )
-    parser.add_argument("--rounds", type=int, default=3, help="rounds (each runs the example and every configuration)")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="rounds (each runs the example and every configuration; default 3)"
+    )
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help="the regression guard: " + ", ".join(f"--{k} {v}" for k, v in SHORT.items()) + " unless given",
+    )
     parser.add_argument(
         "--configs",
-        default="fp32,bf16,bf16_1p2t",
-        help="comma-separated, of: " + "; ".join(f"{k}: {v.what}" for k, v in SETUPS.items() if k != EXAMPLE),
+        default=None,
+        help=f"comma-separated (default {DEFAULT_CONFIGS}), of: "
+        + "; ".join(f"{k}: {v.what}" for k, v in SETUPS.items() if k != EXAMPLE),
     )
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps (default: each program's, 20)")
     parser.add_argument("--window", type=int, default=None, help="steps per window (default: each program's, 20)")
@@ -246,6 +275,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="write every run and the summary here as JSON")
     try:
         args = parser.parse_args(argv)
+        for key, value in (SHORT if args.short else {"rounds": 3, "configs": DEFAULT_CONFIGS}).items():
+            if getattr(args, key) is None:
+                setattr(args, key, value)
         names = [n.strip() for n in args.configs.split(",") if n.strip()]
         unknown = [n for n in names if n not in SETUPS or n == EXAMPLE]
         if unknown or not names:
@@ -289,8 +321,26 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:  # the run in progress has been stopped (see `run_once`)
         print("interrupted: the rounds completed are in --out, if given", file=sys.stderr)
         sys.exit(130)
-    for line in table(summary(rows, names)):
+    result = summary(rows, names)
+    for line in table(result):
         _say(line)
+    if args.short:
+        _say(guard_line(result))
+
+
+def guard_line(result: dict[str, dict]) -> str:
+    """The guarded ratios (`GOALS`) of a summary, each with its goal and whether it is met."""
+    parts = []
+    for name, key, goal, kind in GOALS:
+        ratio = result.get(name, {}).get(f"{key}_ratio")
+        if ratio is None:
+            continue
+        text = f"{name} {key.replace('_', ' ')} {ratio['median']:.2f}x"
+        if goal is not None:
+            met = ratio["median"] >= goal if kind == "min" else ratio["median"] <= goal
+            text += f" ({'>=' if kind == 'min' else '<='} {goal} {'met' if met else 'MISSED'})"
+        parts.append(text)
+    return "guard, to TorchRec's example: " + "; ".join(parts)
 
 
 def _say(line: str) -> None:

@@ -1,4 +1,5 @@
-"""The `Checkpointer`: saves (atomic, finite, kept K) and loads one rank's share of a checkpoint."""
+"""The `Checkpointer`: saves (atomic, finite, kept K; in the background with `dcp.async_save`) and loads
+one rank's share of a checkpoint."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import shutil
 import threading
 from collections.abc import Generator
 from contextlib import contextmanager, suppress
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +54,11 @@ def _tensor_leaves_only(state: Any, prefix: str = "") -> None:
         raise TypeError(f"checkpoint state {prefix[:-1]} is a {type(state).__name__}, not a tensor")
 
 
-WRITER_THREADS = 2  # DCP writer threads per rank (torch: 1); each holds one cloned item: docs/benchmark-results.md
+# DCP writer threads per rank (torch's default). Each thread holds the item it writes (a clone) and a malloc
+# arena: 2 wrote 10% faster for +130-160 MiB at 1 GB per rank (docs/benchmark-results.md); with periodic
+# saves in the background (checkpoint.async_save) the write's speed no longer stalls training, its memory does.
+WRITER_THREADS = 1
+BACKGROUND_TIMEOUT_S = 3600.0  # a background save's collectives (its own Gloo group) wait this long for the ranks
 
 
 class _FileSystem(FileSystem):
@@ -113,9 +119,9 @@ class _FileSystem(FileSystem):
 
 
 class RankWriter(FileSystemWriter):
-    """DCP's file writer with one file per tensor item, `WRITER_THREADS` threads, and the digest of each
-    file this rank wrote (`digests`: the files of its WriteResults, each `storage_data.relative_path`;
-    None for one that `_FileSystem` did not hash).
+    """DCP's file writer with one file per tensor item, `threads` threads (default `WRITER_THREADS`), and
+    the digest of each file this rank wrote (`digests`: the files of its WriteResults, each
+    `storage_data.relative_path`; None for one that `_FileSystem` did not hash).
 
     With one file per rank, torch's FileSystemWriter keeps every tensor it wrote alive until the
     rank's file is complete (pytorch/pytorch#195982: `_write_files_from_queue` fills a dict that only
@@ -126,8 +132,8 @@ class RankWriter(FileSystemWriter):
     it is noticed.
     """
 
-    def __init__(self, path: Path) -> None:
-        super().__init__(str(path), single_file_per_rank=False, thread_count=WRITER_THREADS)
+    def __init__(self, path: Path, threads: int | None = None) -> None:
+        super().__init__(str(path), single_file_per_rank=False, thread_count=threads or WRITER_THREADS)
         self.fs = _FileSystem()
         self.digests: dict[str, dict | None] = {}
 
@@ -180,27 +186,52 @@ class Checkpointer:
         pg: the process group of all ranks.
         is_main: whether this is rank 0 (it renames, writes the manifest and prunes).
         every: when `should_save` says a save is due (default: never).
+        background: let `save(..., background=True)` write in the background (`dcp.async_save`); it makes
+            a Gloo process group of its own here, so every rank must construct it at the same point.
     """
 
-    def __init__(self, root: Path, keep: int, pg: dist.ProcessGroup, is_main: bool, every: Every | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        keep: int,
+        pg: dist.ProcessGroup,
+        is_main: bool,
+        every: Every | None = None,
+        background: bool = False,
+    ) -> None:
         self.root = root
         self.keep = keep
         self.pg = pg
         self.is_main = is_main
         self.every = every or Every(0, at_end=False)
         self.written: set[Path] = set()  # by this Checkpointer: the only ones retention deletes
+        # A background save's collectives run on its writer thread while training runs the training
+        # group's: a group of their own (Gloo: async_save needs a CPU backend), never interleaved.
+        self.background_pg: dist.ProcessGroup | None = None
+        if background:
+            group = dist.new_group(backend="gloo", timeout=timedelta(seconds=BACKGROUND_TIMEOUT_S))
+            assert isinstance(group, dist.ProcessGroup)  # every rank is a member
+            self.background_pg = group
+        self._pending: threading.Thread | None = None
+        self._pending_error: BaseException | None = None
 
     def should_save(self, step: int, last: bool) -> bool:
         """Whether a checkpoint is due after `step` (`every`; `last`: the run's last step)."""
         return self.every.due(step, last)
 
-    def save(self, step: int, state: dict, manifest: dict) -> Path:
+    def save(self, step: int, state: dict, manifest: dict, background: bool = False) -> Path:
         """Write `state` (nested dicts of tensors) as checkpoint `step`, visible only when complete.
 
         Each rank hashes the files it writes as DCP closes them (`RankWriter`; rank 0 also
         `.metadata`), and rank 0 writes the manifest with every file's size and sha256, then renames
-        the directory.
+        the directory. A save still in the background is waited for first (never two in flight).
+
+        background (with the constructor's `background`): copy `state` to host memory (DCP's staging)
+        and return; the files, digests, manifest and rename follow on a writer thread, and `wait`
+        returns once they are done (raising what failed). The checks before it (tensors only, finite,
+        not another invocation's) run here, on every rank alike.
         """
+        self.wait()
         _tensor_leaves_only(state)
         bad = everyones(nonfinite_tensors(state), self.pg)
         if bad:  # a diverged model is never saved, so every complete checkpoint is a good one
@@ -219,32 +250,90 @@ class Checkpointer:
             )
         latest = latest_checkpoint(self.root)
         keep = f"checkpoint step {step} not saved, the last good one kept: {latest or 'none'}"
+        if background and self.background_pg is not None:
+            self._start_background(step, state, manifest, partial, final, (latest, keep))
+            return final
         try:
             with disk_full_is_user_error(self.root, f"checkpoint step {step}", keep, like=latest):
-                self._write(step, state, manifest, partial, final)
+                self._prepare()
+                writer = storage_writer(partial)
+                metadata = dcp.save(state, storage_writer=writer, process_group=self.pg)
+                self._complete(step, metadata, writer, manifest, partial, final, self.pg)
         except DiskFullError:
             if self.is_main:  # its space back; never a complete checkpoint
                 shutil.rmtree(partial, ignore_errors=True)
             raise
         return final
 
-    def _write(self, step: int, state: dict, manifest: dict, partial: Path, final: Path) -> None:
-        """`save`'s writing: DCP's files into `partial`, their digests, the manifest, the rename."""
+    def _start_background(
+        self, step: int, state: dict, manifest: dict, partial: Path, final: Path, latest_keep: tuple
+    ) -> None:
+        """Stage `state` on the host and write it on `dcp.async_save`'s thread; a thread of ours then
+        completes the checkpoint (`_complete` on `background_pg`) and notes any failure for `wait`."""
+        pg = self.background_pg
+        assert pg is not None
+        self._prepare()
+        writer = storage_writer(partial)
+        upload = dcp.async_save(state, storage_writer=writer, process_group=pg)  # returns once staged
+        latest, keep = latest_keep
+
+        def complete() -> None:
+            try:
+                with disk_full_is_user_error(self.root, f"checkpoint step {step}", keep, like=latest):
+                    metadata = upload.result()  # type: ignore[union-attr]  # a Future without a stager of ours
+                    self._complete(step, metadata, writer, manifest, partial, final, pg)
+            except BaseException as e:  # noqa: BLE001  # raised by `wait`, on the training thread
+                if self.is_main:
+                    shutil.rmtree(partial, ignore_errors=True)
+                self._pending_error = e
+
+        self._pending = threading.Thread(target=complete, name=f"checkpoint-step-{step}", daemon=True)
+        self._pending.start()
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a background save is still being written."""
+        return self._pending is not None and self._pending.is_alive()
+
+    def wait(self) -> None:
+        """Return once the background save (if any) is complete; raise what made it fail. Every rank
+        calls it at the same point (a clean stop, the run's end, before the next save)."""
+        if self._pending is None:
+            return
+        self._pending.join()
+        self._pending, error, self._pending_error = None, self._pending_error, None
+        if error is not None:
+            raise error
+
+    def _prepare(self) -> None:
+        """Before a save: rank 0 makes the directory and removes stale partial ones; all ranks wait for it."""
         if self.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
             for stale in self.root.glob(".*.partial"):
                 shutil.rmtree(stale, ignore_errors=True)
         dist.barrier(group=self.pg)
-        writer = storage_writer(partial)
-        names = saved_files(dcp.save(state, storage_writer=writer, process_group=self.pg))
+
+    def _complete(
+        self,
+        step: int,
+        metadata: Metadata,
+        writer: RankWriter,
+        manifest: dict,
+        partial: Path,
+        final: Path,
+        pg: dist.ProcessGroup,
+    ) -> None:
+        """After DCP wrote `partial` (`metadata`: what it returned): the ranks' digests gathered over
+        `pg`, rank 0's manifest and rename."""
+        names = saved_files(metadata)
         # dcp.save returns once rank 0 has written .metadata, after every rank's write_data;
         # a rank that sees no .metadata, or another one (rank 0's holds a new save_id), is on another filesystem
         seen = file_digest(partial / METADATA) if (partial / METADATA).is_file() else None
         mine = dict(writer.digests)  # this rank's own files, hashed as they were written
-        if dist.get_rank(self.pg) == 0:  # DCP's coordinator: it wrote .metadata
+        if dist.get_rank(pg) == 0:  # DCP's coordinator: it wrote .metadata
             mine[METADATA] = seen
-        shares: list[Any] = [None] * dist.get_world_size(self.pg)
-        dist.all_gather_object(shares, (mine, seen), group=self.pg)
+        shares: list[Any] = [None] * dist.get_world_size(pg)
+        dist.all_gather_object(shares, (mine, seen), group=pg)
         files = {name: digest for share, _ in shares for name, digest in share.items() if digest is not None}
         unseen = sorted(set(names) - set(files))
         blind = [str(rank) for rank, (_, theirs) in enumerate(shares) if theirs != files.get(METADATA)]
@@ -257,7 +346,7 @@ class Checkpointer:
         if self.is_main:
             write_manifest(partial, {**manifest, "step": step, "files": files})
             self._publish(partial, final)
-        dist.barrier(group=self.pg)
+        dist.barrier(group=pg)
 
     def _publish(self, partial: Path, final: Path) -> None:
         """Rank 0: rename the complete `partial` to `final`, then delete this Checkpointer's checkpoints

@@ -22,6 +22,11 @@ class CheckpointConfig:
     invocation's)."""
     verify: bool = True
     """Check every file's sha256 against the manifest before loading (false: sizes only)."""
+    async_save: bool = True
+    """Write periodic saves in the background (torch.distributed.checkpoint.async_save): training
+    stops only to copy the state to host memory (one more copy of the rank's state while it is
+    written); the digests and the manifest follow when the files are written, and the next save, a
+    clean stop and the run's end wait for it. The save at the end is synchronous either way."""
     on_signal: bool = False
     """On SIGINT/SIGTERM (Ctrl-C, preemption) save a checkpoint at the step where the run stops (the
     next log step, dlrm.trainer.stop) before exiting; false: stop without saving."""

@@ -64,7 +64,11 @@ class TrainerConfig:
     tensorboard: bool = True
     """Write TensorBoard scalars to <run dir>/tensorboard."""
     breakdown: bool = True
-    """Profile the last step of each log window (torch.profiler) for the per-phase times."""
+    """Profile the last step of every breakdown_every-th log window, and the run's last step
+    (torch.profiler), for the per-phase times; the profiler's start, stop and reading are kept off the
+    throughput clock."""
+    breakdown_every: int = 10
+    """With breakdown: log windows per profiled step (1: every window)."""
     profile: list[int] | None = None
     """[first, last] steps to trace with torch.profiler on rank 0 (<run dir>/profile, for TensorBoard
     or Perfetto); None: no trace."""
@@ -80,6 +84,10 @@ class TrainerConfig:
     (a stalled rank, a dead link): torch's `timeout` of init_process_group. Long enough for the
     longest single-rank pause between collectives (rank 0 hashing a large checkpoint at save, the
     first plan on a big model); default 30 minutes."""
+    intra_op_threads: int | None = None
+    """torch's intra-op (OpenMP) threads per rank; None: OMP_NUM_THREADS or MKL_NUM_THREADS if set (or a
+    torch.set_num_threads made before the trainer), else the usable cores divided by the ranks on the
+    node (LOCAL_WORLD_SIZE), at least 1 (dlrm.trainer.threads; the choice is logged)."""
     sync_every_step: bool = False
     """Wait for the device after every step (torch.cuda.synchronize): off by default, so the host runs
     ahead of the GPU, bounded by the pipeline's depth; on only to compare (the old behaviour) or to
@@ -92,6 +100,9 @@ class TrainerConfig:
             _require_positive(f"{key}.max_samples", self.max_samples)
         _require_count(f"{key}.eval_every_steps", self.eval_every_steps, "only at the end")
         _require_positive(f"{key}.log_every_steps", self.log_every_steps)
+        _require_positive(f"{key}.breakdown_every", self.breakdown_every)
+        if self.intra_op_threads is not None:
+            _require_positive(f"{key}.intra_op_threads", self.intra_op_threads)
         self._check_local_sgd(key)
         if self.on_nonfinite == OnNonfinite.skip and self.pipeline:
             _fail(

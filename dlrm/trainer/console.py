@@ -124,7 +124,7 @@ def end_lines(
         ms = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in b["phase_s"].items())
         lines.append(
             f"step breakdown, ms (mean of {b['profiled_steps']} profiled steps, {b['profiled_step_s'] * 1e3:.1f} ms "
-            f"each; profiling added {b['profile_overhead_s'] * 1e3:.0f} ms per profiled step): {ms}"
+            f"each; profiling took {b['profile_overhead_s'] * 1e3:.0f} ms per profiled step, off the clock): {ms}"
         )
         if world_size > 1:
             lines += comm_lines(b, summary.get("comm_vs_model"))

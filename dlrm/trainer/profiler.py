@@ -1,9 +1,12 @@
 """The training loop's profiling, a component with its own cadence (see `dlrm.trainer.phases`).
 
-With trainer.breakdown, the last step of each log window runs under torch.profiler and its time is
-split into phases and collectives; with trainer.profile=[first, last], those steps are traced on
-rank 0 to <run dir>/profile (TensorBoard, Perfetto).The measured communication is
-put beside the cost model's prediction outside the core (dlrm.comms.measured).
+With trainer.breakdown, the last step of every trainer.breakdown_every-th log window (and the run's
+last step) runs under torch.profiler and its time is split into phases and collectives; starting,
+stopping and reading the profiler happen off the throughput clock (the loop's `paused`). On CUDA the
+profiled step's device time comes from CUDA events around it and, per phase, from the profiler's
+device activity (`phases.device_breakdown`). With trainer.profile=[first, last], those steps are traced
+on rank 0 to <run dir>/profile (TensorBoard, Perfetto). The measured communication is put beside the
+cost model's prediction outside the core (dlrm.comms.measured).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -20,7 +23,16 @@ from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
 from dlrm.common.cadence import Every
 from dlrm.config import TrainerConfig
-from dlrm.trainer.phases import PHASES, Waits, collective_spans, kineto_quiet, spans_of, split_waits, step_breakdown
+from dlrm.trainer.phases import (
+    PHASES,
+    Waits,
+    collective_spans,
+    device_breakdown,
+    kineto_quiet,
+    spans_of,
+    split_waits,
+    step_breakdown,
+)
 
 log = logging.getLogger(__name__)
 COMM_KINDS = ("alltoall", "reduce_scatter", "allgather", "allreduce")
@@ -47,7 +59,8 @@ class StepProfiler:
     The sums are [count, wall s, profiling overhead s, s per phase..., s per collective kind..., s of
     waiting for peers per kind..., s behind another kind's collective per kind..., steps whose kind could
     not be matched across ranks per kind..., the collectives' own s per kind (all ranks in to all out)...,
-    s the others waited for each rank...], over this rank's profiled steps; `window_record` adds them
+    device s of the step (CUDA events; 0 on CPU), device s per phase..., s the others waited for each
+    rank...], over this rank's profiled steps; `window_record` adds them
     over ranks at each log. The waiting is measured on the profiled steps only: their collectives' entry
     and exit times are gathered from every rank after the step (`phases.split_waits`).
     """
@@ -65,7 +78,8 @@ class StepProfiler:
         self.cfg, self.log_every, self.device, self.pg, self.world_size = cfg, log_every, device, pg, world_size
         self.sync = sync  # waits for the device: a profiled step's time holds its device work
         self.activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        width = 3 + len(PHASES) + 5 * len(COMM_KINDS) + world_size
+        self.sampled = Every(log_every.n * cfg.breakdown_every)  # with the run's last step: the profiled steps
+        width = 4 + 2 * len(PHASES) + 5 * len(COMM_KINDS) + world_size
         self.window = torch.zeros(width, dtype=torch.float64)  # this log window's profiled steps
         self.run = torch.zeros(width, dtype=torch.float64)  # the windows after the first (warm-up)
         self.trace = None
@@ -77,15 +91,23 @@ class StepProfiler:
     def _traced(self, step: int) -> bool:
         return self.cfg.profile is not None and self.cfg.profile[0] <= step <= self.cfg.profile[1]
 
+    def profiles(self, step: int, last: bool) -> bool:
+        """Whether step `step` is profiled for the breakdown: the last of every breakdown_every-th log
+        window, and the run's last (so every run has one), unless traced."""
+        if not self.cfg.breakdown or self._traced(step):
+            return False
+        return last or (self.log_every.due(step, last) and self.sampled.due(step, False))
+
     @contextmanager
-    def step(self, step: int, last: bool) -> Iterator[None]:
-        """Around training step `step` (1-based; `last`: the run's last): traced, profiled or plain, as due."""
+    def step(self, step: int, last: bool, paused: Callable[[], AbstractContextManager] = nullcontext) -> Iterator[None]:
+        """Around training step `step` (1-based; `last`: the run's last): traced, profiled or plain, as due.
+        `paused()`: stops the throughput clock while the profiler starts, stops and is read."""
         if self.trace is not None and not self.tracing and self._traced(step):
             with kineto_quiet():
                 self.trace.start()
             self.tracing = True
-        if self.cfg.breakdown and self.log_every.due(step, last) and not self._traced(step):
-            with self._profiled():
+        if self.profiles(step, last):
+            with self._profiled(paused):
                 yield
         else:
             yield
@@ -109,33 +131,57 @@ class StepProfiler:
             log.info(f"profiler trace of steps {self.cfg.profile}, stopped with the run: {self.trace_dir}")
 
     @contextmanager
-    def _profiled(self) -> Iterator[None]:
-        """Around one step: under torch.profiler, its figures added to the window's (on success)."""
-        begin = time.perf_counter()
-        prof = profile(activities=self.activities)
-        with kineto_quiet():
-            prof.start()
+    def _profiled(self, paused: Callable[[], AbstractContextManager] = nullcontext) -> Iterator[None]:
+        """Around one step: under torch.profiler, its figures added to the window's (on success). The
+        profiler's start, its stop and the reading of its events run inside `paused()`."""
+        cuda = self.device.type == "cuda"
+        with paused():
+            begin = time.perf_counter()
+            prof = profile(activities=self.activities)
+            with kineto_quiet():
+                prof.start()
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if cuda else None
+            setup = time.perf_counter() - begin
+        done = False
         try:
             start = time.perf_counter()
+            if events is not None:
+                events[0].record()
             yield
+            if events is not None:
+                events[1].record()
             self.sync()
             wall = time.perf_counter() - start
-            end_gloo_ranges(self.pg)
+            done = True
         finally:
-            with kineto_quiet():
-                prof.stop()
-        spans = spans_of(prof)
+            with paused():
+                finish = time.perf_counter()
+                if done:
+                    end_gloo_ranges(self.pg)
+                with kineto_quiet():
+                    prof.stop()
+                if done:
+                    self._add(spans_of(prof), wall, events)
+                    self.window[2] += setup + time.perf_counter() - finish
+
+    def _add(self, spans: list, wall: float, events) -> None:
+        """Add one profiled step's figures to the window's sums (the overhead, self.window[2], apart)."""
         ((phases, comm),) = step_breakdown(spans)
         waits = self._waits(collective_spans(spans))
-        overhead = time.perf_counter() - begin - wall
+        device_s, device_phases = 0.0, dict.fromkeys(PHASES, 0.0)
+        if events is not None:  # CUDA: the step's device time, and the kernels' time per launching phase
+            device_s = events[0].elapsed_time(events[1]) / 1e3
+            device_phases = device_breakdown(spans)[0]
         figures = (
-            [1.0, wall, overhead]
+            [1.0, wall, 0.0]
             + [phases[k] for k in PHASES]
             + [comm.get(k, 0.0) for k in COMM_KINDS]
             + [waits.wait_s.get(k, 0.0) for k in COMM_KINDS]
             + [waits.behind_s.get(k, 0.0) for k in COMM_KINDS]
             + [float(k in waits.unmatched) for k in COMM_KINDS]
             + [waits.critical_s.get(k, 0.0) for k in COMM_KINDS]
+            + [device_s]
+            + [device_phases[k] for k in PHASES]
             + waits.late_s
         )
         self.window += torch.tensor(figures, dtype=self.window.dtype)
@@ -169,7 +215,7 @@ class StepProfiler:
         """The breakdown of this log window, summed over ranks (a collective: every rank calls it at
         each log); {} without profiled steps. The first window (warm_up) counts for the run's
         breakdown only when it is the run's only one."""
-        if not self.cfg.breakdown:
+        if not self.cfg.breakdown or not self.window[0]:  # the same on every rank: no collective then
             return {}
         summed = self.window.to(self.device)  # a collective of the training group: on its device (NCCL)
         dist.all_reduce(summed, group=self.pg)
@@ -197,7 +243,9 @@ class StepProfiler:
         comm_wait_unmatched: kinds whose collectives differed in count across ranks in some profiled
         step, so waiting could not be told from transfer (left out of comm_wait_s, comm_behind_s and
         comm_transfer_s).
-        profile_overhead_s: what profiling added to the step (start, stop, reading the events)."""
+        profile_overhead_s: what profiling added to the step (start, stop, reading the events), off the
+        throughput clock. On CUDA, device_step_s: the step's device time (CUDA events around it), and
+        device_phase_s: kernel seconds per phase (`phases.device_breakdown`; streams may overlap)."""
         mean = (summed[1:] / summed[0]).tolist()
         at = 2 + len(PHASES)
         k = len(COMM_KINDS)
@@ -208,7 +256,8 @@ class StepProfiler:
         critical: dict[str, float] = dict(zip(COMM_KINDS, mean[at + 4 * k : at + 5 * k], strict=True))
         unmatched = [kind for kind, x in zip(COMM_KINDS, flags, strict=True) if x > 0]
         kept = [kind for kind in COMM_KINDS if kind not in unmatched]
-        late = mean[at + 5 * k :]
+        device_at = at + 5 * k
+        late = mean[device_at + 1 + len(PHASES) :]
         record = {
             "phase_s": dict(zip(PHASES, mean[2:at], strict=True)),
             "profiled_step_s": mean[0],
@@ -222,6 +271,9 @@ class StepProfiler:
             "slowest_rank": max(range(len(late)), key=lambda r: late[r]) if late and max(late) > 0 else None,
             "profiled_steps": int(summed[0].item()) // self.world_size,
         }
+        if self.device.type == "cuda":
+            record["device_step_s"] = mean[device_at]
+            record["device_phase_s"] = dict(zip(PHASES, mean[device_at + 1 : device_at + 1 + len(PHASES)], strict=True))
         if unmatched:
             record["comm_wait_unmatched"] = unmatched
         return record

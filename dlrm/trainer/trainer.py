@@ -47,6 +47,7 @@ from dlrm.trainer.phases import STEP_RANGE
 from dlrm.trainer.profiler import StepProfiler
 from dlrm.trainer.reporter import Reporter, global_mean_and_signal
 from dlrm.trainer.stop import StopRequest, TrainingStopped
+from dlrm.trainer.threads import apply_intra_op_threads
 from dlrm.trainer.train_state import TrainState
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ class Trainer:
         self.cfg, self.world, self.summary_extras = cfg, world, summary_extras
         self.run_dir = run_dir if world.is_main else None
         keep_freed_memory()  # the host blocks a step frees stay for the next: no page faults each step
+        apply_intra_op_threads(cfg.trainer.intra_op_threads, world.local_world_size)  # no oversubscribed cores
         self.device = device_for(cfg.topology, world, tf32=cfg.trainer.tf32)
         self.sync = synchronizer(self.device)  # the clocks' wait for the device: at log windows, not per step
         self.source = make_source(cfg, self.device)  # data errors before any process group or table exists
@@ -111,7 +113,14 @@ class Trainer:
         self.profiler = StepProfiler(tr, self.log_every, self.device, self.pg, world.world_size, trace_dir, self.sync)
         root = ck.dir or (run_dir / "checkpoints" if run_dir is not None else None)
         self.checkpointer = (
-            Checkpointer(Path(root), ck.keep, self.pg, world.is_main, every=Every(ck.every_steps, ck.at_end))
+            Checkpointer(
+                Path(root),
+                ck.keep,
+                self.pg,
+                world.is_main,
+                every=Every(ck.every_steps, ck.at_end),
+                background=ck.async_save and ck.every_steps > 0,  # periodic saves only: the last waits anyway
+            )
             if root is not None
             else None
         )
@@ -167,11 +176,13 @@ class Trainer:
         """The global mean loss of every logged window so far."""
         return self.reporter.losses
 
-    def save_checkpoint(self) -> Path:
-        """Checkpoint the current step (all ranks call it); returns the checkpoint's directory."""
+    def save_checkpoint(self, background: bool = False) -> Path:
+        """Checkpoint the current step (all ranks call it); returns the checkpoint's directory. background
+        (with checkpoint.async_save): returns once the state is staged on the host, the files follow
+        (`Checkpointer.save`); the next save, a clean stop and the run's end wait for them."""
         if self.checkpointer is None:
             raise CheckpointError("no checkpoint directory: set checkpoint.dir or give the trainer a run dir")
-        return self.checkpointer.save(self.step, self.state.state_dict(), self.state.manifest())
+        return self.checkpointer.save(self.step, self.state.state_dict(), self.state.manifest(), background)
 
     def resume(self, where: str) -> None:
         """Load model, optimizer state and step from `where`: "auto" (the newest complete checkpoint
@@ -306,7 +317,7 @@ class Trainer:
         feed = self._until_next_eval(batches)
         while self.step < self.total_steps:
             last = self.step + 1 == self.total_steps
-            with self.profiler.step(self.step + 1, last):
+            with self.profiler.step(self.step + 1, last, window.paused):
                 loss = self.step_once(feed)
             window.add(loss)
             self.step += 1
@@ -327,7 +338,9 @@ class Trainer:
                     self._log_window(last, first_step)
             if self.checkpointer is not None and self.checkpointer.should_save(self.step, last):
                 with window.paused():
-                    self.reporter.message(f"checkpoint: {self.save_checkpoint()}")
+                    path = self.save_checkpoint(background=not last)
+                    in_flight = self.checkpointer.in_flight
+                    self.reporter.message(f"checkpoint: {path}{' (writing in the background)' if in_flight else ''}")
             if reached:
                 self.profiler.stop_trace()
                 break
@@ -381,6 +394,8 @@ class Trainer:
         ck = self.cfg.checkpoint
         if self.checkpointer is not None and (ck.on_signal or self.checkpointer.should_save(self.step, False)):
             self.reporter.message(f"checkpoint: {self.save_checkpoint()}")
+        if self.checkpointer is not None:
+            self.checkpointer.wait()  # a background save completes before the run ends
         self.profiler.stop_trace()
         self.reporter.close(self.step, None)
         latest = latest_checkpoint(self.checkpointer.root) if self.checkpointer is not None else None
@@ -396,6 +411,8 @@ class Trainer:
 
     def _end(self, evaluation: dict, breakdown: dict | None) -> dict:
         """Close the records; the summary (summary.json on rank 0, the closing console lines)."""
+        if self.checkpointer is not None:
+            self.checkpointer.wait()  # a background save completes before the run ends
         self.reporter.close(self.step, breakdown)
 
         def extras(summary: dict) -> dict:

@@ -360,3 +360,23 @@ def test_the_real_example_runs_on_two_gloo_ranks_and_reports(tmp_path):
     assert result["world_size"] == 2 and result["global_batch_size"] == 256 and result["device"] == "cpu"
     assert len(result["samples_per_s_windows"]) == 2 and result["samples_per_s_median"] > 0
     assert result["samples_per_cpu_s"] > 0 and len(result["peak_rss_mb_per_rank"]) == 2
+
+
+def test_short_is_two_rounds_of_fp32_and_bf16_with_short_windows_and_a_guard_line(monkeypatch, capsys, example):
+    seen: list[tuple[str, tuple]] = []
+
+    def run_once(name, timing, cache_batches, timeout_s, example):
+        seen.append((name, tuple(timing)))
+        speed = {"example": 100.0, "fp32": 140.0, "bf16": 200.0}[name]
+        rss = {"example": 500.0, "fp32": 540.0, "bf16": 520.0}[name]
+        return {"samples_per_s_median": speed, "samples_per_cpu_s": speed, "peak_rss_mb_per_rank": [rss]}
+
+    monkeypatch.setattr(ae, "run_once", run_once)
+    ae.main(["--example", str(example), "--short", "--windows", "4"])  # what is given wins
+    assert [name for name, _ in seen] == ["example", "fp32", "bf16", "bf16", "fp32", "example"]
+    assert {timing for _, timing in seen} == {("--warmup", "10", "--window", "10", "--windows", "4")}
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == (
+        "guard, to TorchRec's example: fp32 samples per s 1.40x (>= 1.3 met); bf16 samples per s 2.00x; "
+        "fp32 peak rss mb 1.08x (<= 1.05 MISSED)"
+    )

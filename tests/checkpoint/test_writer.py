@@ -1,6 +1,6 @@
 """The checkpointer's DCP writer (dlrm.checkpoint.checkpointer.storage_writer): it frees each tensor once
-written, hashes the files it wrote, writes on WRITER_THREADS threads, and a failure in one of those
-threads fails the save (torch's own writer drops it).
+written, hashes the files it wrote, writes on WRITER_THREADS threads (or more, given), and a failure in
+one of those threads fails the save (torch's own writer drops it).
 
 DCP clones a view whose storage is larger than itself (TorchRec's fused tables are views of one
 buffer) and serialises the clone with torch.save. Counted here: how many of those clones are alive
@@ -21,7 +21,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
 
 from dlrm.checkpoint import METADATA, file_digest
-from dlrm.checkpoint.checkpointer import WRITER_THREADS, storage_writer
+from dlrm.checkpoint.checkpointer import WRITER_THREADS, RankWriter, storage_writer
 from dlrm.common.io import disk_full_in
 
 VIEWS = 8
@@ -62,8 +62,8 @@ def test_torchs_single_file_writer_still_keeps_them_all(tmp_path, monkeypatch):
 
 
 def test_the_writer_digests_the_files_it_wrote_on_its_threads(tmp_path):
-    writer = storage_writer(tmp_path)
-    assert writer.thread_count == WRITER_THREADS > 1 and not writer.single_file_per_rank
+    writer = RankWriter(tmp_path, threads=2)  # a file on each thread
+    assert storage_writer(tmp_path).thread_count == WRITER_THREADS and not writer.single_file_per_rank
     dcp.save({f"t{i}": torch.full((5,), float(i)) for i in range(VIEWS)}, storage_writer=writer, no_dist=True)
     on_disk = {p.name: file_digest(p) for p in tmp_path.iterdir() if p.name != METADATA}
     assert writer.digests == on_disk and len(on_disk) == VIEWS
@@ -90,7 +90,7 @@ def test_a_writer_thread_s_failure_fails_the_save(tmp_path, monkeypatch):
     unhandled = []  # what a thread would print as a traceback
     monkeypatch.setattr(threading, "excepthook", unhandled.append)
     with pytest.raises(BaseException) as caught:  # DCP's CheckpointException is a BaseException
-        save_failing_off_the_main_thread(storage_writer(tmp_path), monkeypatch)
+        save_failing_off_the_main_thread(RankWriter(tmp_path, threads=2), monkeypatch)
     assert disk_full_in(caught.value) is not None, caught.value  # so it is the one-line DiskFullError
     assert not unhandled, unhandled
 
@@ -99,7 +99,7 @@ def test_a_writer_thread_s_failure_fails_the_save(tmp_path, monkeypatch):
 def test_torchs_writer_threads_still_drop_their_failures(tmp_path, monkeypatch):
     """When this fails, torch's writer threads report their exceptions: RankWriter's `_FileSystem`
     (which notes them) can go."""
-    writer = FileSystemWriter(str(tmp_path), single_file_per_rank=False, thread_count=WRITER_THREADS)
+    writer = FileSystemWriter(str(tmp_path), single_file_per_rank=False, thread_count=2)
     save_failing_off_the_main_thread(writer, monkeypatch)  # no exception: the save "succeeded"
     written = FileSystemReader(str(tmp_path)).read_metadata()  # what dcp.save returns lacks it on torch 2.11
     assert len(written.storage_data) < VIEWS  # without the items of the failed threads

@@ -44,6 +44,7 @@ SLOW_RANK_1 = PAIR.add(
         "trainer.max_steps=6",
         "trainer.log_every_steps=2",
         "trainer.breakdown=true",
+        "trainer.breakdown_every=1",
         "trainer.progress=none",
         "trainer.tensorboard=false",
         "checkpoint.at_end=false",

@@ -16,6 +16,7 @@ COMMON = (
     "trainer.log_every_steps=2",
     "trainer.eval_every_steps=4",
     "trainer.breakdown=true",
+    "trainer.breakdown_every=1",
     "trainer.progress=none",
     "checkpoint.every_steps=4",
 )

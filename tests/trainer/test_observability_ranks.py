@@ -38,6 +38,7 @@ def test_two_ranks_breakdown_comm_vs_model_and_trace(tmp_path):
             "sharding=table_wise",  # the embedding exchange to observe, whatever the planner makes of topology=cpu
             "trainer.max_steps=12",
             "trainer.log_every_steps=4",
+            "trainer.breakdown_every=1",
             "data.eval_batches=2",
             "trainer.profile=[2,3]",
             "checkpoint.at_end=false",

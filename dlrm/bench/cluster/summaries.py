@@ -42,11 +42,7 @@ def train_record(run_dir: Path) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     windows = [w for w in records if "step_s" in w and "step" in w]
-    step_s, before = [], 0
-    for w in windows:  # less the profiler's overhead the trainer recorded for the window's profiled step
-        length = max(1, w["step"] - before)
-        step_s.append(w["step_s"] - w.get("profile_overhead_s", 0.0) * w.get("profiled_steps", 1) / length)
-        before = w["step"]
+    step_s = [w["step_s"] for w in windows]  # the trainer keeps the profiler's start, stop and reading off it
     steady = step_s[1:] or step_s  # the first window holds the warm-up
     phases = summary.get("step_breakdown", {}).get("phase_s", {})
     total = sum(phases.values())

@@ -163,8 +163,8 @@ def test_a_training_run_is_read_from_its_summary_and_metrics(tmp_path):
     windows.append({"step": 40, "eval_auc": 0.7})
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(w) for w in windows) + "\n")
     rec = cbr.train_record(tmp_path)
-    # The first window (warm-up) left out, and each window's 30 ms of profiler overhead spread over its 10 steps.
-    assert rec["step_s"] == pytest.approx(0.047) and rec["step_with_profiler_s"] == pytest.approx(0.05)
+    # The first window (warm-up) left out; the profiler's overhead is off the trainer's clock already.
+    assert rec["step_s"] == pytest.approx(0.05) and rec["step_with_profiler_s"] == pytest.approx(0.05)
     assert rec["a2a_share"] == pytest.approx(0.02 / 0.04) and rec["allreduce_share"] == pytest.approx(0.25)
     assert rec["comm_measured_s"] == {"embedding_exchange": 0.02, "dense_allreduce": 0.012}
     assert rec["plan_types"] == {"table_wise": 3, "row_wise": 1}
