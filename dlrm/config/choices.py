@@ -36,6 +36,8 @@ DataSource = StrEnum("DataSource", "synthetic criteo parquet")
 SparseKind = StrEnum("SparseKind", "id ids string strings")
 # An id outside [0, table rows) in a Parquet column: refuse (one error line) or modulo (folded, counted).
 IdPolicy = StrEnum("IdPolicy", "refuse modulo")
+# A NaN or infinite dense value in a Parquet column: refuse (one error line) or replace (read as missing, counted).
+NonFinitePolicy = StrEnum("NonFinitePolicy", "refuse replace")
 ProgressMode = StrEnum("ProgressMode", "auto bar lines none")  # auto: a bar on a terminal, lines otherwise
 DenseAllreduce = StrEnum("DenseAllreduce", "flat hierarchical")
 DenseSync = StrEnum("DenseSync", "allreduce local_sgd")  # local_sgd: average the dense weights every H steps

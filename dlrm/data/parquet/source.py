@@ -194,6 +194,11 @@ class ParquetSource:
         """`BatchMaker.make_batch` of this source's declaration."""
         return self.maker.make_batch(table, origin)
 
+    def data_counts(self) -> dict[str, int]:
+        """Values this process's reads changed: ids folded by id_policy=modulo, dense values read as
+        missing by nonfinite=replace."""
+        return {"folded_ids": self.maker.folded_ids, "nonfinite_values": self.maker.nonfinite_values}
+
     @property
     def folded_ids(self) -> int:
         """Ids folded into their table by id_policy=modulo so far."""
