@@ -212,3 +212,10 @@ class DataConfig:
             self.synthetic.check(f"{key}.synthetic")
         if self.source == DataSource.parquet:
             self.parquet.check(f"{key}.parquet")
+            if self.eval_batches == 0 and (self.parquet.eval_path or self.parquet.eval_fraction):
+                _fail(
+                    f"{key}.eval_batches",
+                    0,
+                    "an eval split is given (data.parquet.eval_path or eval_fraction) but never read: set "
+                    f"{key}.eval_batches > 0, or remove the split",
+                )

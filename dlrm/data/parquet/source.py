@@ -112,6 +112,13 @@ class ParquetSource:
                 f"of {self.global_batch_size}; lower data.global_batch_size or add rows"
             )
 
+        held_rows = self.splits["eval"].rows
+        if 0 < held_rows < self.global_batch_size:  # an eval split never read: refused, not silently skipped
+            raise ParquetDataError(
+                f"the eval split has {held_rows} rows, less than one global batch of {self.global_batch_size}, so it "
+                "would never be evaluated; raise data.parquet.eval_fraction, give a larger eval_path, or lower "
+                "data.global_batch_size"
+            )
         for dataset in {id(d.dataset): d.dataset for d in self.splits.values()}.values():
             self._check_statistics(dataset)
 
