@@ -190,13 +190,19 @@ class BatchMaker:
             return None
         columns = [a.to_numpy(zero_copy_only=False) for a in arrays]
         dtype = np.result_type(*columns) if columns else np.dtype(np.int64)
-        if dtype.kind != "i":  # unsigned: compared as int64, as `make_batch_by_column` does
+        if dtype.kind != "i":  # unsigned (or mixed): int64, after folding in the column's own type
             dtype = np.dtype(np.int64)
         ids = np.empty((len(columns), b), dtype)
+        folded = 0
         for k, column in enumerate(columns):
+            rows = self._scalar_rows[k]
+            if column.size and (column.min() < 0 or column.max() >= rows):
+                if self.cfg.id_policy == IdPolicy.refuse:
+                    return None  # made column by column, which names the id
+                folded += int(((column < 0) | (column >= rows)).sum())
+                column = np.mod(column, np.asarray(rows, column.dtype))  # as `_feature` folds: uint64 exact
             ids[k] = column
-        if ids.size and (ids.min() < 0 or (ids.max(axis=1) >= self._scalar_rows).any()):
-            return None
+        self.folded_ids += folded
         return dense, labels, ids
 
     def dense(self, table: pa.Table, origin: list[tuple]) -> np.ndarray:
