@@ -431,3 +431,12 @@ def test_public_shaped_samples_train_and_score_with_defaults(tmp_path, capsys, m
     assert rc == 0, out + err
     scores = np.load(tmp_path / "s.npy")
     assert len(scores) == 600 and np.isfinite(scores).all() and ((scores > 0) & (scores < 1)).all()
+
+
+def test_a_nonfinite_id_weight_is_named(tmp_path):
+    w = np.ones(16, np.float32)
+    w[5] = np.nan
+    pq.write_table(pa.table({"u": np.arange(16) % 4, "w": w, "y": np.zeros(16, np.int64)}), tmp_path / "a.parquet")
+    cfg = ParquetConfig(path=str(tmp_path), sparse=[SparseColumnConfig(name="u", weights="w")], labels=["y"])
+    with pytest.raises(ParquetValueError, match=r"weights column 'w'.*holds nan at .*a\.parquet, row 5"):
+        list(ParquetSource(cfg, ["u"], [4], 16, 0).rows_in_order(16))

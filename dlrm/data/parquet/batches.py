@@ -435,4 +435,10 @@ class BatchMaker:
                         f"at {_where(origin, r)}; give one weight per id"
                     )
             weights = wflat.cast(pa.float32()).to_numpy(zero_copy_only=False)
+            if not np.isfinite(weights).all():
+                j = int(np.flatnonzero(~np.isfinite(weights))[0])
+                raise ParquetValueError(
+                    f"weights column {spec.weights!r} (data.parquet.sparse[{i}].weights) holds {weights[j]} at "
+                    f"{_where(origin, row_of(j))}: not a finite float32; fix the weight"
+                )
         return lengths, ids, weights
