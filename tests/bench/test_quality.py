@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pyarrow.parquet as pq
 
 from dlrm.bench.quality import hand_preprocess
