@@ -440,3 +440,13 @@ def test_a_nonfinite_id_weight_is_named(tmp_path):
     cfg = ParquetConfig(path=str(tmp_path), sparse=[SparseColumnConfig(name="u", weights="w")], labels=["y"])
     with pytest.raises(ParquetValueError, match=r"weights column 'w'.*holds nan at .*a\.parquet, row 5"):
         list(ParquetSource(cfg, ["u"], [4], 16, 0).rows_in_order(16))
+
+
+def test_long_data_work_prints_progress_with_rate_and_eta(capsys):
+    from dlrm.data.progress import Progress
+
+    p = Progress("convert", total=100, every=0.0)
+    time.sleep(0.01)
+    p.update(25, 1000)
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("convert: 25% (1,000 rows, ") and "rows/s, ETA " in line
