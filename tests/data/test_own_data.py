@@ -393,7 +393,6 @@ def test_predict_words_the_readers_fixes_for_the_scorer():
 TRAIN = ["trainer.max_steps=12", "trainer.progress=none", "trainer.tensorboard=false", "run.name=r"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["avazu", "movielens", "census"])
 def test_public_shaped_samples_train_and_score_with_defaults(tmp_path, capsys, monkeypatch, name):
     """convert -> inspect -> train -> export -> predict with the documented defaults: a sane loss."""
