@@ -31,6 +31,10 @@ def data_signature(cfg: DataConfig) -> dict:
     if cfg.source == DataSource.parquet:
         p = asdict(cfg.parquet)
         signature["parquet"] = {k: p[k] for k in ("dense", "sparse", "labels", "id_policy")}
+        if cfg.parquet.dense_transforms:  # recorded where set: the scorer transforms as training did
+            signature["parquet"]["dense_transforms"] = p["dense_transforms"]
+        if cfg.parquet.nonfinite != "refuse":
+            signature["parquet"]["nonfinite"] = str(cfg.parquet.nonfinite)
         if cfg.parquet.multi_hot_sizes is not None:  # recorded where set: older records read as before
             signature["parquet"]["multi_hot_sizes"] = list(cfg.parquet.multi_hot_sizes)
     return json.loads(json.dumps(signature))  # plain str for the enums

@@ -20,7 +20,14 @@ from omegaconf import DictConfig, OmegaConf
 from dlrm.config.checkpoint import CheckpointConfig
 from dlrm.config.checks import ConfigError, _fail
 from dlrm.config.choices import DataSource, DenseSync, Device, EmbeddingOptimizer, PoolingType, Precision, ShardingType
-from dlrm.config.data import CriteoConfig, DataConfig, ParquetConfig, SparseColumnConfig, SyntheticConfig
+from dlrm.config.data import (
+    CriteoConfig,
+    DataConfig,
+    DenseTransformConfig,
+    ParquetConfig,
+    SparseColumnConfig,
+    SyntheticConfig,
+)
 from dlrm.config.model import ModelConfig, TableConfig, TaskConfig, VocabularyConfig
 from dlrm.config.optim import DenseOptimConfig, EmbeddingOptimConfig, OptimConfig, ScheduleConfig
 from dlrm.config.run import RunConfig
@@ -42,6 +49,7 @@ __all__ = [
     "ModelConfig",
     "OptimConfig",
     "ParquetConfig",
+    "DenseTransformConfig",
     "RunConfig",
     "ScheduleConfig",
     "ShardingConfig",
@@ -196,12 +204,14 @@ class Config:
                 list(pq.multi_hot_sizes),
                 f"give one size per model feature, in table order ({len(model_features)}: {model_features})",
             )
-        if len(pq.dense) != self.model.dense_in_features:
+        if pq.dense_width() != self.model.dense_in_features:
+            flags = pq.dense_width() - len(pq.dense)
             _fail(
                 "data.parquet.dense",
                 list(pq.dense),
                 f"the model takes model.dense_in_features={self.model.dense_in_features} dense features: list that "
-                f"many columns, or set model.dense_in_features={len(pq.dense)}"
+                f"many columns, or set model.dense_in_features={pq.dense_width()}"
+                + (f" ({len(pq.dense)} columns and {flags} missing flags)" if flags else "")
                 + (" and model.bottom_mlp=[] (no dense features: no bottom MLP)" if not pq.dense else ""),
             )
         if len(pq.labels) != len(self.model.tasks):

@@ -38,6 +38,8 @@ SparseKind = StrEnum("SparseKind", "id ids string strings")
 IdPolicy = StrEnum("IdPolicy", "refuse modulo")
 # A table's managed vocabulary (TorchRec's managed-collision eviction policies); none: ids index the table directly.
 VocabularyPolicy = StrEnum("VocabularyPolicy", "none lru lfu distance_lfu")
+# A NaN or infinite dense value in a Parquet column: refuse (one error line) or replace (read as missing, counted).
+NonFinitePolicy = StrEnum("NonFinitePolicy", "refuse replace")
 ProgressMode = StrEnum("ProgressMode", "auto bar lines none")  # auto: a bar on a terminal, lines otherwise
 DenseAllreduce = StrEnum("DenseAllreduce", "flat hierarchical")
 DenseSync = StrEnum("DenseSync", "allreduce local_sgd")  # local_sgd: average the dense weights every H steps

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from dlrm.config.checks import _fail, _require_count, _require_positive
-from dlrm.config.choices import DataSource, IdPolicy, SparseKind
+from dlrm.config.choices import DataSource, IdPolicy, NonFinitePolicy, SparseKind
 
 
 @dataclass
@@ -71,6 +71,24 @@ class SparseColumnConfig:
 
 
 @dataclass
+class DenseTransformConfig:
+    """How one dense column's raw values become the model's input, in this order: clip to [lo, hi],
+    log1p (of max(x, 0)), standardise ((x - mean) / std); a missing value (null, or a non-finite one
+    with nonfinite: replace) becomes 0 and, with missing_flag, sets an extra 0/1 input."""
+
+    log1p: bool = False
+    """log(1 + max(x, 0)): for non-negative heavy-tailed values (counts, prices)."""
+    mean: float = 0.0
+    """Subtracted after clip and log1p (the measured mean of the column so far transformed)."""
+    std: float = 1.0
+    """Divided by after subtracting the mean (> 0)."""
+    clip: list[float] | None = None
+    """[lo, hi]: raw values clipped to these bounds first; None: not clipped."""
+    missing_flag: bool = False
+    """Add one 0/1 input after all dense values: 1 where this column's value is missing."""
+
+
+@dataclass
 class ParquetConfig:
     """A team's own Parquet data: which columns are dense features, sparse features and labels."""
 
@@ -99,6 +117,19 @@ class ParquetConfig:
     """Ids per sample of each of the model's features, in table order, from one base id per sample
     (every sparse column kind id, unweighted): id j is (base + offset_j) % rows, the offsets of
     data.criteo.multi_hot_sizes (MLPerf DCNv2's synthesis, `multi_hot_offsets`); None: the ids as stored."""
+    dense_transforms: dict[str, DenseTransformConfig] = field(default_factory=dict)
+    """Per dense column (a name in `dense`), its transform (`dlrm.data.parquet.transforms`); a column
+    not named here is read as it is (nulls as 0). Missing flags widen the model's dense input:
+    model.dense_in_features = len(dense) + the flags."""
+    nonfinite: NonFinitePolicy = NonFinitePolicy.refuse
+    """A NaN or infinite dense value: refuse (one error line naming file, column and row) or replace
+    (read as missing: 0, and its flag; counted in the log)."""
+
+    def dense_width(self) -> int:
+        """The model's dense inputs: one per dense column, then one per missing flag."""
+        return len(self.dense) + sum(
+            1 for c in self.dense if c in self.dense_transforms and self.dense_transforms[c].missing_flag
+        )
 
     def check(self, key: str) -> None:
         if not self.path:
@@ -118,6 +149,30 @@ class ParquetConfig:
             if not s.name or s.name in seen:
                 _fail(f"{key}.sparse[{i}].name", s.name, "give each sparse feature a unique, non-empty name")
             seen.add(s.name)
+        seen_labels: set[str] = set()
+        inputs = {c: f"{key}.dense" for c in self.dense}
+        for i, s in enumerate(self.sparse):
+            inputs[s.column or s.name] = f"{key}.sparse[{i}]"
+            if s.weights:
+                inputs[s.weights] = f"{key}.sparse[{i}].weights"
+        for i, label in enumerate(self.labels):
+            if label in seen_labels:
+                _fail(f"{key}.labels[{i}]", label, "one label column feeds one task: name each label column once")
+            seen_labels.add(label)
+            if label in inputs:
+                _fail(
+                    f"{key}.labels[{i}]",
+                    label,
+                    f"it is also an input ({inputs[label]}): the model would read its answer; remove it there",
+                )
+        for column, t in self.dense_transforms.items():
+            where = f"{key}.dense_transforms.{column}"
+            if column not in self.dense:
+                _fail(where, column, f"name a column of {key}.dense {list(self.dense)}, or remove the entry")
+            if not t.std > 0 or t.std != t.std or abs(t.mean) == float("inf") or t.mean != t.mean:
+                _fail(f"{where}.std", t.std, "give a finite mean and a std > 0")
+            if t.clip is not None and (len(t.clip) != 2 or not t.clip[0] <= t.clip[1]):
+                _fail(f"{where}.clip", list(t.clip), "give [lo, hi] with lo <= hi, or null")
         if self.multi_hot_sizes is not None:
             if min(self.multi_hot_sizes, default=0) < 1:
                 _fail(f"{key}.multi_hot_sizes", self.multi_hot_sizes, "give one size >= 1 per feature, or null")
@@ -157,3 +212,10 @@ class DataConfig:
             self.synthetic.check(f"{key}.synthetic")
         if self.source == DataSource.parquet:
             self.parquet.check(f"{key}.parquet")
+            if self.eval_batches == 0 and (self.parquet.eval_path or self.parquet.eval_fraction):
+                _fail(
+                    f"{key}.eval_batches",
+                    0,
+                    "an eval split is given (data.parquet.eval_path or eval_fraction) but never read: set "
+                    f"{key}.eval_batches > 0, or remove the split",
+                )

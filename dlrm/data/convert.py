@@ -13,13 +13,23 @@ the layout `dlrm.data.parquet.files.write_options` gives: numbers PLAIN-encoded 
 fast to decode), dictionary encoding for strings, `--compression` (snappy; none decodes a little faster);
 `--required` declares every column non-nullable (Parquet's REQUIRED: no definition levels, about half
 the decoding time again), refusing an input with an empty cell.
-Each file is written under a temporary name and renamed when complete; --out must not be an input's
-place nor hold Parquet files already. Errors: one line, exit status 2.
+The files are written to a temporary directory beside --out and published whole (renamed to --out)
+when every input is converted: a failure leaves no file that looks like a finished dataset. --out must
+not be an input's place nor exist unless empty. Column types come from the first block, except that
+integers beyond float64's exact range (20-digit ids) are kept exact as uint64 (non-negative) or
+string, never as floats. Errors, one line naming file, line and column, exit status 2: a header that
+is not UTF-8, duplicate names or no header (a line of values: Criteo's headerless TSV), one column
+that holds tabs (a TSV without --delimiter tab), a value that does not fit its column's type, a cell
+that is not UTF-8 (a Latin-1 file), a full disk (with the space needed).
 """
 
 from __future__ import annotations
 
+import csv
+import errno
 import os
+import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -34,6 +44,7 @@ import pyarrow.parquet as pq
 from dlrm.common.errors import ArgumentParser, UserError
 from dlrm.common.io import refuse_alias
 from dlrm.data.parquet.files import compute, write_options
+from dlrm.data.progress import Progress
 
 COMPRESSIONS = ("snappy", "lz4", "zstd", "none")
 
@@ -71,31 +82,118 @@ def split_multi(column: pa.Array, separator: str, as_int: bool, where: str) -> p
     return pa.ListArray.from_arrays(pa.array(offsets), values)
 
 
+_INTEGER = re.compile(r"^\s*-?\d+\s*$")
+_NUMBER = re.compile(r"^\s*-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
+
+
+def check_header(path: str, delimiter: str) -> list[str]:
+    """The header's names; ConvertError for a header that is not UTF-8, names repeated, a line of values
+    instead of names (a headerless file), or one name holding tabs or semicolons (another delimiter)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline()
+    except OSError as e:
+        raise ConvertError(f"{path}: {e.strerror or e}") from None
+    try:
+        line = first.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as e:
+        raise ConvertError(
+            f"{path}, line 1 (the header): byte {e.start} is not UTF-8; re-encode the file (iconv -f latin1 -t utf-8)"
+        ) from None
+    names = next(csv.reader([line], delimiter=delimiter)) if line else []
+    if len(names) == 1 and delimiter != "\t" and "\t" in line:
+        raise ConvertError(f"{path}: its header is one name holding tabs: a TSV; give --delimiter tab")
+    numbers = sum(1 for n in names if n == "" or _NUMBER.match(n))
+    if names and numbers >= max(2, len(names) // 2):
+        raise ConvertError(
+            f"{path}, line 1 holds values, not column names ({line[:50]!r}): a headerless file (Criteo's TSV: "
+            "python -m dlrm.data.criteo.preprocess reads it); add a header line"
+        )
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConvertError(f"{path}, line 1: column name(s) {dupes} repeated; give each column its own name")
+    return names
+
+
+def _line_of(path: str, delimiter: str, after: int, column: int, value: str) -> int:
+    """The line of `path` (1-based, the header line 1) after data row `after` whose `column` holds `value`."""
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:
+        for k, row in enumerate(csv.reader(f, delimiter=delimiter)):
+            if k > after and column < len(row) and row[column] == value:
+                return k + 1
+    return after + 2
+
+
+def _exact_integers(path: str, delimiter: str, names: list[str], types: dict, block_bytes: int) -> dict:
+    """`types` with each float64 column whose first block's cells are all integers that a double cannot
+    hold exactly (beyond 2**53) typed uint64 (when all are in its range) or string: ids stay exact."""
+    doubles = [n for n, t in types.items() if pa.types.is_floating(t)]
+    if not doubles:
+        return types
+    reader = pacsv.open_csv(
+        path,
+        read_options=pacsv.ReadOptions(block_size=block_bytes),
+        parse_options=pacsv.ParseOptions(delimiter=delimiter),
+        convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in doubles}, include_columns=doubles),
+    )
+    first = reader.read_next_batch()
+    fixed = dict(types)
+    for n in doubles:
+        cells = [v.strip() for v in first.column(n).to_pylist() if v is not None and v.strip()]
+        if cells and all(_INTEGER.match(v) for v in cells) and any(abs(int(v)) > 2**53 for v in cells):
+            fits = all(0 <= int(v) < 2**64 for v in cells)
+            fixed[n] = pa.uint64() if fits else pa.string()
+    return fixed
+
+
 def _blocks(
     path: str, delimiter: str, types: dict[str, pa.DataType] | None, multi: dict[str, bool], block_bytes: int
 ) -> Iterator[pa.RecordBatch]:
-    convert = pacsv.ConvertOptions(column_types={**(types or {}), **{c: pa.string() for c in multi}})
+    header = check_header(path, delimiter)
+    missing = [c for c in multi if c not in header]
+    if missing:
+        raise ConvertError(f"{path} has no column(s) {missing} (--multi); its header is {header}")
+    if types is not None and list(types) != header:
+        raise ConvertError(f"{path}'s header {header} differs from the first input's {list(types)}; convert them apart")
+    read = pacsv.ReadOptions(block_size=block_bytes)
+    parse = pacsv.ParseOptions(delimiter=delimiter)
+    done = 0
     try:
+        if types is None:  # the first block's types, with exact integers kept exact
+            probe = pacsv.open_csv(path, read_options=read, parse_options=parse)
+            inferred = {f.name: f.type for f in probe.schema}
+            types = _exact_integers(path, delimiter, header, inferred, block_bytes)
+        column_types = {**types, **{c: pa.string() for c in multi}}
         reader = pacsv.open_csv(
             path,
-            read_options=pacsv.ReadOptions(block_size=block_bytes),
-            parse_options=pacsv.ParseOptions(delimiter=delimiter),
-            convert_options=convert,
+            read_options=read,
+            parse_options=parse,
+            convert_options=pacsv.ConvertOptions(column_types=column_types),
         )
-        header = reader.schema.names
-        missing = [c for c in multi if c not in header]
-        if missing:
-            raise ConvertError(f"{path} has no column(s) {missing} (--multi); its header is {header}")
-        if types is not None and list(types) != header:
+        for batch in reader:
+            binary = [f.name for f in batch.schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
+            if binary:
+                raise ConvertError(
+                    f"{path}, column {binary[0]!r} (near line {done + 2}): a cell is not UTF-8 text (a Latin-1 file?); "
+                    "re-encode the file (iconv -f latin1 -t utf-8)"
+                )
+            yield batch
+            done += batch.num_rows
+    except pa.ArrowInvalid as e:
+        message = str(e).strip().splitlines()[0]
+        bad = re.search(r"column #(\d+): CSV conversion error to (\w+): invalid value '(.*)'", message)
+        if bad:
+            k, to, value = int(bad.group(1)), bad.group(2), bad.group(3)
+            line = _line_of(path, delimiter, done, k, value)
             raise ConvertError(
-                f"{path}'s header {header} differs from the first input's {list(types)}; convert them apart"
-            )
-        yield from reader
-    except (pa.ArrowInvalid, OSError) as e:
+                f"{path}, line {line}, column {header[k]!r}: {value[:40]!r} is not {to}, the type its first rows "
+                "gave it; fix the value, or make every row of the column one type"
+            ) from None
+        raise ConvertError(f"{path}: {message}; fix the file or the options") from None
+    except OSError as e:
         raise ConvertError(f"{path}: {str(e).strip().splitlines()[0]}; fix the file or the options") from None
 
 
-# long: one streaming pass over the CSV, read top to bottom
 def convert(
     inputs: Sequence[str],
     out: str,
@@ -108,7 +206,8 @@ def convert(
     compression: str = "snappy",
     required: bool = False,
 ) -> dict:
-    """Write `inputs` as Parquet files in `out`; returns {"files": [...], "rows": N, "schema": str}."""
+    """Write `inputs` as Parquet files in `out`, published whole; returns {"files": [...], "rows": N,
+    "schema": str}."""
     if rows_per_file < 1 or row_group_size < 1:
         raise ConvertError("--rows-per-file and --row-group-size must be positive")
     if compression not in COMPRESSIONS:
@@ -124,29 +223,85 @@ def convert(
             raise ConvertError(f"input {path} is not a file; give CSV/TSV files with a header line")
         refuse_alias(out, "--out", {f"input {i + 1}": path})
     out_dir = Path(out)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.glob("*.parquet"))):
-        raise ConvertError(f"--out {out} is a file or already holds Parquet files; choose a new or empty directory")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ConvertError(f"--out {out} exists and is not an empty directory; choose a new or empty directory")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.converting-", dir=out_dir.parent))
+    try:
+        done = _write(
+            inputs,
+            stage,
+            delimiter,
+            lists,
+            separator,
+            rows_per_file,
+            row_group_size,
+            block_bytes,
+            compression,
+            required,
+        )
+        _publish_dir(stage, out_dir)
+    except OSError as e:
+        if e.errno == errno.ENOSPC or "No space left" in str(e):
+            need = sum(os.path.getsize(p) for p in inputs)
+            raise ConvertError(
+                f"no space left on the device of {out_dir.parent} while writing the Parquet files: about "
+                f"{need / 1e6:,.0f} MB may be needed (the text's size; Parquet is usually smaller); free space "
+                "or choose another --out"
+            ) from None
+        raise ConvertError(f"cannot write {out}: {e.strerror or e}") from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    done["files"] = [str(out_dir / Path(f).name) for f in done["files"]]
+    return done
 
+
+def _publish_dir(stage: Path, out_dir: Path) -> None:
+    """Make the finished directory `stage` the directory `out_dir` (absent or empty) in one rename,
+    with the permissions a new directory gets (the umask)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(stage, 0o777 & ~mask)
+    for f in stage.iterdir():
+        os.chmod(f, 0o666 & ~mask)
+    if out_dir.exists():
+        out_dir.rmdir()  # empty: checked before
+    os.rename(stage, out_dir)
+
+
+# long: one streaming pass over the CSV, read top to bottom
+def _write(
+    inputs: Sequence[str],
+    out_dir: Path,
+    delimiter: str,
+    lists: dict[str, bool],
+    separator: str,
+    rows_per_file: int,
+    row_group_size: int,
+    block_bytes: int,
+    compression: str,
+    required: bool,
+) -> dict:
+    """Write the inputs as part-NNNNN.parquet files in `out_dir`; returns {"files", "rows", "schema"}."""
     files: list[str] = []
     rows = 0
     types: dict[str, pa.DataType] | None = None
     schema: pa.Schema | None = None
     writer: pq.ParquetWriter | None = None
-    tmp: str | None = None
     in_file = 0
+    progress = Progress("convert", sum(os.path.getsize(p) for p in inputs))
+    read_bytes = 0
 
     def finish() -> None:
-        nonlocal writer, tmp, in_file
-        if writer is not None and tmp is not None:
+        nonlocal writer, in_file
+        if writer is not None:
             writer.close()
-            target = out_dir / f"part-{len(files):05d}.parquet"
-            os.replace(tmp, target)
-            files.append(str(target))
-        writer, tmp, in_file = None, None, 0
+            files.append(str(out_dir / f"part-{len(files):05d}.parquet"))
+        writer, in_file = None, 0
 
     try:
         for path in inputs:
+            size, seen = os.path.getsize(path), 0
             for batch in _blocks(path, delimiter, types, lists, block_bytes):
                 if types is None:  # the first block's types hold for every input
                     types = {f.name: f.type for f in batch.schema}
@@ -171,20 +326,20 @@ def convert(
                 start = 0
                 while start < table.num_rows:
                     if writer is None:
-                        fd, tmp = tempfile.mkstemp(prefix=f".part-{len(files):05d}.tmp", dir=out_dir)
-                        os.close(fd)
-                        writer = pq.ParquetWriter(tmp, schema, **write_options(schema, compression))
+                        target = out_dir / f"part-{len(files):05d}.parquet"
+                        writer = pq.ParquetWriter(str(target), schema, **write_options(schema, compression))
                     n = min(table.num_rows - start, rows_per_file - in_file)
                     writer.write_table(table.slice(start, n), row_group_size=row_group_size)
                     start, in_file, rows = start + n, in_file + n, rows + n
                     if in_file == rows_per_file:
                         finish()
+                seen = min(size, seen + block_bytes)
+                progress.update(read_bytes + seen, rows)
+            read_bytes += size
         finish()
     finally:
         if writer is not None:
             writer.close()
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
     if not rows:
         raise ConvertError(f"the inputs {list(inputs)} hold no rows below their header; nothing written")
     return {"files": files, "rows": rows, "schema": str(schema)}

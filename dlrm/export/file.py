@@ -176,7 +176,7 @@ def data_of(path: Path, record, cfg: ModelConfig) -> ExportedData:
     features = [f for t in cfg.tables for f in t.features]
     if (
         sorted(s.name for s in parquet.sparse) != sorted(features)
-        or len(parquet.dense) != cfg.dense_in_features
+        or parquet.dense_width() != cfg.dense_in_features
         or len(parquet.labels) != len(cfg.tasks)
     ):
         raise _refuse(path, "its 'data.parquet' columns disagree with its model config")

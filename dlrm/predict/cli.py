@@ -202,6 +202,12 @@ def _run(a: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, torch.Tensor
     if not len(logits):
         skipped = f" ({counts['skipped']:,} bad lines skipped)" if counts.get("skipped") else ""
         raise UserError(f"--data {a.data}: no rows to score{skipped}; give a file with rows")
+    bad = (~torch.isfinite(logits)).reshape(len(logits), -1).any(dim=1).nonzero()
+    if len(bad):
+        raise UserError(
+            f"--data {a.data}: the model scores row {int(bad[0])} (0-based, of those scored) as {logits[int(bad[0])]}, "
+            "not a number: its inputs reach values the model cannot take; nothing written"
+        )
     if a.out is not None:
         save_atomic(a.out, torch.sigmoid(logits).numpy().astype(np.float32))
     return cfg, logits, labels, counts, seconds

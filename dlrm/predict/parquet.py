@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -141,5 +142,25 @@ def parquet_batches(
     try:
         source = ParquetSource(recorded, names, rows, global_batch_size=1, seed=0)
     except UserError as e:
-        raise UserError(f"--data {data} does not fit the model's recorded data.parquet: {e}") from None
-    return source.rows_in_order(batch_size, max_rows)
+        raise UserError(f"--data {data} does not fit the model's recorded data.parquet: {_for_scoring(e)}") from None
+    return _checked(source.rows_in_order(batch_size, max_rows))
+
+
+_SETTING = re.compile(r"(,? or)? set data\.parquet\.(\w+)=(\w+)( to [^;,]*)?")
+
+
+def _for_scoring(error: UserError) -> str:
+    """The reader's message with its training-time fixes (`set data.parquet.KEY=VALUE`) replaced by
+    what the scorer can do: the export holds those settings."""
+    return _SETTING.sub(
+        lambda m: f"; the model was exported with data.parquet.{m.group(2)} != {m.group(3)}, so fix the rows",
+        str(error),
+    )
+
+
+def _checked(batches: Iterator[Batch]) -> Iterator[Batch]:
+    """`batches`, a bad value's error worded for the scorer (`_for_scoring`)."""
+    try:
+        yield from batches
+    except UserError as e:
+        raise UserError(_for_scoring(e)) from None

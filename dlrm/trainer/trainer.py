@@ -417,6 +417,10 @@ class Trainer:
 
         def extras(summary: dict) -> dict:
             more: dict = {"sharding_plan": describe_plan(self.plan), **self.evaluator.target_record()}
+            counts = getattr(self.source, "data_counts", None)  # values the reader changed (folded ids, ...)
+            if counts is not None and any(counts().values()):
+                more["data_counts"] = counts()
+                log.warning("data (this rank's reads): %s", ", ".join(f"{k} {v:,}" for k, v in counts().items()))
             if breakdown is not None:
                 more["step_breakdown"] = breakdown
             if self.summary_extras is not None:

@@ -299,9 +299,12 @@ def test_blocks_equal_column_by_column_on_one_id_columns_only(tmp_path, big):
         assert batch.sparse_features.lengths().tolist() == [1] * 3 * table_.num_rows
     folding = ParquetSource(dataclasses.replace(cfg, id_policy=IdPolicy.modulo), ["a", "b", "c"], [90, 50, 90], 50, 0)
     first = tables_of(folding)[0]
-    assert folding.maker._blocks(first) is None  # ids of b >= 50: made column by column, folded
     origin = [(0, "f", 0)]
+    assert folding.maker._blocks(first, origin) is not None  # ids of b >= 50: folded in the block
+    by_block = folding.maker.folded_ids
+    assert by_block > 0
     assert_same_batch(folding.make_batch(first, origin), folding.maker.make_batch_by_column(first, origin))
+    assert folding.maker.folded_ids == 3 * by_block  # the block, make_batch's block, and column by column alike
 
 
 def test_multi_hot_sizes_expand_one_base_id_per_sample_as_the_criteo_source(tmp_path):
@@ -635,7 +638,7 @@ def test_convert_never_writes_over_parquet_files(tmp_path, capsys):
     args = [str(tmp_path / "in.csv"), "--out", str(tmp_path / "out")]
     assert convert.main(args) == 0
     before = (tmp_path / "out" / "part-00000.parquet").read_bytes()
-    assert convert.main(args) == 2 and "already holds Parquet files" in capsys.readouterr().err
+    assert convert.main(args) == 2 and "is not an empty directory" in capsys.readouterr().err
     assert (tmp_path / "out" / "part-00000.parquet").read_bytes() == before
 
 

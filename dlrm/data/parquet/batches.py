@@ -13,17 +13,18 @@ the batch is moved (`BaseIdBatch`).
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from dlrm.config import ParquetConfig, SparseColumnConfig
-from dlrm.config.choices import IdPolicy, SparseKind
+from dlrm.config.choices import IdPolicy, NonFinitePolicy, SparseKind
 from dlrm.data.parquet.files import ParquetDataError, ParquetValueError, compute
 from dlrm.data.parquet.hashing import hash_strings
+from dlrm.data.parquet.transforms import DenseTransform
 
 if TYPE_CHECKING:  # torch and torchrec where batches are made: the checks start without them
     import torch
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # torch and torchrec where batches are made: the checks start
     from dlrm.data.multihot import BaseIdBatch, MultiHotLayout
 
 _INT32_MAX = 2**31 - 1
+log = logging.getLogger(__name__)
 
 
 def _list_size(arr: pa.Array) -> int:
@@ -100,6 +102,9 @@ class BatchMaker:
         self.weighted = any(s.weights for _, s in self.specs)
         self.id_dtype = np.int32 if max(self.table_rows) <= _INT32_MAX else np.int64
         self.folded_ids = 0  # ids folded into their table by id_policy=modulo
+        self.nonfinite_values = 0  # dense values read as missing by nonfinite=replace
+        self.transform = DenseTransform(cfg.dense, cfg.dense_transforms)
+        self._magnitude_checked = False
         scalar = [f for f, (_, s) in enumerate(self.specs) if s.kind == SparseKind.id and not s.weights]
         self._scalar_columns = [self.specs[f][1].column or self.specs[f][1].name for f in scalar]
         self._scalar_rows = np.asarray([self.table_rows[f] for f in scalar], np.int64)
@@ -124,7 +129,7 @@ class BatchMaker:
         by a few reductions over each; on any bad value `make_batch_by_column` makes (or refuses) the
         batch, naming the value as it always did. The same Batch as `make_batch_by_column` (with
         data.parquet.multi_hot_sizes, its one id per sample and feature expanded: `_expanded`)."""
-        blocks = self._blocks(table)
+        blocks = self._blocks(table, origin)
         if blocks is None:
             batch = self.make_batch_by_column(table, origin)
             if self.multi_hot is None:
@@ -166,15 +171,12 @@ class BatchMaker:
             at += n
         return self._batch(dense, labels, values, lengths, weights, per_key)
 
-    def _blocks(self, table: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def _blocks(self, table: pa.Table, origin: list[tuple]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(dense [b, n_dense] float32, labels [b, T] float32, ids [n one-id features, b] of the one-id
         columns), each checked as a block; None if any holds a null (not dense), a label other than 0
         and 1 or an id outside its table."""
         b, columns = table.num_rows, dict(zip(table.column_names, table.columns, strict=True))
-        dense = np.empty((len(self.cfg.dense), b), np.float32)  # column by column, then one transpose
-        for k, c in enumerate(self.cfg.dense):
-            arr = _array(columns[c])
-            dense[k] = (pc.fill_null(arr, 0) if arr.null_count else arr).to_numpy(zero_copy_only=False)
+        dense = self.dense(table, origin)
         labels = np.empty((b, len(self.cfg.labels)), np.float32)
         for k, c in enumerate(self.cfg.labels):
             arr = _array(columns[c])
@@ -188,14 +190,65 @@ class BatchMaker:
             return None
         columns = [a.to_numpy(zero_copy_only=False) for a in arrays]
         dtype = np.result_type(*columns) if columns else np.dtype(np.int64)
-        if dtype.kind != "i":  # unsigned: compared as int64, as `make_batch_by_column` does
+        if dtype.kind != "i":  # unsigned (or mixed): int64, after folding in the column's own type
             dtype = np.dtype(np.int64)
         ids = np.empty((len(columns), b), dtype)
+        folded = 0
         for k, column in enumerate(columns):
+            rows = self._scalar_rows[k]
+            if column.size and (column.min() < 0 or column.max() >= rows):
+                if self.cfg.id_policy == IdPolicy.refuse:
+                    return None  # made column by column, which names the id
+                folded += int(((column < 0) | (column >= rows)).sum())
+                column = np.mod(column, np.asarray(rows, column.dtype))  # as `_feature` folds: uint64 exact
             ids[k] = column
-        if ids.size and (ids.min() < 0 or (ids.max(axis=1) >= self._scalar_rows).any()):
-            return None
-        return np.ascontiguousarray(dense.T), labels, ids
+        self.folded_ids += folded
+        return dense, labels, ids
+
+    def dense(self, table: pa.Table, origin: list[tuple]) -> np.ndarray:
+        """The dense columns' values, transformed (data.parquet.dense_transforms): [b, width] float32.
+        A null is a missing value; a NaN or infinite value (or one beyond float32) is refused naming
+        file, column and row, or with data.parquet.nonfinite=replace read as missing and counted
+        (`nonfinite_values`). The first batch warns, once, of a column whose inputs reach 1e4 (a first
+        loss far from log 2), naming it."""
+        b = table.num_rows
+        raw = np.empty((len(self.cfg.dense), b), np.float32)  # column by column, then one transpose
+        for k, c in enumerate(self.cfg.dense):
+            arr = _array(table.column(c))
+            with np.errstate(over="ignore", invalid="ignore"):
+                raw[k] = arr.to_numpy(zero_copy_only=False)  # nulls: NaN
+            if np.isfinite(raw[k]).all():
+                continue
+            bad = ~np.isfinite(raw[k])
+            if arr.null_count:
+                bad &= ~arr.is_null().to_numpy(zero_copy_only=False)
+            if not bad.any():
+                continue
+            if self.cfg.nonfinite == NonFinitePolicy.refuse:
+                row = int(np.flatnonzero(bad)[0])
+                value = arr[row].as_py()
+                raise ParquetValueError(
+                    f"dense column {c!r} holds {value} at {_where(origin, row)}: not a finite float32; fix the "
+                    "value, or set data.parquet.nonfinite=replace to read it as missing (counted)"
+                )
+            self.nonfinite_values += int(bad.sum())
+            raw[k][bad] = np.nan
+        out = self.transform.apply(np.ascontiguousarray(raw.T))
+        if not self._magnitude_checked and out.size:
+            self._magnitude_checked = True
+            top = np.abs(out[:, : len(self.cfg.dense)]).max(axis=0)
+            loud = [(c, float(v)) for c, v in zip(self.cfg.dense, top, strict=True) if v >= 1e4]
+            if loud:
+                c, v = max(loud, key=lambda cv: cv[1])
+                log.warning(
+                    "dense column %r reaches %.3g as a model input: the first losses will be far from log 2; "
+                    "give it a transform (data.parquet.dense_transforms.%s: {log1p: true} and a mean and std; "
+                    "python -m dlrm.data.inspect writes them)",
+                    c,
+                    v,
+                    c,
+                )
+        return out
 
     def _expanded(self, dense: np.ndarray, labels: np.ndarray, ids: np.ndarray) -> Batch | BaseIdBatch:
         """The Batch of base ids [F, b] (one per feature and sample, in range) expanded to
@@ -256,9 +309,7 @@ class BatchMaker:
         """`make_batch` column by column: each value checked where it is read, the first bad one named
         (file, column, row) in a `ParquetValueError`; ids out of range folded under id_policy=modulo."""
         b = table.num_rows
-        dense = np.empty((b, len(self.cfg.dense)), np.float32)
-        for k, c in enumerate(self.cfg.dense):
-            dense[:, k] = pc.fill_null(_array(table.column(c)), 0).to_numpy(zero_copy_only=False)
+        dense = self.dense(table, origin)
         labels = np.empty((b, len(self.cfg.labels)), np.float32)
         for k, c in enumerate(self.cfg.labels):
             arr = _array(table.column(c))
@@ -349,8 +400,8 @@ class BatchMaker:
         if spec.kind in (SparseKind.string, SparseKind.strings):
             ids = (hash_strings(flat) if hashed is None else hashed) % rows
         else:
-            ids = flat.to_numpy(zero_copy_only=False)  # signed integers checked as they are, no copy
-            if ids.dtype.kind != "i":
+            ids = flat.to_numpy(zero_copy_only=False)  # integers checked as they are, no copy
+            if ids.dtype.kind != "i" and ids.dtype != np.uint64:  # uint64 kept: ids beyond int64 stay exact
                 ids = ids.astype(np.int64)
             if ids.size and (ids.min() < 0 or ids.max() >= rows):  # two reductions, no mask on the good path
                 bad = (ids < 0) | (ids >= rows)
@@ -363,7 +414,7 @@ class BatchMaker:
                         "data.parquet.id_policy=modulo"
                     )
                 self.folded_ids += int(bad.sum())
-                ids = np.mod(ids.astype(np.int64, copy=False), rows)
+                ids = np.mod(ids, np.asarray(rows, ids.dtype)).astype(np.int64, copy=False)
         weights = None
         if spec.weights:
             warr = _array(table.column(spec.weights))
@@ -384,4 +435,10 @@ class BatchMaker:
                         f"at {_where(origin, r)}; give one weight per id"
                     )
             weights = wflat.cast(pa.float32()).to_numpy(zero_copy_only=False)
+            if not np.isfinite(weights).all():
+                j = int(np.flatnonzero(~np.isfinite(weights))[0])
+                raise ParquetValueError(
+                    f"weights column {spec.weights!r} (data.parquet.sparse[{i}].weights) holds {weights[j]} at "
+                    f"{_where(origin, row_of(j))}: not a finite float32; fix the weight"
+                )
         return lengths, ids, weights

@@ -112,6 +112,13 @@ class ParquetSource:
                 f"of {self.global_batch_size}; lower data.global_batch_size or add rows"
             )
 
+        held_rows = self.splits["eval"].rows
+        if 0 < held_rows < self.global_batch_size:  # an eval split never read: refused, not silently skipped
+            raise ParquetDataError(
+                f"the eval split has {held_rows} rows, less than one global batch of {self.global_batch_size}, so it "
+                "would never be evaluated; raise data.parquet.eval_fraction, give a larger eval_path, or lower "
+                "data.global_batch_size"
+            )
         for dataset in {id(d.dataset): d.dataset for d in self.splits.values()}.values():
             self._check_statistics(dataset)
 
@@ -193,6 +200,11 @@ class ParquetSource:
     def make_batch(self, table, origin: list[tuple]) -> Batch:
         """`BatchMaker.make_batch` of this source's declaration."""
         return self.maker.make_batch(table, origin)
+
+    def data_counts(self) -> dict[str, int]:
+        """Values this process's reads changed: ids folded by id_policy=modulo, dense values read as
+        missing by nonfinite=replace."""
+        return {"folded_ids": self.maker.folded_ids, "nonfinite_values": self.maker.nonfinite_values}
 
     @property
     def folded_ids(self) -> int:

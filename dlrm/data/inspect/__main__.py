@@ -1,0 +1,5 @@
+import sys
+
+from dlrm.data.inspect.cli import main
+
+sys.exit(main())
