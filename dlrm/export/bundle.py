@@ -28,9 +28,9 @@ import torch
 
 from dlrm.common.errors import UserError
 from dlrm.common.io import refuse_alias
-from dlrm.config import ModelConfig
+from dlrm.config import ModelConfig, ParquetConfig
 from dlrm.export.file import data_of, model_config_of, read_checkpoint
-from dlrm.export.serving import ServingModel, feature_names
+from dlrm.export.serving import ServingModel, feature_names, hooks_of
 from dlrm.export.spec import PROGRAM_FILE, SPEC_FILE, build_spec
 from dlrm.models.dlrm import build_model
 
@@ -52,11 +52,15 @@ def torch_problem(version: str | None = None) -> str | None:
     return None
 
 
-def probe_inputs(cfg: ModelConfig, batch: int = PROBE_BATCH, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """A batch of valid inputs for the program (rows of 0..3 ids per feature, ids within the tables)."""
+def probe_inputs(
+    cfg: ModelConfig, batch: int = PROBE_BATCH, seed: int = 0, dense_inputs: int | None = None
+) -> tuple[torch.Tensor, ...]:
+    """A batch of valid inputs for the program (rows of 0..3 ids per feature, ids within the tables;
+    dense [B, dense_inputs], default model.dense_in_features)."""
     g = torch.Generator().manual_seed(seed)
     rows = {f: int(t.rows) for t in cfg.tables for f in t.features}
-    inputs: list[torch.Tensor] = [torch.randn(batch, cfg.dense_in_features, generator=g)]
+    width = cfg.dense_in_features if dense_inputs is None else dense_inputs
+    inputs: list[torch.Tensor] = [torch.randn(batch, width, generator=g)]
     for f in feature_names(cfg):
         lengths = torch.randint(0, 4, (batch,), generator=g)
         lengths[0] = 2  # some ids in the batch, whatever the draw
@@ -78,18 +82,22 @@ def dynamic_shapes(cfg: ModelConfig) -> dict[str, Any]:
     return {"dense": {0: batch}, "sparse": tuple(sparse)}
 
 
-def serving_model(cfg: ModelConfig, state: dict, int8: bool = False) -> ServingModel:
-    """The eval-mode serving module of the model `cfg` with weights `state` (an export's state dict)."""
+def serving_model(
+    cfg: ModelConfig, state: dict, int8: bool = False, parquet: ParquetConfig | None = None
+) -> ServingModel:
+    """The eval-mode serving module of the model `cfg` with weights `state` (an export's state dict),
+    trained on `parquet`'s columns (their dense transforms run in the program)."""
     model = build_model(cfg)
     model.load_state_dict(state, assign=True)
-    return ServingModel(model.model, cfg, int8=int8).eval()
+    return ServingModel(model.model, cfg, hooks_of(model.model, cfg, parquet), int8=int8).eval()
 
 
 def export_program(module: ServingModel, cfg: ModelConfig, what: str) -> torch.export.ExportedProgram:
     """`torch.export` of the serving module with a dynamic batch; UserError naming `what` when it cannot."""
     try:
         with torch.no_grad(), _quiet():
-            return torch.export.export(module, probe_inputs(cfg), dynamic_shapes=dynamic_shapes(cfg), strict=False)
+            inputs = probe_inputs(cfg, dense_inputs=module.dense_inputs)
+            return torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes(cfg), strict=False)
     except Exception as e:  # torch.export raises many kinds (unsupported op, guard, data-dependent branch)
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise UserError(
@@ -137,9 +145,9 @@ def bundle(checkpoint: Path, out: Path, int8: bool = False, verify: bool = True)
     check_out(out, checkpoint)
     cfg = model_config_of(checkpoint)
     payload = read_checkpoint(checkpoint, verify)
-    module = serving_model(cfg, payload["state_dict"], int8)
-    program = export_program(module, cfg, f"the model of {checkpoint}")
     data = data_of(checkpoint, payload["data"], cfg)
+    module = serving_model(cfg, payload["state_dict"], int8, data.parquet)
+    program = export_program(module, cfg, f"the model of {checkpoint}")
     spec = build_spec(cfg, data, payload["data"], payload["step"], payload["sha256"], int8)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp", dir=out.parent))
     try:
@@ -159,7 +167,7 @@ def _check_compiled(package: Path, module: ServingModel, cfg: ModelConfig) -> No
     """The compiled program's probabilities on two probe batches equal the eager module's."""
     runner = load_package(package)
     for batch, seed in ((PROBE_BATCH, 1), (1, 2)):
-        inputs = probe_inputs(cfg, batch, seed)
+        inputs = probe_inputs(cfg, batch, seed, module.dense_inputs)
         with torch.no_grad():
             want = module(*inputs)
         got = runner(*inputs)

@@ -1,7 +1,8 @@
 """The serving module: the trained network over plain tensors, what `torch.export` captures for a bundle.
 
 forward(dense, *sparse) -> probabilities:
-    dense   float32 [B, n]  (n = model.dense_in_features; [B, 0] for a model without dense features)
+    dense   float32 [B, n]  (n = model.dense_in_features; [B, 0] for a model without dense features; a
+            Parquet model with data.parquet.dense_transforms: the raw columns, NaN for a missing value)
     sparse  per feature f, in `feature_names` order (the model's tables, then each table's features):
             values int64 [N_f] (the ids of every row, row after row), lengths int64 [B] (ids per row,
             sum = N_f), and for a weighted model (model.weighted) weights float32 [N_f] (one per id)
@@ -16,7 +17,8 @@ key), and an Arrow list column's lengths are `diff(offsets)`.
 Hooks (`ServingHooks`, made by `hooks_of`): `dense_transform` maps dense [B, n] -> [B, n] before the
 bottom MLP, and `id_remap[table]` maps a feature's values [N_f] -> [N_f] (ids into its table) before
 the lookup: a managed vocabulary's frozen map inside the program (the reader passes raw ids), identity
-otherwise. The dense transform is identity: the spec says which transform the reader applies.
+otherwise. A Parquet model's dense transforms run inside the program too (`DenseTransformModule`:
+raw [B, n_raw] -> [B, n]); without them the spec says which transform the reader applies.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch.nn.functional as F
 from torchrec.models.dlrm import DLRM
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from dlrm.config import ModelConfig
+from dlrm.config import ModelConfig, ParquetConfig
 from dlrm.models.dlrm import ConcatDCNInteraction, DotInteraction
 
 INT8_LEVELS = 255  # row-wise int8: (x - min) / scale rounded into 0..255, scale = (max - min) / 255
@@ -42,19 +44,26 @@ class ServingHooks:
 
     dense_transform: torch.nn.Module = field(default_factory=torch.nn.Identity)
     id_remap: dict[str, torch.nn.Module] = field(default_factory=dict)
+    dense_inputs: int | None = None  # the program's dense width where dense_transform changes it
 
 
-def hooks_of(net: DLRM, cfg: ModelConfig) -> ServingHooks:
-    """The hooks the serving module of `net` (built from `cfg`) runs: each managed vocabulary frozen as
-    a `TableVocabulary` (raw ids -> table rows, as training maps them at evaluation), identity for the
-    other tables and for the dense features."""
+def hooks_of(net: DLRM, cfg: ModelConfig, parquet: ParquetConfig | None = None) -> ServingHooks:
+    """The hooks the serving module of `net` (built from `cfg`, trained on `parquet`'s columns) runs:
+    each managed vocabulary frozen as a `TableVocabulary` (raw ids -> table rows, as training maps them
+    at evaluation), identity for the other tables; the dense transforms of `parquet`, if any, else
+    identity."""
+    from dlrm.data.parquet.transform_module import DenseTransformModule
+    from dlrm.data.parquet.transforms import DenseTransform
     from dlrm.models.vocabulary import TableVocabulary, serving_vocabularies
 
     frozen = serving_vocabularies(net)
     id_remap: dict[str, torch.nn.Module] = {t.name: torch.nn.Identity() for t in cfg.tables}
     for table, v in frozen.items():
         id_remap[table] = TableVocabulary(v["sorted_ids"], v["rows"], v["unknown_row"])
-    return ServingHooks(torch.nn.Identity(), id_remap)
+    if parquet is None or not parquet.dense_transforms:
+        return ServingHooks(torch.nn.Identity(), id_remap)
+    transform = DenseTransformModule(DenseTransform(parquet.dense, parquet.dense_transforms))
+    return ServingHooks(transform, id_remap, dense_inputs=len(parquet.dense))
 
 
 def tables_of(net: DLRM) -> EmbeddingBagCollection:
@@ -139,6 +148,7 @@ class ServingModel(torch.nn.Module):
             }
         )
         self.dense_transform = hooks.dense_transform
+        self.dense_inputs = cfg.dense_in_features if hooks.dense_inputs is None else hooks.dense_inputs
         self.id_remap = torch.nn.ModuleDict(
             {t.name: hooks.id_remap.get(t.name, torch.nn.Identity()) for t in cfg.tables}
         )

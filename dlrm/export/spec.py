@@ -20,7 +20,9 @@ a table row: {"kind": "none"} (ids must lie in [0, rows)), {"kind": "modulo", "m
 for a table with a managed vocabulary {"kind": "vocabulary"} (ids >= 0 passed raw, strings hashed
 modulo 2**63 - 1: the program maps them to rows with the vocabulary it carries).
 Dense transforms: "identity" or "log1p_max0" (log(1 + max(x, 0)) computed in float64, then float32);
-`null` is the value of a missing entry, before the transform.
+`null` is the value of a missing entry, before the transform. "in_program": the program applies the
+column's data.parquet.dense_transforms (`parameters`, for reference) and its missing flags; the reader
+passes the value as read, NaN for a missing one (`null` is null).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import pyarrow as pa
 import torch
 from omegaconf import OmegaConf
 
-from dlrm.config import ModelConfig
+from dlrm.config import ModelConfig, ParquetConfig
 from dlrm.data.criteo.format import NUM_DENSE, SPARSE_NAMES
 from dlrm.data.parquet.hashing import hash_strings
 from dlrm.data.source import RAW_ID_BOUND
@@ -105,7 +107,7 @@ def _columns(cfg: ModelConfig, data: ExportedData) -> tuple[list, list, list]:
 
     if data.source == "parquet" and data.parquet is not None:
         p = data.parquet
-        dense = [{"column": c, "null": 0.0, "transform": "identity"} for c in p.dense]
+        dense = [_parquet_dense(c, p) for c in p.dense]
         by_name = {s.name: s for s in p.sparse}
         sparse = []
         for f in features:
@@ -134,6 +136,22 @@ def _columns(cfg: ModelConfig, data: ExportedData) -> tuple[list, list, list]:
     return dense, sparse, tasks
 
 
+def _parquet_dense(column: str, p: ParquetConfig) -> dict:
+    """The spec entry of a Parquet dense column: passed as read (NaN for a missing value) when the
+    model's dense transforms run in the program, else missing -> 0 and no transform."""
+    if not p.dense_transforms:
+        return {"column": column, "null": 0.0, "transform": "identity"}
+    t = p.dense_transforms.get(column)
+    parameters = OmegaConf.to_container(OmegaConf.structured(t)) if t is not None else None
+    return {"column": column, "null": None, "transform": "in_program", "parameters": parameters}
+
+
+def dense_inputs(cfg: ModelConfig, data: ExportedData) -> int:
+    """The width of the program's dense input: the raw columns where their transforms run in it."""
+    p = data.parquet
+    return len(p.dense) if data.source == "parquet" and p is not None and p.dense_transforms else cfg.dense_in_features
+
+
 def build_spec(cfg: ModelConfig, data: ExportedData, record: dict | None, step: int, sha256: str, int8: bool) -> dict:
     """The spec of a bundle of the model `cfg` (trained at `step`, its export content `sha256`), which
     read its rows as `data` (the export's data record `record`); int8: tables stored row-wise int8."""
@@ -142,7 +160,7 @@ def build_spec(cfg: ModelConfig, data: ExportedData, record: dict | None, step: 
     for name in input_names(cfg):
         part = name.rsplit(".", 1)[-1]
         if name == "dense":
-            inputs.append({"name": name, "dtype": "float32", "shape": ["B", cfg.dense_in_features]})
+            inputs.append({"name": name, "dtype": "float32", "shape": ["B", dense_inputs(cfg, data)]})
         elif part == "lengths":
             inputs.append({"name": name, "dtype": "int64", "shape": ["B"]})
         else:

@@ -141,14 +141,16 @@ def _check_args(a: argparse.Namespace) -> None:
         refuse_alias(a.out, "--out", inputs)
 
 
-def _batches(a: argparse.Namespace, cfg: ModelConfig, data: ExportedData, counts: dict[str, int]) -> Iterator:
-    """The batches of --data, read as the model's training data was: Parquet with its recorded columns,
-    or Criteo rows."""
+def _batches(
+    a: argparse.Namespace, cfg: ModelConfig, data: ExportedData, counts: dict[str, int], raw_dense: bool = False
+) -> Iterator:
+    """The batches of --data, read as the model's training data was: Parquet with its recorded columns
+    (raw_dense: dense values as read, for a bundle that transforms them), or Criteo rows."""
     parquet = is_parquet(a.data)
     check_source(a, data, parquet)
     if parquet:
         assert data.parquet is not None
-        return parquet_batches(a.data, data.parquet, cfg, a.batch_size, a.max_rows, counts)
+        return parquet_batches(a.data, data.parquet, cfg, a.batch_size, a.max_rows, counts, raw_dense)
     names, rows = feature_layout(cfg)
     return _criteo_batches(a, names, rows, counts)
 
@@ -183,7 +185,8 @@ def _run(a: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, torch.Tensor
         if a.quantize != "none":
             raise UserError(f"--quantize {a.quantize}: a bundle's tables are as exported; export it with --int8")
         cfg, data, runner = read_bundle(a.model)
-        batches = _batches(a, cfg, data, counts)
+        in_program = data.parquet is not None and bool(data.parquet.dense_transforms)  # the program transforms
+        batches = _batches(a, cfg, data, counts, raw_dense=in_program)
         t0 = time.perf_counter()
         logits, labels = bundle_logits(runner, cfg, batches)
         seconds = time.perf_counter() - t0

@@ -130,17 +130,23 @@ def present_labels(data: str, columns: ParquetConfig) -> list[str]:
 
 
 def parquet_batches(
-    data: str, columns: ParquetConfig, cfg: ModelConfig, batch_size: int, max_rows: int | None, counts: dict
+    data: str,
+    columns: ParquetConfig,
+    cfg: ModelConfig,
+    batch_size: int,
+    max_rows: int | None,
+    counts: dict,
+    raw_dense: bool = False,
 ) -> Iterator[Batch]:
     """Batches of every row of `data` in file order (the first max_rows), labels when the files have them
-    (counts['labeled'] = 0 when not)."""
+    (counts['labeled'] = 0 when not); raw_dense: dense values as read, NaN where missing."""
     labels = present_labels(data, columns)
     counts["labeled"] = int(bool(labels))
     recorded = replace(columns, path=data, labels=labels, eval_path=None, eval_fraction=0.0, shuffle=False)
     names = [f for t in cfg.tables for f in t.features]
     rows = [RAW_ID_BOUND if t.vocabulary.managed else int(t.rows) for t in cfg.tables for _ in t.features]
     try:
-        source = ParquetSource(recorded, names, rows, global_batch_size=1, seed=0)
+        source = ParquetSource(recorded, names, rows, global_batch_size=1, seed=0, raw_dense=raw_dense)
     except UserError as e:
         raise UserError(f"--data {data} does not fit the model's recorded data.parquet: {_for_scoring(e)}") from None
     return _checked(source.rows_in_order(batch_size, max_rows))

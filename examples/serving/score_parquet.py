@@ -62,11 +62,12 @@ def check_spec(spec: dict) -> None:
 
 
 def dense_column(arr: pa.ChunkedArray, entry: dict) -> np.ndarray:
-    """One dense column as float32 [B]: nulls -> entry['null'], then entry['transform']."""
-    x = pc.fill_null(arr, entry["null"]).to_numpy(zero_copy_only=False).astype(np.float64)
+    """One dense column as float32 [B]: nulls -> entry['null'] (NaN when null), then entry['transform']."""
+    null = np.nan if entry["null"] is None else entry["null"]
+    x = pc.fill_null(arr.cast(pa.float64()), null).to_numpy(zero_copy_only=False).astype(np.float64)
     if entry["transform"] == "log1p_max0":
         x = np.log1p(np.maximum(x, 0))
-    elif entry["transform"] != "identity":
+    elif entry["transform"] not in ("identity", "in_program"):  # in_program: the program transforms it
         raise BadInput(f"dense transform {entry['transform']!r} of column {entry['column']!r} is not known")
     return x.astype(np.float32)
 

@@ -155,8 +155,8 @@ def test_refusals_are_one_line(saved_checkpoints, tmp_path, capsys, monkeypatch)
 
     real = bundle_module.serving_model
 
-    def with_hook(cfg, state, int8=False):
-        module = real(cfg, state, int8)
+    def with_hook(cfg, state, int8=False, parquet=None):
+        module = real(cfg, state, int8, parquet)
         module.dense_transform = DataDependent()
         return module
 

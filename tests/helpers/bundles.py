@@ -14,6 +14,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -92,11 +95,28 @@ def parquet_job(tmp_path_factory) -> Job:
     train_dir, eval_dir = root / "train", root / "eval"
     write_dataset(train_dir)
     eval_dir.mkdir()
-    pq.write_table(table(PARQUET_EVAL_ROWS, first=ROWS), eval_dir / "part-0.parquet", row_group_size=40)
+    rows = table(PARQUET_EVAL_ROWS, first=ROWS)
+    x = rows.column("x").to_numpy()
+    missing = pa.array(np.arange(len(x)) % 7 == 3)  # missing dense values: the transform's missing flag
+    rows = rows.set_column(
+        rows.schema.get_field_index("x"), "x", pc.if_else(missing, pa.nulls(len(x), pa.float32()), x)
+    )
+    pq.write_table(rows, eval_dir / "part-0.parquet", row_group_size=40)
+    conf = root / "conf"  # a dense transform with a missing flag: YAML, as inspect writes it
+    conf.mkdir()
+    (conf / "transformed.yaml").write_text(
+        "defaults:\n  - config\n  - _self_\ndata:\n  parquet:\n    dense_transforms:\n"
+        "      x: {log1p: true, mean: 0.3, std: 0.7, clip: [-1.0, 2.5], missing_flag: true}\n"
+    )
     return _train_and_export(
         root,
         eval_dir,
+        "-cd",
+        str(conf),
+        "-cn",
+        "transformed",
         *overrides(train_dir),
+        "model.dense_in_features=3",
         "model.bottom_mlp=[16,8]",
         "model.top_mlp=[16,2]",
         f"model.tasks=[{{name:{TASKS[0]}}},{{name:{TASKS[1]}}}]",

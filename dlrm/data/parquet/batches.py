@@ -80,8 +80,9 @@ class BatchMaker:
         feature_names: Sequence[str],
         table_rows: Sequence[int],
         expand_on: torch.device | None = None,
+        raw_dense: bool = False,
     ):
-        self.cfg, self.expand_on = cfg, expand_on
+        self.cfg, self.expand_on, self.raw_dense = cfg, expand_on, raw_dense
         self.names, self.table_rows = list(feature_names), [int(r) for r in table_rows]
         by_name = {s.name: (i, s) for i, s in enumerate(cfg.sparse)}
         missing = [n for n in self.names if n not in by_name]
@@ -206,7 +207,8 @@ class BatchMaker:
         return dense, labels, ids
 
     def dense(self, table: pa.Table, origin: list[tuple]) -> np.ndarray:
-        """The dense columns' values, transformed (data.parquet.dense_transforms): [b, width] float32.
+        """The dense columns' values, transformed (data.parquet.dense_transforms): [b, width] float32;
+        with raw_dense, as read: [b, n_dense] float32, NaN where missing.
         A null is a missing value; a NaN or infinite value (or one beyond float32) is refused naming
         file, column and row, or with data.parquet.nonfinite=replace read as missing and counted
         (`nonfinite_values`). The first batch warns, once, of a column whose inputs reach 1e4 (a first
@@ -233,6 +235,8 @@ class BatchMaker:
                 )
             self.nonfinite_values += int(bad.sum())
             raw[k][bad] = np.nan
+        if self.raw_dense:  # for a program that transforms them itself (a bundle)
+            return np.ascontiguousarray(raw.T)
         out = self.transform.apply(np.ascontiguousarray(raw.T))
         if not self._magnitude_checked and out.size:
             self._magnitude_checked = True

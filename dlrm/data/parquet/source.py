@@ -64,7 +64,8 @@ class ParquetSource:
     real lengths (and weights when declared), labels [b] f32, or [b, T] with T label columns)`.
 
     feature_names: the model's sparse features in KJT key order; table_rows: the rows of each one's
-    table. expand_on: with data.parquet.multi_hot_sizes, batches are `BaseIdBatch`es whose ids expand
+    table. raw_dense: dense values as read (NaN where missing), not transformed.
+    expand_on: with data.parquet.multi_hot_sizes, batches are `BaseIdBatch`es whose ids expand
     when moved to this device (give the GPU); None expands them on the host, in the reader thread.
     Example: `ParquetSource(cfg.data.parquet, names, rows, 2048, seed=0).batches("train", rank, world)`.
     """
@@ -78,12 +79,13 @@ class ParquetSource:
         global_batch_size: int,
         seed: int,
         expand_on: torch.device | None = None,
+        raw_dense: bool = False,
     ):
         if not cfg.path:
             raise ParquetDataError("data.parquet.path is not set: point it at your Parquet files")
         self.cfg, self.seed, self.global_batch_size = cfg, int(seed), int(global_batch_size)
         self.names, self.table_rows = list(feature_names), [int(r) for r in table_rows]
-        self.maker = BatchMaker(cfg, self.names, self.table_rows, expand_on)
+        self.maker = BatchMaker(cfg, self.names, self.table_rows, expand_on, raw_dense)
         self.columns = list(self.maker.columns)
         train = Dataset(cfg.path, "data.parquet.path", self.maker.columns)
         groups = list(range(len(train.row_groups)))
