@@ -111,6 +111,12 @@ class Config:
                     f"table_column_wise or data_parallel (+sharding.per_table.{t.name}=table_wise), or use "
                     "pooling_type=sum",
                 )
+        if self.trainer.max_epochs is not None and self.data.source != DataSource.parquet:
+            _fail(
+                "trainer.max_epochs",
+                self.trainer.max_epochs,
+                "passes over a training window are counted for data.source=parquet; use trainer.max_steps",
+            )
         if self.trainer.target_auc is not None and self.data.eval_batches == 0:
             _fail(
                 "data.eval_batches",

@@ -8,6 +8,7 @@ from omegaconf import MISSING
 
 from dlrm.config.checks import _fail, _require_count, _require_positive
 from dlrm.config.choices import DataSource, IdPolicy, SparseKind
+from dlrm.config.periods import PeriodsConfig
 
 
 @dataclass
@@ -99,6 +100,8 @@ class ParquetConfig:
     """Ids per sample of each of the model's features, in table order, from one base id per sample
     (every sparse column kind id, unweighted): id j is (base + offset_j) % rows, the offsets of
     data.criteo.multi_hot_sizes (MLPerf DCNv2's synthesis, `multi_hot_offsets`); None: the ids as stored."""
+    periods: PeriodsConfig = field(default_factory=PeriodsConfig)
+    """Time partitions (`periods.key`): the training window and the evaluated periods, read in time order."""
 
     def check(self, key: str) -> None:
         if not self.path:
@@ -113,6 +116,14 @@ class ParquetConfig:
             _fail(f"{key}.eval_fraction", self.eval_fraction, "use a fraction in [0, 1)")
         if self.eval_path and self.eval_fraction:
             _fail(f"{key}.eval_fraction", self.eval_fraction, "give eval_path or eval_fraction, not both")
+        self.periods.check(f"{key}.periods")
+        if self.periods.key and (self.eval_path or self.eval_fraction):
+            name = "eval_path" if self.eval_path else "eval_fraction"
+            _fail(
+                f"{key}.{name}",
+                getattr(self, name),
+                f"with {key}.periods.key the evaluated periods are {key}.periods.eval: set {name} to null/0",
+            )
         seen: set[str] = set()
         for i, s in enumerate(self.sparse):
             if not s.name or s.name in seen:

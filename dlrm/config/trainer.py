@@ -17,6 +17,10 @@ class TrainerConfig:
     max_samples: int | None = None
     """Global samples to train (max_samples // data.global_batch_size steps, at least one) if that comes
     before max_steps; None: max_steps decides."""
+    max_epochs: int | None = None
+    """Passes over the training window of a Parquet dataset (data.parquet: its files, or the periods of
+    data.parquet.periods.train) to train, the first continuing the pass a resumed run was in (a
+    continuation over added periods: the rows not read yet); set, it replaces max_steps and max_samples."""
     eval_every_steps: int = 0
     """Evaluate every this many steps; 0 evaluates only at the end."""
     log_every_steps: int = 20
@@ -90,6 +94,8 @@ class TrainerConfig:
         _require_positive(f"{key}.collective_timeout_s", self.collective_timeout_s)
         if self.max_samples is not None:
             _require_positive(f"{key}.max_samples", self.max_samples)
+        if self.max_epochs is not None and (not isinstance(self.max_epochs, int) or self.max_epochs < 1):
+            _fail(f"{key}.max_epochs", self.max_epochs, "give the passes over the training window, an integer >= 1")
         _require_count(f"{key}.eval_every_steps", self.eval_every_steps, "only at the end")
         _require_positive(f"{key}.log_every_steps", self.log_every_steps)
         self._check_local_sgd(key)

@@ -3,7 +3,7 @@ stop at a target AUC."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -40,11 +40,26 @@ class Evaluator:
         return self.every.due(step, last)
 
     @torch.no_grad()
+    def evaluate_periods(self, model: torch.nn.Module, periods: Mapping[str, Iterable]) -> dict:
+        """`evaluate` over the batches of every evaluated period together, with {"periods": {period:
+        its own figures}} added: a dataset partitioned by time scores each period apart (the same
+        periods, each at least one batch, on every rank)."""
+        scored = {p: self._scores(model, batches) for p, batches in periods.items()}
+        tasks = [task.name for task in self.cfg.model.tasks]
+        figures = score_on_rank0(torch.cat(list(scored.values()), dim=2), self.pg, tasks)
+        figures["periods"] = {p: score_on_rank0(local, self.pg, tasks) for p, local in scored.items()}
+        return figures
+
+    @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, batches: Iterable) -> dict:
         """The figures of `score_on_rank0` over `batches` (this rank's slice of the eval split, at
         least one batch on every rank): `model(batch)` -> (loss, (loss, logits, labels)), logits and labels [B] for
         one task, [B, T] for T, under bf16 autocast as in training. Rank 0 computes the figures on the
         training device; every rank returns them. `model` is back in train mode after."""
+        return score_on_rank0(self._scores(model, batches), self.pg, [task.name for task in self.cfg.model.tasks])
+
+    def _scores(self, model: torch.nn.Module, batches: Iterable) -> torch.Tensor:
+        """This rank's logits and labels over `batches`: [2, T, N]."""
         bf16 = self.cfg.trainer.dense_precision == "bf16"
         model.eval()
         logits, labels = [], []
@@ -54,8 +69,7 @@ class Evaluator:
             logits.append(batch_logits.reshape(batch_logits.shape[0], -1))  # [B, T]
             labels.append(batch_labels.reshape(batch_labels.shape[0], -1))
         model.train()
-        local = torch.stack((torch.cat(logits).float(), torch.cat(labels).float())).transpose(1, 2)  # [2, T, N]
-        return score_on_rank0(local, self.pg, [task.name for task in self.cfg.model.tasks])
+        return torch.stack((torch.cat(logits).float(), torch.cat(labels).float())).transpose(1, 2)  # [2, T, N]
 
     def reached_target(self, evaluation: dict, step: int) -> bool:
         """Whether `evaluation` (at `step`) is the first to reach trainer.target_auc (its "auc": the

@@ -23,7 +23,7 @@ from dlrm.common.cadence import Every
 from dlrm.common.errors import UserError
 from dlrm.config import Config
 from dlrm.data.prefetch import Prefetcher, prefetch_pays
-from dlrm.data.source import batches_on, make_source
+from dlrm.data.source import PositionedSource, batches_on, make_source
 from dlrm.distributed.cache_locks import cache_lines_unlocked
 from dlrm.distributed.capacity import dense_param_count
 from dlrm.distributed.dense_sync import use_compressed_allreduce, use_hierarchical_allreduce
@@ -105,6 +105,8 @@ class Trainer:
             recorded_config_sha256(self.run_dir),
             self.reporter.run_time,
         )
+        if isinstance(self.source, PositionedSource):  # a Parquet source records the rows each step read
+            self.state.data_position = self._data_position
         self.evaluator = Evaluator(cfg, self.device, self.pg)
         trace_dir = self.run_dir / "profile" if self.run_dir is not None else None  # rank 0 traces
         self.profiler = StepProfiler(tr, self.log_every, self.device, self.pg, world.world_size, trace_dir, self.sync)
@@ -190,6 +192,10 @@ class Trainer:
         manifest = loader.load(path, state, self.state.expected(weights_only), verify=self.cfg.checkpoint.verify)
         self.state.load_state_dict(state)
         self.reporter.run_time.carry(manifest.get("run_time"), self.step)
+        if isinstance(self.source, PositionedSource) and not weights_only:
+            continuation = self.source.resume_position(manifest.get("data_position"), self.step, str(path))
+            if continuation is not None:
+                log.info(continuation)
         if self.step > self.total_steps and not weights_only:
             raise CheckpointError(
                 f"checkpoint {path} is at step {self.step}, past trainer.max_steps={self.total_steps}: raise "
@@ -201,8 +207,11 @@ class Trainer:
 
     @property
     def total_steps(self) -> int:
-        """Steps to train: trainer.max_steps, or fewer if trainer.max_samples comes first."""
+        """Steps to train: trainer.max_steps, or fewer if trainer.max_samples comes first; with
+        trainer.max_epochs, the step where that many passes over the training window end."""
         tr = self.cfg.trainer
+        if tr.max_epochs is not None and isinstance(self.source, PositionedSource):  # validated: Parquet
+            return self.source.steps_for_passes(tr.max_epochs)
         return planned_steps(tr.max_steps, tr.max_samples, self.cfg.data.global_batch_size)
 
     def batches(self, split: str, start_step: int, count: int | None) -> Iterator:
@@ -411,6 +420,22 @@ class Trainer:
         """The model with its plain forward (the pipeline's rewrite undone), for direct calls."""
         return self.pipeline.detach() if self.pipeline is not None else self.model
 
+    def _data_position(self, step: int) -> dict:
+        assert isinstance(self.source, PositionedSource)
+        return self.source.position(step)
+
+    def _period_batches(self) -> dict[str, Iterator] | None:
+        """Each evaluated period's batches (data.eval_batches of each at most; periods under one batch
+        left out); None for a source without periods."""
+        cap, source = self.cfg.data.eval_batches, self.source
+        if not isinstance(source, PositionedSource) or not source.eval_periods:
+            return None
+        return {
+            p: itertools.islice(source.period_batches(p, self.world.rank, self.world.world_size), cap)
+            for p in source.eval_periods
+            if source.period_batch_count(p)
+        }
+
     def eval_batches(self) -> int:
         """The batches an evaluation scores (`eval_batch_count`: data.eval_batches, or all the eval split has)."""
         return eval_batch_count(self.cfg, self.source.num_batches("eval"))
@@ -425,6 +450,9 @@ class Trainer:
             return {}
         try:
             with cache_lines_unlocked(self.model):
+                periods = self._period_batches()
+                if periods is not None:  # a dataset partitioned by time: per period
+                    return self.evaluator.evaluate_periods(self.detached_model(), periods)
                 return self.evaluator.evaluate(self.detached_model(), self.batches("eval", 0, n))
         finally:
             if self.pipeline is not None:

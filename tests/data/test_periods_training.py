@@ -1,0 +1,136 @@
+"""Training over time on two ranks: a run killed and resumed over several partitions equals the
+uninterrupted run; a continuation over an added day trains on that day's rows (and the unfinished
+ones) only, with max_epochs; every evaluation reports its figures per evaluated period."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlrm.config import Config
+from tests.data.test_periods import PER_DAY, write_days
+from tests.helpers.equivalence import tiny
+from tests.helpers.families import PAIR
+from tests.helpers.parquet_data import overrides
+
+
+def days_then_train(cfg: Config, run_dir: str) -> dict:
+    """Rank 0 writes the days of tests/data/test_periods.py into cfg.data.parquet.path (once); then every
+    rank trains in `run_dir`: losses, this rank's weights, summary, rank 0's metrics.jsonl records."""
+    from dlrm.config import validate, validate_world
+    from dlrm.distributed.world import World
+    from dlrm.trainer.trainer import Trainer
+    from tests.helpers.harness import default_group
+    from tests.helpers.workers import pieces_of
+
+    world = World.from_env()
+    data = Path(str(cfg.data.parquet.path))
+    if world.rank == 0 and not data.exists():
+        data.mkdir(parents=True)
+        write_days(data)
+    torch.distributed.barrier(group=default_group())
+    validate(cfg)
+    validate_world(cfg, world.world_size, world.local_world_size)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    trainer = Trainer(cfg, world, Path(run_dir))
+    summary = trainer.train()
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if world.is_main else []
+    return {
+        "losses": trainer.losses,
+        "pieces": pieces_of(trainer.detached_model()),
+        "summary": summary,
+        "records": [json.loads(line) for line in lines],
+    }
+
+
+DATA = PAIR.dir("days")
+
+
+def days(train: str, *more: str):
+    base = [o for o in overrides(DATA) if "eval_fraction" not in o]
+    return tiny(
+        "sharding=row_wise",
+        "optim=rowwise_adagrad",
+        "optim.schedule.warmup_steps=4",
+        *base,
+        "data.parquet.periods.key=day",
+        f"data.parquet.periods.train={train}",
+        "data.parquet.periods.eval=[11,11]",
+        *more,
+    )
+
+
+# 3 days of 192 rows, batch 96: 6 steps a pass; two passes, checkpoints every 4 steps
+WHOLE = PAIR.add(
+    "periods/whole",
+    days_then_train,
+    days(
+        "[8,10]",
+        "trainer.max_epochs=2",
+        f"checkpoint.dir={PAIR.dir('p_whole')}",
+        "checkpoint.every_steps=4",
+        "checkpoint.keep=3",
+    ),
+    str(PAIR.dir("p_whole_run")),
+)
+RESUMED = PAIR.add(
+    "periods/resumed",
+    days_then_train,
+    days(
+        "[8,10]",
+        "trainer.max_epochs=2",
+        f"checkpoint.dir={PAIR.dir('p_resumed')}",
+        f"trainer.resume={PAIR.dir('p_whole') / 'step_00000004'}",
+    ),
+    str(PAIR.dir("p_resumed_run")),
+)
+# days 8-9 once (4 steps), then day 10 added: 2 more steps, on day 10's rows only
+FIRST = PAIR.add(
+    "periods/first",
+    days_then_train,
+    days("[8,9]", "trainer.max_epochs=1", f"checkpoint.dir={PAIR.dir('p_first')}"),
+    str(PAIR.dir("p_first_run")),
+)
+CONTINUED = PAIR.add(
+    "periods/continued",
+    days_then_train,
+    days(
+        "[8,10]",
+        "trainer.max_epochs=1",
+        f"checkpoint.dir={PAIR.dir('p_continued')}",
+        f"trainer.resume={PAIR.dir('p_first') / 'step_00000004'}",
+    ),
+    str(PAIR.dir("p_continued_run")),
+)
+
+
+@pytest.mark.slow
+def test_a_run_resumed_over_several_partitions_equals_the_uninterrupted_one():
+    whole, resumed = WHOLE.results(), RESUMED.results()
+    assert whole[0]["summary"]["steps"] == resumed[0]["summary"]["steps"] == 12
+    for rank in range(2):
+        assert resumed[rank]["losses"] == pytest.approx(whole[rank]["losses"][4:], rel=1e-5, abs=1e-6)
+        for name, pieces in whole[rank]["pieces"].items():
+            for (offsets, a), (_, b) in zip(pieces, resumed[rank]["pieces"][name], strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"{name} at {offsets}")
+
+
+@pytest.mark.slow
+def test_a_continuation_trains_on_the_added_day_only():
+    first, continued = FIRST.results(), CONTINUED.results()
+    assert first[0]["summary"]["steps"] == 2 * PER_DAY // 96
+    assert continued[0]["summary"]["steps"] == 3 * PER_DAY // 96  # two more: day 10's 192 rows
+    assert continued[0]["summary"]["this_invocation"]["steps"] == PER_DAY // 96
+
+
+@pytest.mark.slow
+def test_every_evaluation_reports_each_period():
+    result = FIRST.results()[0]
+    periods = result["summary"]["eval_periods"]
+    assert list(periods) == ["11"] and periods["11"]["samples"] == PER_DAY // 96 * 96
+    assert periods["11"]["auc"] == pytest.approx(result["summary"]["eval_auc"], abs=1e-12)  # one period: the same
+    evals = [r for r in result["records"] if "eval_auc" in r]
+    assert evals and all("11/auc" in r["eval_periods"] and "11/ne" in r["eval_periods"] for r in evals)
