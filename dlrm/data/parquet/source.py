@@ -222,7 +222,8 @@ class ParquetSource:
             return None
         new = len(window - recorded)
         rows = int(self.stream.segments(0)[1][-1])
-        return f"data: continuing at step {step} on {rows:,} row(s) not read yet ({new} new file(s)) of {len(window)}"
+        files = f"{new} new file(s) in a window of {len(window)}"
+        return f"data: continuing at step {step} on {rows:,} row(s) not read yet ({files})"
 
     def steps_for_passes(self, passes: int) -> int:
         """The global step at which `passes` passes over the window end (the first continues the
