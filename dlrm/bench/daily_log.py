@@ -87,7 +87,7 @@ def overrides(data: Path) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = ArgumentParser(prog="python -m dlrm.bench.daily_log", description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog="python -m dlrm.bench.daily_log", description=(__doc__ or "").split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     w = sub.add_parser("write", help="write a generated multi-day log")
     w.add_argument("out", type=Path, help="the directory to write day=1/, day=2/, ... into (new or empty)")
