@@ -23,6 +23,7 @@ from dlrm.config.choices import DataSource, DenseSync, Device, EmbeddingOptimize
 from dlrm.config.data import CriteoConfig, DataConfig, ParquetConfig, SparseColumnConfig, SyntheticConfig
 from dlrm.config.model import ModelConfig, TableConfig, TaskConfig
 from dlrm.config.optim import DenseOptimConfig, EmbeddingOptimConfig, OptimConfig, ScheduleConfig
+from dlrm.config.periods import PeriodsConfig
 from dlrm.config.run import RunConfig
 from dlrm.config.sharding import ShardingConfig
 from dlrm.config.topology import CollectiveLinkConfig, LinkConfig, TopologyConfig
@@ -42,6 +43,7 @@ __all__ = [
     "ModelConfig",
     "OptimConfig",
     "ParquetConfig",
+    "PeriodsConfig",
     "RunConfig",
     "ScheduleConfig",
     "ShardingConfig",

@@ -57,3 +57,4 @@ class Precision(StrEnum):
 
 
 OnNonfinite = StrEnum("OnNonfinite", "stop skip")
+OnNewData = StrEnum("OnNewData", "continue restart")

@@ -41,6 +41,11 @@ class PositionedSource(Protocol):
         """The evaluated periods in time order ([] without periods)."""
         ...
 
+    @property
+    def stream_start(self) -> int:
+        """The global step of the current stream's first batch (a continuation over new data's)."""
+        ...
+
     def position(self, step: int) -> dict:
         """The checkpoint's `data_position` after `step` global steps."""
         ...

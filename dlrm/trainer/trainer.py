@@ -118,7 +118,7 @@ class Trainer:
         )
         if tr.resume:
             self.resume(tr.resume)
-        self.schedule = lr_schedule(self.optimizer, cfg.optim.schedule, self.step)
+        self.schedule = lr_schedule(self.optimizer, cfg.optim.schedule, self.step, self.schedule_origin)
 
     def _build(self, model: DLRMTrain) -> None:
         """Shard `model` by the plan, hook the dense synchronisation, initialise, make the optimizers
@@ -204,6 +204,14 @@ class Trainer:
         if self.local_sgd is not None:
             self.local_sgd.at(self.step)
         log.info(f"resumed from {path} at step {self.step}")
+
+    @property
+    def schedule_origin(self) -> int:
+        """The step the lr schedule's clock starts at: 0, or with optim.schedule.on_new_data=restart
+        the first step of the continuation over new data that this run's stream began at."""
+        if self.cfg.optim.schedule.on_new_data == "restart" and isinstance(self.source, PositionedSource):
+            return self.source.stream_start
+        return 0
 
     @property
     def total_steps(self) -> int:
@@ -374,7 +382,7 @@ class Trainer:
                 "the input holds NaN/inf values (check the data files; a Criteo loader refuses them "
                 "when it verifies them); trainer.log_every_steps=1 stops sooner"
             )
-        lr = lr_factor(self.step - 1, self.cfg.optim.schedule) * self.cfg.optim.dense.lr
+        lr = lr_factor(self.step - 1 - self.schedule_origin, self.cfg.optim.schedule) * self.cfg.optim.dense.lr
         warm_up = self.step - first_step <= self.cfg.trainer.log_every_steps
         phases = self.profiler.window_record(warm_up, last)
         self.reporter.window_record(self.step, mean_loss, len(losses), seconds, lr, phases)

@@ -19,7 +19,7 @@ from dlrm.config.choices import SparseKind
 from dlrm.config.periods import PeriodsConfig
 from dlrm.data.parquet.files import ParquetDataError
 from dlrm.data.parquet.source import ParquetSource
-from tests.helpers.parquet_data import ROWS, TABLES, table
+from tests.helpers.parquet_data import ROWS, TABLES, table, write_dataset
 
 NAMES, ROWS_OF = list(TABLES), list(TABLES.values())
 B, PER_DAY, GROUP = 64, 192, 48
@@ -166,3 +166,26 @@ def test_period_settings_are_checked(days):
         make(days, train=(20, 21))
     with pytest.raises(ParquetDataError, match=r"no hour=... directory and has no column 'hour'"):
         make(days, key="hour")
+
+
+@pytest.mark.parametrize("change", ["renamed", "shortened", "rewritten"])
+def test_a_resumed_unpartitioned_run_refuses_files_changed_under_it(tmp_path, change):
+    write_dataset(tmp_path)  # part-0, part-1: no periods
+    sparse = [
+        SparseColumnConfig(name="user", kind=SparseKind.id),
+        SparseColumnConfig(name="items", kind=SparseKind.ids),
+        SparseColumnConfig(name="city", kind=SparseKind.string),
+    ]
+    cfg = ParquetConfig(path=str(tmp_path), dense=["pos", "x"], sparse=sparse)
+    src = ParquetSource(cfg, NAMES, ROWS_OF, B, seed=0)
+    read(src, 0, 3)
+    record = src.position(3)
+    part = tmp_path / "part-1.parquet"
+    if change == "renamed":
+        part.rename(tmp_path / "part-9.parquet")
+    else:
+        rows = ROWS // 2 - (GROUP if change == "shortened" else 0)
+        pq.write_table(table(rows, seed=5, first=ROWS // 2), part, row_group_size=40)
+    how = "is gone" if change == "renamed" else "changed since it was read"
+    with pytest.raises(ParquetDataError, match=f"part-1.parquet (was read by this run .*{how}|{how})"):
+        ParquetSource(cfg, NAMES, ROWS_OF, B, seed=0).resume_position(record, 3, "ckpt")

@@ -5,6 +5,9 @@ ones) only, with max_epochs; every evaluation reports its figures per evaluated 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ import torch
 
 from dlrm.config import Config
 from tests.data.test_periods import PER_DAY, write_days
+from tests.helpers import REPO_ROOT as ROOT
 from tests.helpers.equivalence import tiny
 from tests.helpers.families import PAIR
 from tests.helpers.parquet_data import overrides
@@ -105,6 +109,18 @@ CONTINUED = PAIR.add(
     ),
     str(PAIR.dir("p_continued_run")),
 )
+RESTARTED = PAIR.add(
+    "periods/restarted",
+    days_then_train,
+    days(
+        "[8,10]",
+        "trainer.max_epochs=1",
+        "optim.schedule.on_new_data=restart",
+        f"checkpoint.dir={PAIR.dir('p_restarted')}",
+        f"trainer.resume={PAIR.dir('p_first') / 'step_00000004'}",
+    ),
+    str(PAIR.dir("p_restarted_run")),
+)
 
 
 @pytest.mark.slow
@@ -134,3 +150,35 @@ def test_every_evaluation_reports_each_period():
     assert periods["11"]["auc"] == pytest.approx(result["summary"]["eval_auc"], abs=1e-12)  # one period: the same
     evals = [r for r in result["records"] if "eval_auc" in r]
     assert evals and all("11/auc" in r["eval_periods"] and "11/ne" in r["eval_periods"] for r in evals)
+
+
+@pytest.mark.slow
+def test_the_training_over_time_page_runs_as_written(tmp_path):
+    """docs/training-over-time.md: its commands as they are: a log written, inspected, two days
+    trained day by day with progressive validation, then one more day continued by hand."""
+    page = (ROOT / "docs" / "training-over-time.md").read_text()
+    commands = page.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    outputs = []
+    for command in commands:
+        argv = command.split()
+        assert argv[:2] == ["python", "-m"], command
+        r = subprocess.run([sys.executable, *argv[1:]], env=env, capture_output=True, text=True, cwd=tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        outputs.append(r.stdout + r.stderr)
+    table = json.loads((tmp_path / "outputs" / "daily" / "progressive.json").read_text())["periods"]
+    assert [row["period"] for row in table] == [2, 3]
+    assert all(row["rows_trained"] == 2048 and 0.5 < row["auc"] < 1 for row in table)
+    assert "data: continuing at step 8 on 2,048 row(s) not read yet" in outputs[3]
+    assert "period 4: auc" in outputs[3] and "done: 12 steps" in outputs[3]
+
+
+@pytest.mark.slow
+def test_the_schedule_continues_or_restarts_on_new_data():
+    def lrs(result) -> dict[int, float]:
+        return {r["step"]: r["lr"] for r in result[0]["records"] if "lr" in r}
+
+    lr = 0.05  # optim=rowwise_adagrad's dense lr; warm-up 4 steps
+    continued, restarted = lrs(CONTINUED.results()), lrs(RESTARTED.results())
+    assert continued[5] == pytest.approx(lr) and continued[6] == pytest.approx(lr)  # the clock is the step
+    assert restarted[5] == pytest.approx(lr / 4) and restarted[6] == pytest.approx(lr / 2)  # warm-up again

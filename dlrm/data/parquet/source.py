@@ -206,8 +206,8 @@ class ParquetSource:
         window = {ref.path for ref in self.stream.groups}
         bounds = list(self.cfg.periods.train)
 
-        def in_window(period: str | None) -> bool:
-            return bool(self.key) and period is not None and (not bounds or in_range(period, bounds))
+        def in_window(period: str | None) -> bool:  # unpartitioned: every file is in the window
+            return not self.key or (period is not None and (not bounds or in_range(period, bounds)))
 
         problem = changed_files(record, identities, window, in_window)
         if problem:
@@ -224,6 +224,11 @@ class ParquetSource:
         rows = int(self.stream.segments(0)[1][-1])
         files = f"{new} new file(s) in a window of {len(window)}"
         return f"data: continuing at step {step} on {rows:,} row(s) not read yet ({files})"
+
+    @property
+    def stream_start(self) -> int:
+        """The global step of the stream's first batch: 0, or a continuation over new data's first step."""
+        return self.stream.base_step
 
     def steps_for_passes(self, passes: int) -> int:
         """The global step at which `passes` passes over the window end (the first continues the
