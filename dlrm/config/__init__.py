@@ -21,6 +21,7 @@ from dlrm.config.checkpoint import CheckpointConfig
 from dlrm.config.checks import ConfigError, _fail
 from dlrm.config.choices import DataSource, DenseSync, Device, EmbeddingOptimizer, PoolingType, Precision, ShardingType
 from dlrm.config.data import CriteoConfig, DataConfig, ParquetConfig, SparseColumnConfig, SyntheticConfig
+from dlrm.config.deltas import DeltasConfig
 from dlrm.config.model import ModelConfig, TableConfig, TaskConfig
 from dlrm.config.optim import DenseOptimConfig, EmbeddingOptimConfig, OptimConfig, ScheduleConfig
 from dlrm.config.periods import PeriodsConfig
@@ -37,6 +38,7 @@ __all__ = [
     "ConfigError",
     "CriteoConfig",
     "DataConfig",
+    "DeltasConfig",
     "DenseOptimConfig",
     "EmbeddingOptimConfig",
     "LinkConfig",
@@ -85,6 +87,8 @@ class Config:
     """The training loop (conf/trainer)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Distributed checkpoints."""
+    deltas: DeltasConfig = field(default_factory=DeltasConfig)
+    """Deltas of the changed rows for serving (dlrm.deltas)."""
     run: RunConfig = field(default_factory=RunConfig)
     """The run's name (its directory)."""
     seed: int = 0
@@ -101,6 +105,7 @@ class Config:
         self.optim.check()
         self.trainer.check()
         self.checkpoint.check()
+        self.deltas.check()
         self.run.check()
         self._check_source()
         for i, t in enumerate(self.model.tables):
@@ -113,6 +118,14 @@ class Config:
                     f"table_column_wise or data_parallel (+sharding.per_table.{t.name}=table_wise), or use "
                     "pooling_type=sum",
                 )
+        multi_hot = self.data.criteo.multi_hot_sizes or self.data.parquet.multi_hot_sizes
+        if self.deltas.every_steps and multi_hot and self.data.source != DataSource.synthetic:
+            _fail(
+                "deltas.every_steps",
+                self.deltas.every_steps,
+                "deltas track the ids each batch holds, and multi-hot ids are expanded on the device: "
+                "set the multi_hot_sizes to null, or deltas.every_steps=0",
+            )
         if self.trainer.max_epochs is not None and self.data.source != DataSource.parquet:
             _fail(
                 "trainer.max_epochs",

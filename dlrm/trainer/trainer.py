@@ -24,6 +24,7 @@ from dlrm.common.errors import UserError
 from dlrm.config import Config
 from dlrm.data.prefetch import Prefetcher, prefetch_pays
 from dlrm.data.source import PositionedSource, batches_on, make_source
+from dlrm.deltas.publish import Publisher
 from dlrm.distributed.cache_locks import cache_lines_unlocked
 from dlrm.distributed.capacity import dense_param_count
 from dlrm.distributed.dense_sync import use_compressed_allreduce, use_hierarchical_allreduce
@@ -114,6 +115,12 @@ class Trainer:
         self.checkpointer = (
             Checkpointer(Path(root), ck.keep, self.pg, world.is_main, every=Every(ck.every_steps, ck.at_end))
             if root is not None
+            else None
+        )
+        deltas_root = cfg.deltas.dir or (run_dir / "deltas" if run_dir is not None else None)
+        self.deltas = (
+            Publisher(cfg.model, Path(deltas_root), cfg.deltas.every_steps, cfg.deltas.at_end, self.pg, world.is_main)
+            if cfg.deltas.every_steps and deltas_root is not None
             else None
         )
         if tr.resume:
@@ -303,6 +310,9 @@ class Trainer:
             self.reporter.evaluation(self.step, evaluation)
             return self._end(evaluation, None)
         batches = self.batches("train", self.step, self.total_steps - self.step)
+        if self.deltas is not None:  # the ids of each batch taken: the rows its step changes
+            self.deltas.start(self.step)
+            batches = self.deltas.tracker.watch(batches, self.step)
         self.model.train()
         self.stop.install(lambda: self.step)
         try:
@@ -344,6 +354,11 @@ class Trainer:
             if self.checkpointer is not None and self.checkpointer.should_save(self.step, last):
                 with window.paused():
                     self.reporter.message(f"checkpoint: {self.save_checkpoint()}")
+            if self.deltas is not None and self.deltas.due(self.step, last):
+                with window.paused():
+                    published = self.deltas.publish(self.step, self.model)
+                    if published is not None:
+                        self.reporter.message(f"delta: {published}")
             if reached:
                 self.profiler.stop_trace()
                 break
