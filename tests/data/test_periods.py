@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -20,24 +19,10 @@ from dlrm.config.periods import PeriodsConfig
 from dlrm.data.parquet.files import ParquetDataError
 from dlrm.data.parquet.source import ParquetSource
 from tests.helpers.parquet_data import ROWS, TABLES, table, write_dataset
+from tests.helpers.periods_data import DAYS, GROUP, PER_DAY, write_days
 
 NAMES, ROWS_OF = list(TABLES), list(TABLES.values())
-B, PER_DAY, GROUP = 64, 192, 48
-DAYS = (8, 9, 10, 11)
-
-
-def write_days(root: Path, days=DAYS, column: bool = False) -> None:
-    """PER_DAY rows per day, day d's rows numbered from (d - 8) * PER_DAY (the pos feature names them);
-    in day=D/ directories, or (column) in flat files with a `day` column."""
-    for d in days:
-        t = table(PER_DAY, first=(d - DAYS[0]) * PER_DAY)
-        if column:
-            t = t.append_column("day", pa.array([d] * PER_DAY, pa.int64()))
-            path = root / f"day-{d:02d}.parquet"
-        else:
-            (root / f"day={d}").mkdir(parents=True, exist_ok=True)
-            path = root / f"day={d}" / "part-0.parquet"
-        pq.write_table(t, path, row_group_size=GROUP)
+B = 64
 
 
 def make(path, train=(8, 9), evaluate=(11, 11), shuffle=True, key="day") -> ParquetSource:

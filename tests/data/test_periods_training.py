@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from dlrm.config import Config
-from tests.data.test_periods import PER_DAY, write_days
 from tests.helpers import REPO_ROOT as ROOT
 from tests.helpers.equivalence import tiny
 from tests.helpers.families import PAIR
 from tests.helpers.parquet_data import overrides
+from tests.helpers.periods_data import PER_DAY, write_days
 
 
 def days_then_train(cfg: Config, run_dir: str) -> dict:
