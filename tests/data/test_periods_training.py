@@ -171,6 +171,9 @@ def test_the_training_over_time_page_runs_as_written(tmp_path):
     assert all(row["rows_trained"] == 2048 and 0.5 < row["auc"] < 1 for row in table)
     assert "data: continuing at step 8 on 2,048 row(s) not read yet" in outputs[3]
     assert "period 4: auc" in outputs[3] and "done: 12 steps" in outputs[3]
+    assert "10        8" in outputs[5] and "12       10" in outputs[5]  # the deltas of day 3: 8 -> 10 -> 12
+    day3 = torch.load(tmp_path / "day3.pt", weights_only=True)
+    assert day3["step"] == 12 and "wrote" in outputs[6]
 
 
 @pytest.mark.slow
