@@ -17,13 +17,19 @@ tracking of changed rows. Run from the repository root (see docs/training-over-t
 
 from __future__ import annotations
 
+import json
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from dlrm.common.errors import ArgumentParser, UsageError, UserError
+from dlrm.common.io import write_json_atomic
 
 FEATURES, DENSE = 4, 4
 TABLE_ROWS = 4096  # every feature's table: room for BASE_IDS + days * NEW_IDS ids
@@ -86,6 +92,83 @@ def overrides(data: Path) -> list[str]:
     ]
 
 
+def _train(args: list[str], cwd: Path) -> tuple[dict, float]:
+    """`python -m dlrm.train ARGS` in `cwd` (raising on failure): its summary.json and wall seconds."""
+    run_dir = Path(next(a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")))
+    started = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "dlrm.train", *args], cwd=cwd, capture_output=True, text=True)
+    if r.returncode:
+        raise UserError(f"dlrm.train {' '.join(args)} failed: {(r.stderr or r.stdout).strip().splitlines()[-1]}")
+    return json.loads((run_dir / "summary.json").read_text()), time.perf_counter() - started
+
+
+def measure(days: int, rows_per_day: int, batch: int, rounds: int, work: Path) -> dict:
+    """The figures of the module's docstring, on a log written into `work`."""
+    data = work / "log"
+    write_log(data, days, rows_per_day)
+    base = [*overrides(data), f"data.global_batch_size={batch}", "data.eval_batches=1000", "trainer.progress=none"]
+    steps_per_day = rows_per_day // batch
+    # (a) continued day by day, one delta per day
+    cont = work / "continued"
+    started = time.perf_counter()
+    cmd = [sys.executable, "-m", "dlrm.progressive", "--periods", f"1:{days}", "--out", str(cont), "--"]
+    r = subprocess.run([*cmd, *base, f"deltas.every_steps={steps_per_day}"], cwd=work, capture_output=True, text=True)
+    if r.returncode:
+        raise UserError(f"dlrm.progressive failed: {(r.stderr or r.stdout).strip().splitlines()[-1]}")
+    continued = json.loads((cont / "progressive.json").read_text())["periods"]
+    continued_s = time.perf_counter() - started
+    # (b) from scratch on days 1..d-1, one pass
+    scratch = []
+    for d in range(2, days + 1):
+        window = [f"data.parquet.periods.train=[1,{d - 1}]", f"data.parquet.periods.eval=[{d},{d}]"]
+        args = [*base, *window, "trainer.max_epochs=1", f"hydra.run.dir={work / f'scratch_{d}'}"]
+        summary, seconds = _train(args, work)
+        scratch.append({"period": d, "auc": summary["eval_periods"][str(d)]["auc"], "seconds": round(seconds, 2)})
+    # a delta after one day against a full export
+    from dlrm.deltas.publish import read_manifest
+
+    deltas = read_manifest(cont / "deltas")
+    last = max(int(p.name.removeprefix("step_")) for p in (cont / "checkpoints").glob("step_*"))
+    full = work / "full.pt"
+    subprocess.run(
+        [sys.executable, "-m", "dlrm.export", str(cont / "checkpoints" / f"step_{last:08d}"), str(full)],
+        cwd=work,
+        check=True,
+        capture_output=True,
+    )
+    # the cost of tracking changed rows: runs with and without, alternating
+    window = [f"data.parquet.periods.train=[1,{days - 1}]", f"data.parquet.periods.eval=[{days},{days}]"]
+    rates: dict[str, list[float]] = {"without": [], "with": []}
+    for i in range(rounds):
+        for name in ("without", "with") if i % 2 == 0 else ("with", "without"):
+            extra = [f"deltas.every_steps={10**9}"] if name == "with" else []  # tracked, published at the end only
+            args = [*base, *window, "trainer.max_epochs=1", *extra, f"hydra.run.dir={work / f'rate_{name}_{i}'}"]
+            rates[name].append(_train(args, work)[0]["train_samples_per_s"])
+    median = {k: statistics.median(v) for k, v in rates.items()}
+    return {
+        "days": days,
+        "rows_per_day": rows_per_day,
+        "global_batch_size": batch,
+        "next_day_auc": [
+            {
+                "period": c["period"],
+                "continued": c["auc"],
+                "continued_s": c["seconds"],
+                "scratch": s["auc"],
+                "scratch_s": s["seconds"],
+            }
+            for c, s in zip(continued, scratch, strict=True)
+        ],  # fmt: skip
+        "continued_total_s": round(continued_s, 2),
+        "scratch_total_s": round(sum(s["seconds"] for s in scratch), 2),
+        "delta_bytes_one_day": deltas[-1]["bytes"] if deltas else None,
+        "delta_rows_one_day": deltas[-1]["rows"] if deltas else None,
+        "full_export_bytes": full.stat().st_size,
+        "samples_per_s": {k: [round(x) for x in v] for k, v in rates.items()},
+        "tracking_cost": 1 - median["with"] / median["without"],
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = ArgumentParser(prog="python -m dlrm.bench.daily_log", description=(__doc__ or "").split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -94,6 +177,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     w.add_argument("--days", type=int, default=4)
     w.add_argument("--rows-per-day", type=int, default=8192)
     w.add_argument("--seed", type=int, default=0)
+    m = sub.add_parser("measure", help="next-day AUC continuing vs from scratch, delta size, tracking cost")
+    m.add_argument("--days", type=int, default=4)
+    m.add_argument("--rows-per-day", type=int, default=8192)
+    m.add_argument("--batch", type=int, default=512, help="global batch size")
+    m.add_argument("--rounds", type=int, default=3, help="runs with and without tracking, alternating")
+    m.add_argument("--out", type=Path, required=True, help="the JSON file of the figures")
     try:
         args = ap.parse_args(argv)
         if args.days < 2 or args.rows_per_day < ROW_GROUP:
@@ -103,6 +192,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError(f"{args.out} is not empty: give a new directory")
             paths = write_log(args.out, args.days, args.rows_per_day, args.seed)
             print(f"wrote {len(paths)} days of {args.rows_per_day:,} rows under {args.out}")
+        else:
+            with tempfile.TemporaryDirectory(prefix="daily-log-") as work:
+                figures = measure(args.days, args.rows_per_day, args.batch, args.rounds, Path(work))
+            write_json_atomic(args.out, figures)
+            print(json.dumps(figures, indent=2))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -21,6 +21,13 @@ class TrainerConfig:
     """Passes over the training window of a Parquet dataset (data.parquet: its files, or the periods of
     data.parquet.periods.train) to train, the first continuing the pass a resumed run was in (a
     continuation over added periods: the rows not read yet); set, it replaces max_steps and max_samples."""
+    select_metric: str | None = None
+    """The evaluation figure that selects the best model: auc (higher is better), ne or logloss (lower
+    is better), per task as `ne/<task>`; recorded in summary.json (best_step, best_value) and used by
+    `patience`. None: none."""
+    patience: int = 0
+    """With select_metric: stop after this many evaluations in a row that do not improve it (early
+    stopping); 0: never stop for it."""
     eval_every_steps: int = 0
     """Evaluate every this many steps; 0 evaluates only at the end."""
     log_every_steps: int = 20
@@ -110,6 +117,16 @@ class TrainerConfig:
             _fail(f"{key}.profile", self.profile, "give [first, last] steps to trace, 1 <= first <= last, e.g. [20,25]")
         if self.eval_only and not self.resume:
             _fail(f"{key}.eval_only", self.eval_only, "name the checkpoint to evaluate: trainer.resume=PATH (or auto)")
+        _require_count(f"{key}.patience", self.patience, "no early stopping")
+        if self.select_metric is not None and self.select_metric.split("/", 1)[0] not in ("auc", "ne", "logloss"):
+            _fail(f"{key}.select_metric", self.select_metric, "use auc, ne or logloss (per task: ne/<task>), or null")
+        if self.patience and (self.select_metric is None or self.eval_every_steps == 0):
+            _fail(
+                f"{key}.patience",
+                self.patience,
+                "early stopping compares evaluations during training: set trainer.select_metric (e.g. ne) and "
+                "trainer.eval_every_steps > 0",
+            )
         if self.target_auc is not None:
             if not 0.5 < self.target_auc < 1.0:  # `not <` also catches nan
                 _fail(f"{key}.target_auc", self.target_auc, "give an AUC in (0.5, 1), e.g. 0.80275, or null")

@@ -34,6 +34,9 @@ class Evaluator:
         self.cfg, self.device, self.pg = cfg, device, pg
         self.every = Every(cfg.trainer.eval_every_steps)
         self.target_step: int | None = None  # the step whose evaluation first reached trainer.target_auc
+        self.best: tuple[int, float] | None = None  # (step, value) of the best trainer.select_metric so far
+        self.stale = 0  # evaluations since the best
+        self.stopped_early = False
 
     def should_eval(self, step: int, last: bool) -> bool:
         """Whether an evaluation is due after `step` (`last`: the run's last step)."""
@@ -82,13 +85,37 @@ class Evaluator:
         self.target_step = step
         return True
 
+    def stalled(self, evaluation: dict, step: int) -> bool:
+        """Note `evaluation` (at `step`) for trainer.select_metric; True when trainer.patience
+        evaluations in a row have not improved on the best (every rank holds the same figures)."""
+        tr, metric = self.cfg.trainer, self.cfg.trainer.select_metric
+        value = evaluation.get(metric) if metric else None
+        if metric is None or value is None:
+            return False
+        higher = metric.split("/", 1)[0] == "auc"
+        if self.best is None or (value > self.best[1] if higher else value < self.best[1]):
+            self.best, self.stale = (step, float(value)), 0
+            return False
+        self.stale += 1
+        self.stopped_early = bool(tr.patience) and self.stale >= tr.patience
+        return self.stopped_early
+
     def target_record(self) -> dict:
         """The summary's target entries ({} without trainer.target_auc)."""
+        selection = {}
+        if self.cfg.trainer.select_metric is not None:
+            selection = {
+                "select_metric": self.cfg.trainer.select_metric,
+                "best_step": self.best[0] if self.best else None,
+                "best_value": self.best[1] if self.best else None,
+                "stopped_early": self.stopped_early,
+            }
         target = self.cfg.trainer.target_auc
         if target is None:
-            return {}
+            return selection
         step = self.target_step
         return {
+            **selection,
             "target_auc": target,
             "reached_target": step is not None,
             "steps_to_target": step,

@@ -374,6 +374,15 @@ class Trainer:
         return itertools.islice(batches, end - self.step)
 
     def _reached_target(self, evaluation: dict) -> bool:
+        """Whether the run ends at this evaluation: trainer.target_auc reached, or trainer.patience
+        evaluations without a better trainer.select_metric."""
+        if self.evaluator.stalled(evaluation, self.step):
+            best_step, best = self.evaluator.best or (0, math.nan)
+            self.reporter.message(
+                f"{self.cfg.trainer.select_metric} has not improved on {best:.5f} (step {best_step}) in "
+                f"{self.cfg.trainer.patience} evaluation(s): stopping at step {self.step}"
+            )
+            return True
         if not self.evaluator.reached_target(evaluation, self.step):
             return False
         samples = self.step * self.cfg.data.global_batch_size

@@ -121,6 +121,22 @@ RESTARTED = PAIR.add(
     ),
     str(PAIR.dir("p_restarted_run")),
 )
+# random labels: more passes only overfit, so NE stops improving and patience ends the run
+EARLY = PAIR.add(
+    "periods/early_stop",
+    days_then_train,
+    days(
+        "[8,10]",
+        "trainer.max_epochs=6",
+        "trainer.eval_every_steps=3",
+        "trainer.select_metric=ne",
+        "trainer.patience=2",
+        "optim.dense.lr=0.5",
+        "optim.embedding.lr=0.5",
+        f"checkpoint.dir={PAIR.dir('p_early')}",
+    ),
+    str(PAIR.dir("p_early_run")),
+)
 
 
 @pytest.mark.slow
@@ -185,3 +201,24 @@ def test_the_schedule_continues_or_restarts_on_new_data():
     continued, restarted = lrs(CONTINUED.results()), lrs(RESTARTED.results())
     assert continued[5] == pytest.approx(lr) and continued[6] == pytest.approx(lr)  # the clock is the step
     assert restarted[5] == pytest.approx(lr / 4) and restarted[6] == pytest.approx(lr / 2)  # warm-up again
+
+
+@pytest.mark.slow
+def test_early_stopping_ends_the_run_after_patience_evaluations_without_a_better_ne():
+    result = EARLY.results()[0]
+    summary = result["summary"]
+    nes = {r["step"]: r["eval_ne"] for r in result["records"] if "eval_ne" in r}
+    assert summary["stopped_early"] and summary["steps"] < 36
+    best_step = min(nes, key=lambda step: nes[step])
+    assert (summary["best_step"], summary["best_value"]) == (best_step, pytest.approx(nes[best_step]))
+    assert summary["steps"] == best_step + 2 * 3  # two evaluations after the best, none better
+
+
+def test_patience_needs_a_metric_and_evaluations():
+    from dlrm.config import ConfigError, validate
+    from dlrm.config.compose import compose
+
+    with pytest.raises(ConfigError, match=r"trainer.patience.*set trainer.select_metric"):
+        validate(compose(["trainer.patience=2", "trainer.eval_every_steps=5"]))
+    with pytest.raises(ConfigError, match=r"trainer.select_metric.*use auc, ne or logloss"):
+        validate(compose(["trainer.select_metric=accuracy"]))
