@@ -102,11 +102,33 @@ def _train(args: list[str], cwd: Path) -> tuple[dict, float]:
     return json.loads((run_dir / "summary.json").read_text()), time.perf_counter() - started
 
 
-def measure(days: int, rows_per_day: int, batch: int, rounds: int, work: Path) -> dict:
+def tracking_cost(base: list[str], days: int, passes: int, rounds: int, work: Path) -> dict:
+    """samples/s of runs of `passes` passes over days 1..days-1 without and with the tracking of changed
+    rows (a delta at the end only), alternating which goes first; the cost from the medians."""
+    window = [f"data.parquet.periods.train=[1,{days - 1}]", f"data.parquet.periods.eval=[{days},{days}]"]
+    rates: dict[str, list[float]] = {"without": [], "with": []}
+    for i in range(rounds):
+        for name in ("without", "with") if i % 2 == 0 else ("with", "without"):
+            extra = [f"deltas.every_steps={10**9}"] if name == "with" else []  # tracked, published at the end only
+            run = f"hydra.run.dir={work / f'rate_{name}_{i}'}"
+            args = [*base, *window, f"trainer.max_epochs={passes}", "trainer.log_every_steps=16", *extra, run]
+            rates[name].append(_train(args, work)[0]["train_samples_per_s"])
+    median = {k: statistics.median(v) for k, v in rates.items()}
+    return {
+        "samples_per_s": {k: [round(x) for x in v] for k, v in rates.items()},
+        "tracking_cost": 1 - median["with"] / median["without"],
+    }
+
+
+def measure(days: int, rows_per_day: int, batch: int, rounds: int, work: Path, tracking_only: bool = False) -> dict:
     """The figures of the module's docstring, on a log written into `work`."""
     data = work / "log"
     write_log(data, days, rows_per_day)
     base = [*overrides(data), f"data.global_batch_size={batch}", "data.eval_batches=1000", "trainer.progress=none"]
+    if tracking_only:
+        return {"days": days, "rows_per_day": rows_per_day, "global_batch_size": batch} | tracking_cost(
+            base, days, 3, rounds, work
+        )
     steps_per_day = rows_per_day // batch
     # (a) continued day by day, one delta per day
     cont = work / "continued"
@@ -136,15 +158,6 @@ def measure(days: int, rows_per_day: int, batch: int, rounds: int, work: Path) -
         check=True,
         capture_output=True,
     )
-    # the cost of tracking changed rows: runs with and without, alternating
-    window = [f"data.parquet.periods.train=[1,{days - 1}]", f"data.parquet.periods.eval=[{days},{days}]"]
-    rates: dict[str, list[float]] = {"without": [], "with": []}
-    for i in range(rounds):
-        for name in ("without", "with") if i % 2 == 0 else ("with", "without"):
-            extra = [f"deltas.every_steps={10**9}"] if name == "with" else []  # tracked, published at the end only
-            args = [*base, *window, "trainer.max_epochs=1", *extra, f"hydra.run.dir={work / f'rate_{name}_{i}'}"]
-            rates[name].append(_train(args, work)[0]["train_samples_per_s"])
-    median = {k: statistics.median(v) for k, v in rates.items()}
     return {
         "days": days,
         "rows_per_day": rows_per_day,
@@ -164,9 +177,7 @@ def measure(days: int, rows_per_day: int, batch: int, rounds: int, work: Path) -
         "delta_bytes_one_day": deltas[-1]["bytes"] if deltas else None,
         "delta_rows_one_day": deltas[-1]["rows"] if deltas else None,
         "full_export_bytes": full.stat().st_size,
-        "samples_per_s": {k: [round(x) for x in v] for k, v in rates.items()},
-        "tracking_cost": 1 - median["with"] / median["without"],
-    }
+    } | tracking_cost(base, days, 3, rounds, work)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -183,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     m.add_argument("--batch", type=int, default=512, help="global batch size")
     m.add_argument("--rounds", type=int, default=3, help="runs with and without tracking, alternating")
     m.add_argument("--out", type=Path, required=True, help="the JSON file of the figures")
+    m.add_argument("--tracking-only", action="store_true", help="only the cost of tracking changed rows")
     try:
         args = ap.parse_args(argv)
         if args.days < 2 or args.rows_per_day < ROW_GROUP:
@@ -194,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {len(paths)} days of {args.rows_per_day:,} rows under {args.out}")
         else:
             with tempfile.TemporaryDirectory(prefix="daily-log-") as work:
-                figures = measure(args.days, args.rows_per_day, args.batch, args.rounds, Path(work))
+                figures = measure(args.days, args.rows_per_day, args.batch, args.rounds, Path(work), args.tracking_only)
             write_json_atomic(args.out, figures)
             print(json.dumps(figures, indent=2))
     except UserError as e:

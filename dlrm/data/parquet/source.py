@@ -145,7 +145,7 @@ class ParquetSource:
         window = window_groups(self.group_periods, list(periods_cfg.train), list(periods_cfg.eval))
         held = window_groups(self.group_periods, list(periods_cfg.eval)) if periods_cfg.eval else []
         for name, bounds, chosen in (("train", periods_cfg.train, window), ("eval", periods_cfg.eval, held)):
-            if bounds and not chosen or name == "train" and not chosen:
+            if not chosen and (bounds or name == "train"):
                 raise ParquetDataError(
                     f"data.parquet.periods.{name} = {list(bounds)} selects no rows of {self.cfg.path}: its {key} "
                     f"periods are {found}; choose periods among them"
