@@ -28,8 +28,10 @@ from dlrm.config.data import (
     SparseColumnConfig,
     SyntheticConfig,
 )
+from dlrm.config.deltas import DeltasConfig
 from dlrm.config.model import ModelConfig, TableConfig, TaskConfig, VocabularyConfig
 from dlrm.config.optim import DenseOptimConfig, EmbeddingOptimConfig, OptimConfig, ScheduleConfig
+from dlrm.config.periods import PeriodsConfig
 from dlrm.config.run import RunConfig
 from dlrm.config.sharding import ShardingConfig
 from dlrm.config.topology import CollectiveLinkConfig, LinkConfig, TopologyConfig
@@ -43,6 +45,7 @@ __all__ = [
     "ConfigError",
     "CriteoConfig",
     "DataConfig",
+    "DeltasConfig",
     "DenseOptimConfig",
     "EmbeddingOptimConfig",
     "LinkConfig",
@@ -50,6 +53,7 @@ __all__ = [
     "OptimConfig",
     "ParquetConfig",
     "DenseTransformConfig",
+    "PeriodsConfig",
     "RunConfig",
     "ScheduleConfig",
     "ShardingConfig",
@@ -92,6 +96,8 @@ class Config:
     """The training loop (conf/trainer)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Distributed checkpoints."""
+    deltas: DeltasConfig = field(default_factory=DeltasConfig)
+    """Deltas of the changed rows for serving (dlrm.deltas)."""
     run: RunConfig = field(default_factory=RunConfig)
     """The run's name (its directory)."""
     seed: int = 0
@@ -108,6 +114,7 @@ class Config:
         self.optim.check()
         self.trainer.check()
         self.checkpoint.check()
+        self.deltas.check()
         self.run.check()
         self._check_source()
         for i, t in enumerate(self.model.tables):
@@ -120,6 +127,20 @@ class Config:
                     f"table_column_wise or data_parallel (+sharding.per_table.{t.name}=table_wise), or use "
                     "pooling_type=sum",
                 )
+        multi_hot = self.data.criteo.multi_hot_sizes or self.data.parquet.multi_hot_sizes
+        if self.deltas.every_steps and multi_hot and self.data.source != DataSource.synthetic:
+            _fail(
+                "deltas.every_steps",
+                self.deltas.every_steps,
+                "deltas track the ids each batch holds, and multi-hot ids are expanded on the device: "
+                "set the multi_hot_sizes to null, or deltas.every_steps=0",
+            )
+        if self.trainer.max_epochs is not None and self.data.source != DataSource.parquet:
+            _fail(
+                "trainer.max_epochs",
+                self.trainer.max_epochs,
+                "passes over a training window are counted for data.source=parquet; use trainer.max_steps",
+            )
         if self.trainer.target_auc is not None and self.data.eval_batches == 0:
             _fail(
                 "data.eval_batches",

@@ -61,3 +61,4 @@ class Precision(StrEnum):
 
 
 OnNonfinite = StrEnum("OnNonfinite", "stop skip")
+OnNewData = StrEnum("OnNewData", "continue restart")

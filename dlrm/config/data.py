@@ -8,6 +8,7 @@ from omegaconf import MISSING
 
 from dlrm.config.checks import _fail, _require_count, _require_positive
 from dlrm.config.choices import DataSource, IdPolicy, NonFinitePolicy, SparseKind
+from dlrm.config.periods import PeriodsConfig
 
 
 @dataclass
@@ -124,6 +125,8 @@ class ParquetConfig:
     nonfinite: NonFinitePolicy = NonFinitePolicy.refuse
     """A NaN or infinite dense value: refuse (one error line naming file, column and row) or replace
     (read as missing: 0, and its flag; counted in the log)."""
+    periods: PeriodsConfig = field(default_factory=PeriodsConfig)
+    """Time partitions (`periods.key`): the training window and the evaluated periods, read in time order."""
 
     def dense_width(self) -> int:
         """The model's dense inputs: one per dense column, then one per missing flag."""
@@ -144,6 +147,14 @@ class ParquetConfig:
             _fail(f"{key}.eval_fraction", self.eval_fraction, "use a fraction in [0, 1)")
         if self.eval_path and self.eval_fraction:
             _fail(f"{key}.eval_fraction", self.eval_fraction, "give eval_path or eval_fraction, not both")
+        self.periods.check(f"{key}.periods")
+        if self.periods.key and (self.eval_path or self.eval_fraction):
+            name = "eval_path" if self.eval_path else "eval_fraction"
+            _fail(
+                f"{key}.{name}",
+                getattr(self, name),
+                f"with {key}.periods.key the evaluated periods are {key}.periods.eval: set {name} to null/0",
+            )
         seen: set[str] = set()
         for i, s in enumerate(self.sparse):
             if not s.name or s.name in seen:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dlrm.config.checks import _fail, _require_positive
-from dlrm.config.choices import DenseOptimizer, EmbeddingOptimizer
+from dlrm.config.choices import DenseOptimizer, EmbeddingOptimizer, OnNewData
 
 
 @dataclass
@@ -46,6 +46,11 @@ class ScheduleConfig:
     """Steps of the decay, from decay_start_step to lr 0 (0: no decay)."""
     decay_power: float = 2.0
     """The decay's exponent: the factor is ((decay_start_step + decay_steps - step) / decay_steps) ** decay_power."""
+    on_new_data: OnNewData = OnNewData("continue")
+    """What the schedule does on a continuation over new data (a Parquet window that gained rows,
+    dlrm.data.parquet.position): continue (its clock is the step: a decayed lr stays decayed) or
+    restart (its clock restarts at the continuation's first step: warm-up and decay again over the new
+    rows). A resume over the same data keeps the clock it had either way."""
 
     def check(self, key: str) -> None:
         for name in ("warmup_steps", "decay_start_step", "decay_steps"):

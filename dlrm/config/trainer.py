@@ -17,6 +17,17 @@ class TrainerConfig:
     max_samples: int | None = None
     """Global samples to train (max_samples // data.global_batch_size steps, at least one) if that comes
     before max_steps; None: max_steps decides."""
+    max_epochs: int | None = None
+    """Passes over the training window of a Parquet dataset (data.parquet: its files, or the periods of
+    data.parquet.periods.train) to train, the first continuing the pass a resumed run was in (a
+    continuation over added periods: the rows not read yet); set, it replaces max_steps and max_samples."""
+    select_metric: str | None = None
+    """The evaluation figure that selects the best model: auc (higher is better), ne or logloss (lower
+    is better), per task as `ne/<task>`; recorded in summary.json (best_step, best_value) and used by
+    `patience`. None: none."""
+    patience: int = 0
+    """With select_metric: stop after this many evaluations in a row that do not improve it (early
+    stopping); 0: never stop for it."""
     eval_every_steps: int = 0
     """Evaluate every this many steps; 0 evaluates only at the end."""
     log_every_steps: int = 20
@@ -98,6 +109,8 @@ class TrainerConfig:
         _require_positive(f"{key}.collective_timeout_s", self.collective_timeout_s)
         if self.max_samples is not None:
             _require_positive(f"{key}.max_samples", self.max_samples)
+        if self.max_epochs is not None and (not isinstance(self.max_epochs, int) or self.max_epochs < 1):
+            _fail(f"{key}.max_epochs", self.max_epochs, "give the passes over the training window, an integer >= 1")
         _require_count(f"{key}.eval_every_steps", self.eval_every_steps, "only at the end")
         _require_positive(f"{key}.log_every_steps", self.log_every_steps)
         _require_positive(f"{key}.breakdown_every", self.breakdown_every)
@@ -115,6 +128,16 @@ class TrainerConfig:
             _fail(f"{key}.profile", self.profile, "give [first, last] steps to trace, 1 <= first <= last, e.g. [20,25]")
         if self.eval_only and not self.resume:
             _fail(f"{key}.eval_only", self.eval_only, "name the checkpoint to evaluate: trainer.resume=PATH (or auto)")
+        _require_count(f"{key}.patience", self.patience, "no early stopping")
+        if self.select_metric is not None and self.select_metric.split("/", 1)[0] not in ("auc", "ne", "logloss"):
+            _fail(f"{key}.select_metric", self.select_metric, "use auc, ne or logloss (per task: ne/<task>), or null")
+        if self.patience and (self.select_metric is None or self.eval_every_steps == 0):
+            _fail(
+                f"{key}.patience",
+                self.patience,
+                "early stopping compares evaluations during training: set trainer.select_metric (e.g. ne) and "
+                "trainer.eval_every_steps > 0",
+            )
         if self.target_auc is not None:
             if not 0.5 < self.target_auc < 1.0:  # `not <` also catches nan
                 _fail(f"{key}.target_auc", self.target_auc, "give an AUC in (0.5, 1), e.g. 0.80275, or null")

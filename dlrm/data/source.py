@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from dlrm.config import Config
 
@@ -27,6 +27,43 @@ class BatchSource(Protocol):
         """This rank's slice of global batches start_step, start_step + 1, ... of `split`: each a
         Batch of dense [B / W, n_dense] float, sparse KeyedJaggedTensor, labels [B / W] (or
         [B / W, T] from a Parquet source with T label columns)."""
+        ...
+
+
+@runtime_checkable
+class PositionedSource(Protocol):
+    """A source whose data position is recorded, not derived from the step (the Parquet source,
+    dlrm.data.parquet.position): what a checkpoint holds of it, the continuation from it, passes over
+    a training window, and evaluated periods of a dataset partitioned by time."""
+
+    @property
+    def eval_periods(self) -> list[str]:
+        """The evaluated periods in time order ([] without periods)."""
+        ...
+
+    @property
+    def stream_start(self) -> int:
+        """The global step of the current stream's first batch (a continuation over new data's)."""
+        ...
+
+    def position(self, step: int) -> dict:
+        """The checkpoint's `data_position` after `step` global steps."""
+        ...
+
+    def resume_position(self, record: dict | None, step: int, checkpoint: str) -> str | None:
+        """Continue from a checkpoint's record at `step`; a line describing a continuation, or None."""
+        ...
+
+    def steps_for_passes(self, passes: int) -> int:
+        """The global step at which `passes` passes over the training window end."""
+        ...
+
+    def period_batches(self, period: str, rank: int, world_size: int) -> Iterator[Batch]:
+        """This rank's slices of the global batches of evaluated period `period`, one pass."""
+        ...
+
+    def period_batch_count(self, period: str) -> int:
+        """Global batches of evaluated period `period`."""
         ...
 
 

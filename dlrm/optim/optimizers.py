@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torchrec.optim import RowWiseAdagrad
@@ -90,13 +88,17 @@ def lr_factor(step: int, cfg: ScheduleConfig) -> float:
     return 1.0
 
 
-def lr_schedule(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, step: int = 0) -> LambdaLR:
+def lr_schedule(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, step: int = 0, origin: int = 0) -> LambdaLR:
     """torch's LambdaLR over `lr_factor`, positioned at `step` (the next step to train).
 
-    Every param group's lr is its initial lr times lr_factor(step). Call its `step()` after each training
-    step. The factor is a function of the step alone, so a resumed run is positioned by its step (no
-    scheduler state is saved).
+    Every param group's lr is its initial lr times lr_factor(step - origin). Call its `step()` after each
+    training step. The factor is a function of the step alone, so a resumed run is positioned by its step
+    (no scheduler state is saved).
+
+    Args:
+        origin: the step the schedule's clock starts at (optim.schedule.on_new_data=restart starts it at a
+            continuation's first step).
     """
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])  # LambdaLR's base lr; set at step 0, kept from then on
-    return LambdaLR(optimizer, functools.partial(lr_factor, cfg=cfg), last_epoch=step - 1)
+    return LambdaLR(optimizer, lambda s: lr_factor(s - origin, cfg), last_epoch=step - 1)

@@ -120,7 +120,7 @@ def _check_and_record(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: boo
     assert isinstance(config, dict)
     checkpoints = complete_checkpoints(Path(cfg.checkpoint.dir or run_dir / "checkpoints"))
     check_fresh_start(run_dir, checkpoints, tr.resume, look_at_config=is_main)
-    if tr.resume and not tr.eval_only:
+    if tr.resume and not tr.eval_only and tr.max_epochs is None:  # with max_epochs the data says when it ends
         check_resume_point(checkpoints, tr.resume, tr.max_steps)
         done = finished_at(
             checkpoints, tr.resume, planned_steps(tr.max_steps, tr.max_samples, cfg.data.global_batch_size)

@@ -124,8 +124,16 @@ class Reporter:
         self.progress.update(step, steps, loss=mean_loss, lr=lr, samples_per_s=samples_per_s)
 
     def evaluation(self, step: int, evaluation: dict) -> None:
-        self.log.write("eval", step=step, **{f"eval_{k}": v for k, v in evaluation.items()})
+        """An evaluation's figures: to metrics.jsonl (per evaluated period under eval_periods, as
+        "<period>/<figure>"), TensorBoard (eval_periods/<period>/<figure>) and the console."""
+        figures = {f"eval_{k}": v for k, v in evaluation.items() if k != "periods"}
+        periods = evaluation.get("periods", {})
+        if periods:
+            figures["eval_periods"] = {f"{p}/{k}": v for p, f in periods.items() for k, v in f.items()}
+        self.log.write("eval", step=step, **figures)
         self.progress.message(f"eval at step {step}: {console.eval_text(evaluation)}")
+        for p, f in periods.items():
+            self.progress.message(f"  period {p}: {console.eval_text(f)} ({f.get('samples')} samples)")
 
     def message(self, text: str) -> None:
         self.progress.message(text)
@@ -161,6 +169,7 @@ class Reporter:
             "eval_ne": evaluation.get("ne"),
             "eval_calibration": evaluation.get("calibration"),
             **{f"eval_{k}": v for k, v in evaluation.items() if "/" in k},  # per task, with several
+            **({"eval_periods": evaluation["periods"]} if evaluation.get("periods") else {}),
             "wall_time_s": run["wall_seconds"],
             "this_invocation": {
                 "first_step": self.first_step,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 
 import torch
@@ -38,6 +39,7 @@ class TrainState:
         self.run_config_sha256 = run_config_sha256  # the run directory's config.yaml as recorded (rank 0)
         self.run_time = run_time  # the run's time so far, recorded in the manifest
         self.step = 0
+        self.data_position: Callable[[int], dict] | None = None  # the source's record of the rows read by a step
 
     def state_dict(self, weights_only: bool = False) -> dict:
         """{"model", "progress": {"step"}, "optim"}: optim left out with `weights_only` or when no
@@ -73,4 +75,5 @@ class TrainState:
             **({"run_config_sha256": self.run_config_sha256} if self.run_config_sha256 else {}),
             **({"run_time": self.run_time.record(self.step)} if self.run_time is not None else {}),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            **({"data_position": self.data_position(self.step)} if self.data_position is not None else {}),
         }

@@ -23,7 +23,8 @@ from dlrm.common.cadence import Every
 from dlrm.common.errors import UserError
 from dlrm.config import Config
 from dlrm.data.prefetch import Prefetcher, prefetch_pays
-from dlrm.data.source import batches_on, make_source
+from dlrm.data.source import PositionedSource, batches_on, make_source
+from dlrm.deltas.publish import Publisher
 from dlrm.distributed.cache_locks import cache_lines_unlocked
 from dlrm.distributed.capacity import dense_param_count
 from dlrm.distributed.dense_sync import use_compressed_allreduce, use_hierarchical_allreduce
@@ -108,6 +109,8 @@ class Trainer:
             recorded_config_sha256(self.run_dir),
             self.reporter.run_time,
         )
+        if isinstance(self.source, PositionedSource):  # a Parquet source records the rows each step read
+            self.state.data_position = self._data_position
         self.evaluator = Evaluator(cfg, self.device, self.pg)
         trace_dir = self.run_dir / "profile" if self.run_dir is not None else None  # rank 0 traces
         self.profiler = StepProfiler(tr, self.log_every, self.device, self.pg, world.world_size, trace_dir, self.sync)
@@ -124,9 +127,15 @@ class Trainer:
             if root is not None
             else None
         )
+        deltas_root = cfg.deltas.dir or (run_dir / "deltas" if run_dir is not None else None)
+        self.deltas = (
+            Publisher(cfg.model, Path(deltas_root), cfg.deltas.every_steps, cfg.deltas.at_end, self.pg, world.is_main)
+            if cfg.deltas.every_steps and deltas_root is not None
+            else None
+        )
         if tr.resume:
             self.resume(tr.resume)
-        self.schedule = lr_schedule(self.optimizer, cfg.optim.schedule, self.step)
+        self.schedule = lr_schedule(self.optimizer, cfg.optim.schedule, self.step, self.schedule_origin)
 
     def _build(self, model: DLRMTrain) -> None:
         """Shard `model` by the plan, hook the dense synchronisation, initialise, make the optimizers
@@ -202,6 +211,10 @@ class Trainer:
         manifest = loader.load(path, state, self.state.expected(weights_only), verify=self.cfg.checkpoint.verify)
         self.state.load_state_dict(state)
         self.reporter.run_time.carry(manifest.get("run_time"), self.step)
+        if isinstance(self.source, PositionedSource) and not weights_only:
+            continuation = self.source.resume_position(manifest.get("data_position"), self.step, str(path))
+            if continuation is not None:
+                log.info(continuation)
         if self.step > self.total_steps and not weights_only:
             raise CheckpointError(
                 f"checkpoint {path} is at step {self.step}, past trainer.max_steps={self.total_steps}: raise "
@@ -212,9 +225,20 @@ class Trainer:
         log.info(f"resumed from {path} at step {self.step}")
 
     @property
+    def schedule_origin(self) -> int:
+        """The step the lr schedule's clock starts at: 0, or with optim.schedule.on_new_data=restart
+        the first step of the continuation over new data that this run's stream began at."""
+        if self.cfg.optim.schedule.on_new_data == "restart" and isinstance(self.source, PositionedSource):
+            return self.source.stream_start
+        return 0
+
+    @property
     def total_steps(self) -> int:
-        """Steps to train: trainer.max_steps, or fewer if trainer.max_samples comes first."""
+        """Steps to train: trainer.max_steps, or fewer if trainer.max_samples comes first; with
+        trainer.max_epochs, the step where that many passes over the training window end."""
         tr = self.cfg.trainer
+        if tr.max_epochs is not None and isinstance(self.source, PositionedSource):  # validated: Parquet
+            return self.source.steps_for_passes(tr.max_epochs)
         return planned_steps(tr.max_steps, tr.max_samples, self.cfg.data.global_batch_size)
 
     def batches(self, split: str, start_step: int, count: int | None) -> Iterator:
@@ -298,6 +322,9 @@ class Trainer:
             self.reporter.evaluation(self.step, evaluation)
             return self._end(evaluation, None)
         batches = self.batches("train", self.step, self.total_steps - self.step)
+        if self.deltas is not None:  # the ids of each batch taken: the rows its step changes
+            self.deltas.start(self.step)
+            batches = self.deltas.tracker.watch(batches, self.step)
         self.model.train()
         self.stop.install(lambda: self.step)
         try:
@@ -341,6 +368,11 @@ class Trainer:
                     path = self.save_checkpoint(background=not last)
                     in_flight = self.checkpointer.in_flight
                     self.reporter.message(f"checkpoint: {path}{' (writing in the background)' if in_flight else ''}")
+            if self.deltas is not None and self.deltas.due(self.step, last):
+                with window.paused():
+                    published = self.deltas.publish(self.step, self.model)
+                    if published is not None:
+                        self.reporter.message(f"delta: {published}")
             if reached:
                 self.profiler.stop_trace()
                 break
@@ -356,6 +388,15 @@ class Trainer:
         return itertools.islice(batches, end - self.step)
 
     def _reached_target(self, evaluation: dict) -> bool:
+        """Whether the run ends at this evaluation: trainer.target_auc reached, or trainer.patience
+        evaluations without a better trainer.select_metric."""
+        if self.evaluator.stalled(evaluation, self.step):
+            best_step, best = self.evaluator.best or (0, math.nan)
+            self.reporter.message(
+                f"{self.cfg.trainer.select_metric} has not improved on {best:.5f} (step {best_step}) in "
+                f"{self.cfg.trainer.patience} evaluation(s): stopping at step {self.step}"
+            )
+            return True
         if not self.evaluator.reached_target(evaluation, self.step):
             return False
         samples = self.step * self.cfg.data.global_batch_size
@@ -379,7 +420,7 @@ class Trainer:
                 "the input holds NaN/inf values (check the data files; a Criteo loader refuses them "
                 "when it verifies them); trainer.log_every_steps=1 stops sooner"
             )
-        lr = lr_factor(self.step - 1, self.cfg.optim.schedule) * self.cfg.optim.dense.lr
+        lr = lr_factor(self.step - 1 - self.schedule_origin, self.cfg.optim.schedule) * self.cfg.optim.dense.lr
         warm_up = self.step - first_step <= self.cfg.trainer.log_every_steps
         phases = {**self.profiler.window_record(warm_up, last), **vocabulary_metrics(self.model)}  # vocab_<table>_*
         self.reporter.window_record(self.step, mean_loss, len(losses), seconds, lr, phases)
@@ -433,6 +474,22 @@ class Trainer:
         """The model with its plain forward (the pipeline's rewrite undone), for direct calls."""
         return self.pipeline.detach() if self.pipeline is not None else self.model
 
+    def _data_position(self, step: int) -> dict:
+        assert isinstance(self.source, PositionedSource)
+        return self.source.position(step)
+
+    def _period_batches(self) -> dict[str, Iterator] | None:
+        """Each evaluated period's batches (data.eval_batches of each at most; periods under one batch
+        left out); None for a source without periods."""
+        cap, source = self.cfg.data.eval_batches, self.source
+        if not isinstance(source, PositionedSource) or not source.eval_periods:
+            return None
+        return {
+            p: itertools.islice(source.period_batches(p, self.world.rank, self.world.world_size), cap)
+            for p in source.eval_periods
+            if source.period_batch_count(p)
+        }
+
     def eval_batches(self) -> int:
         """The batches an evaluation scores (`eval_batch_count`: data.eval_batches, or all the eval split has)."""
         return eval_batch_count(self.cfg, self.source.num_batches("eval"))
@@ -447,6 +504,9 @@ class Trainer:
             return {}
         try:
             with cache_lines_unlocked(self.model):
+                periods = self._period_batches()
+                if periods is not None:  # a dataset partitioned by time: per period
+                    return self.evaluator.evaluate_periods(self.detached_model(), periods)
                 return self.evaluator.evaluate(self.detached_model(), self.batches("eval", 0, n))
         finally:
             if self.pipeline is not None:

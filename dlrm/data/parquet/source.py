@@ -7,6 +7,12 @@ orders its row groups by a permutation seeded by (seed, epoch) (`data.parquet.sh
 row group keep their order), eval reads them in file order, one pass. Global batch k is rows
 [k * B, (k + 1) * B) of that sequence (the last partial batch is dropped); rank r of W takes rows
 [k * B + r * b, k * B + (r + 1) * b), b = B / W. `batches(..., start_step=k)` starts at batch k exactly.
+A dataset partitioned by time (`data.parquet.periods`) trains on the row groups of its window, period
+by period in time order, shuffled only within a period, and evaluates each evaluated period apart
+(`eval_periods`). The train rows are a `dlrm.data.parquet.position.Stream`: a checkpoint records
+which rows of which files were read (`position`), and a resume continues from that record
+(`resume_position`), over the same files exactly, or over a window that gained files on the rows
+not read yet.
 
 A rank reads (`ParquetFile.read_row_group`, only the declared columns, local files memory-mapped)
 just the row groups that overlap its slices, and keeps the last few decoded, so read amplification
@@ -41,11 +47,15 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pyarrow as pa
 
 from dlrm.config import ParquetConfig
 from dlrm.config.choices import IdPolicy, SparseKind
+from dlrm.config.periods import in_range
 from dlrm.data.parquet.batches import BatchMaker
 from dlrm.data.parquet.files import ParquetDataError
+from dlrm.data.parquet.partitions import ordered, row_group_periods, window_groups
+from dlrm.data.parquet.position import GroupRef, Stream, changed_files, continued_stream, file_identity
 from dlrm.data.parquet.reader import RowGroupReader, Split
 from dlrm.data.parquet.schema import Dataset
 from dlrm.data.prefetch import Prefetcher
@@ -99,6 +109,8 @@ class ParquetSource:
                         "schema"
                     )
             self.splits = {"train": Split(train, groups), "eval": Split(evals, list(range(len(evals.row_groups))))}
+        elif cfg.periods.key:
+            self.splits = self._period_splits(train)
         else:
             held = max(1, round(len(groups) * cfg.eval_fraction)) if cfg.eval_fraction > 0 else 0
             if held >= len(groups):
@@ -123,6 +135,114 @@ class ParquetSource:
             )
         for dataset in {id(d.dataset): d.dataset for d in self.splits.values()}.values():
             self._check_statistics(dataset)
+        self.stream = Stream(self._window_refs(), self.global_batch_size, self.seed, cfg.shuffle, keyed=bool(self.key))
+        self._identities: dict[str, dict] = {}
+
+    # time-ordered datasets and the recorded data position (dlrm.data.parquet.partitions, .position)
+
+    @property
+    def key(self) -> str | None:
+        """The partition key (data.parquet.periods.key), or None for an unpartitioned dataset."""
+        return self.cfg.periods.key
+
+    def _period_splits(self, train: Dataset) -> dict[str, Split]:
+        """The training window and the evaluated periods of a dataset partitioned by time; each
+        evaluated period also as its own split (`eval_periods`)."""
+        key, periods_cfg = str(self.cfg.periods.key), self.cfg.periods
+        self.group_periods = row_group_periods(train, key)
+        found = ordered(self.group_periods)
+        window = window_groups(self.group_periods, list(periods_cfg.train), list(periods_cfg.eval))
+        held = window_groups(self.group_periods, list(periods_cfg.eval)) if periods_cfg.eval else []
+        for name, bounds, chosen in (("train", periods_cfg.train, window), ("eval", periods_cfg.eval, held)):
+            if not chosen and (bounds or name == "train"):
+                raise ParquetDataError(
+                    f"data.parquet.periods.{name} = {list(bounds)} selects no rows of {self.cfg.path}: its {key} "
+                    f"periods are {found}; choose periods among them"
+                )
+        self.period_splits = {
+            p: Split(train, [g for g in held if self.group_periods[g] == p])
+            for p in ordered([self.group_periods[g] for g in held])
+        }
+        return {"train": Split(train, window), "eval": Split(train, held)}
+
+    def _window_refs(self) -> list[GroupRef]:
+        split = self.splits["train"]
+        periods = getattr(self, "group_periods", None)
+        return [
+            GroupRef(g, split.dataset.paths[rg.file], rg.index, rg.rows, periods[g] if periods else "")
+            for g in split.groups
+            for rg in (split.dataset.row_groups[g],)
+        ]
+
+    @property
+    def eval_periods(self) -> list[str]:
+        """The evaluated periods in time order ([] for an unpartitioned dataset)."""
+        return list(getattr(self, "period_splits", {}))
+
+    def period_batches(self, period: str, rank: int, world_size: int) -> Iterator[Batch]:
+        """This rank's slices of the global batches of evaluated period `period`, in order, one pass."""
+        split = self.period_splits[period]
+        b = self.global_batch_size // world_size
+        reader = RowGroupReader(split.dataset, self.columns)
+        starts = np.concatenate([[0], np.cumsum([split.dataset.row_groups[g].rows for g in split.groups])])
+        for j in range(split.rows // self.global_batch_size):
+            yield self.make_batch(*reader.read(split.groups, starts, j * self.global_batch_size + rank * b, b))
+
+    def period_batch_count(self, period: str) -> int:
+        """Global batches of evaluated period `period`."""
+        return self.period_splits[period].rows // self.global_batch_size
+
+    def _identity(self, path: str) -> dict:
+        if path not in self._identities:
+            self._identities[path] = file_identity(self.splits["train"].dataset.fs, path)
+        return self._identities[path]
+
+    def position(self, step: int) -> dict:
+        """The data position after `step` global steps, as a checkpoint records it (`data_position`)."""
+        paths = {ref.path for ref in self.stream.groups}
+        return self.stream.record(step, {p: self._identity(p) for p in paths}, self.key)
+
+    def resume_position(self, record: dict | None, step: int, checkpoint: str) -> str | None:
+        """Continue from the data position `record` a checkpoint at `step` holds: the same stream where
+        the window holds the same files, else the rows not read yet (new files whole). Raises
+        ParquetDataError naming a recorded file that changed or is gone. Returns a line describing a
+        continuation over other files (None for an exact resume or no record)."""
+        if record is None:
+            return None
+        dataset = self.splits["train"].dataset
+        recorded = {f["path"] for f in record.get("files", [])}
+        identities = {p: self._identity(p) for p in dataset.paths if p in recorded}
+        window = {ref.path for ref in self.stream.groups}
+        bounds = list(self.cfg.periods.train)
+
+        def in_window(period: str | None) -> bool:  # unpartitioned: every file is in the window
+            return not self.key or (period is not None and (not bounds or in_range(period, bounds)))
+
+        problem = changed_files(record, identities, window, in_window)
+        if problem:
+            raise ParquetDataError(
+                f"{problem} (checkpoint {checkpoint}); a file a run has read must not change: restore it, or write "
+                "new rows as new files (a new partition) and continue"
+            )
+        self.stream, continued = continued_stream(
+            record, step, self.stream.groups, self.global_batch_size, self.seed, self.cfg.shuffle, bool(self.key)
+        )
+        if not continued:
+            return None
+        new = len(window - recorded)
+        rows = int(self.stream.segments(0)[1][-1])
+        files = f"{new} new file(s) in a window of {len(window)}"
+        return f"data: continuing at step {step} on {rows:,} row(s) not read yet ({files})"
+
+    @property
+    def stream_start(self) -> int:
+        """The global step of the stream's first batch: 0, or a continuation over new data's first step."""
+        return self.stream.base_step
+
+    def steps_for_passes(self, passes: int) -> int:
+        """The global step at which `passes` passes over the window end (the first continues the
+        current one: its rows not read yet)."""
+        return self.stream.steps_for_passes(passes)
 
     def _check_statistics(self, dataset: Dataset) -> None:
         """Read (and check as a batch, `make_batch`) each row group whose Parquet statistics show nulls,
@@ -154,11 +274,11 @@ class ParquetSource:
         return self.splits[split].rows // self.global_batch_size
 
     def group_order(self, split: str, epoch: int) -> list[int]:
-        """The split's row groups in the order of `epoch`: seeded by (seed, epoch) for shuffled train."""
-        groups = self.splits[split].groups
-        if split == "train" and self.cfg.shuffle:
-            return [groups[i] for i in np.random.default_rng([self.seed, epoch]).permutation(len(groups))]
-        return list(groups)
+        """The split's row groups in the order of `epoch`: seeded by (seed, epoch) for shuffled train
+        (within each period of a dataset partitioned by time)."""
+        if split == "train":
+            return [ref.group for ref in self.stream.order(epoch)]
+        return list(self.splits[split].groups)
 
     def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Prefetcher[Batch]:
         """This rank's slices of global batches start_step, start_step + 1, ... (train: endless; eval: one
@@ -188,6 +308,9 @@ class ParquetSource:
             return
         b = self.global_batch_size // world_size
         reader = RowGroupReader(self.splits[split].dataset, self.columns)
+        if split == "train":
+            yield from self._produce_train(reader, rank * b, b, start_step)
+            return
         step, epoch = start_step, -1
         order, starts = [], np.zeros(1, np.int64)
         while split == "train" or step < n:
@@ -197,6 +320,19 @@ class ParquetSource:
                 rows = [self.splits[split].dataset.row_groups[g].rows for g in order]
                 starts = np.concatenate([[0], np.cumsum(rows)])
             yield self.make_batch(*reader.read(order, starts, j * self.global_batch_size + rank * b, b))
+            step += 1
+
+    def _produce_train(self, reader: RowGroupReader, offset: int, count: int, start_step: int) -> Iterator[Batch]:
+        """Rows [offset, offset + count) of each global batch of the stream from `start_step` on."""
+        dataset, step = self.splits["train"].dataset, start_step
+        while True:
+            pieces, origin, at = [], [], 0
+            for g, a, n in self.stream.slices(step, offset, count):
+                rg = dataset.row_groups[g]
+                pieces.append(reader.group(g).slice(a, n))
+                origin.append((at, dataset.paths[rg.file], rg.first_row + a))
+                at += n
+            yield self.make_batch(pa.concat_tables(pieces).combine_chunks(), origin)
             step += 1
 
     def make_batch(self, table, origin: list[tuple]) -> Batch:
