@@ -301,6 +301,34 @@ def test_inspect_configs_train_and_transform(team, tmp_path, capsys):
     assert 0.5 < float(loss.detach()) < 0.9  # near log 2: a sane first loss
 
 
+def test_inspect_vocabulary_manages_strings_and_sparse_ids_and_trains(team, tmp_path, capsys):
+    """--vocabulary lfu: the 63-bit user ids and the item strings get managed vocabularies sized from
+    their distinct counts (not folded), as the YYMMDDHH hours; the config trains."""
+    out = tmp_path / "conf"
+    args = [str(team), "--out", str(out), "--label", "click", "--batch-size", "256", "--vocabulary", "lfu"]
+    assert inspect.main(args) == 0
+    assert "a managed vocabulary of" in capsys.readouterr().out
+    from dlrm.config import to_config, validate
+    from dlrm.config.compose import compose_job, hydra_session
+    from dlrm.data.source import make_source
+    from dlrm.models.dlrm import build_model, initialize
+    from dlrm.models.vocabulary import vocabulary_metrics
+
+    with hydra_session():
+        cfg = to_config(compose_job(["model=mydata", "data=mydata"], with_hydra=False, config_dir=str(out)))
+    validate(cfg)
+    tables = {t.features[0]: t for t in cfg.model.tables}
+    assert str(tables["user"].vocabulary.policy) == "lfu" and str(tables["item"].vocabulary.policy) == "lfu"
+    assert tables["item"].rows < 3000 and tables["hour"].rows <= 16  # YYMMDDHH: a row per hour seen
+    model = build_model(cfg.model, torch.device("cpu"))
+    initialize(model, cfg.model, seed=0)
+    batches = make_source(cfg).batches("train", 0, 1)
+    loss, _ = model(next(batches))
+    batches.close()
+    assert 0.5 < float(loss.detach()) < 0.9
+    assert vocabulary_metrics(model)["vocab_t_user_new_ids"] > 0  # raw 63-bit ids admitted, not folded
+
+
 def test_inspect_refuses_to_overwrite_edits_unless_forced(team, tmp_path, capsys):
     args = [str(team), "--out", str(tmp_path / "conf"), "--label", "click"]
     assert inspect.main(args) == 0

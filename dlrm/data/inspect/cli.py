@@ -26,6 +26,7 @@ from dlrm.common.io import write_atomic
 from dlrm.data.inspect.columns import SPARSE, Column, describe
 from dlrm.data.inspect.sample import sample
 from dlrm.data.parquet.files import ParquetDataError
+from dlrm.data.source import RAW_ID_BOUND
 
 
 def safe_name(column: str, taken: set[str]) -> str:
@@ -41,10 +42,18 @@ def safe_name(column: str, taken: set[str]) -> str:
     return name
 
 
-def vocabulary(column: Column) -> dict | None:
-    """The managed vocabulary of a sparse column (model.tables[i].vocabulary), or None: ids folded
-    into the table (modulo). The decision point for managed vocabularies; none is chosen here yet."""
-    return None
+def vocabulary(column: Column, policy: str) -> dict | None:
+    """The managed vocabulary of a sparse column with --vocabulary POLICY: {"rows", "vocabulary",
+    "reason"} for strings and sparse id spaces (`suggest_vocabulary`), else None (ids index or fold
+    into the table)."""
+    if policy == "none":
+        return None
+    from dlrm.models.vocabulary import suggest_vocabulary
+
+    suggested = suggest_vocabulary(max(column.estimate, column.distinct), column.max_id, column.role)
+    if suggested is not None:
+        suggested["vocabulary"] = {"policy": policy}
+    return suggested
 
 
 def eval_split(total_rows: int, row_groups: int, batch: int) -> tuple[float, int, str]:
@@ -68,9 +77,16 @@ def eval_split(total_rows: int, row_groups: int, batch: int) -> tuple[float, int
 
 
 def configs(
-    columns: list[Column], path: str, batch_size: int, dim: int, total_rows: int, row_groups: int
+    columns: list[Column],
+    path: str,
+    batch_size: int,
+    dim: int,
+    total_rows: int,
+    row_groups: int,
+    vocabulary_policy: str = "none",
 ) -> tuple[dict, dict, str]:
-    """(model, data, why no eval split or "") config group options for these columns, as plain dicts."""
+    """(model, data, why no eval split or "") config group options for these columns, as plain dicts;
+    vocabulary_policy (lru, lfu): managed vocabularies for strings and sparse id spaces."""
     sparse = [c for c in columns if c.role in SPARSE]
     dense = [c for c in columns if c.role == "dense"]
     labels = [c.name for c in columns if c.role == "label"]
@@ -84,7 +100,7 @@ def configs(
     taken: set[str] = set()
     names = {c.name: safe_name(c.name, taken) for c in sparse}
     flags = sum(1 for c in dense if c.transform and c.transform["missing_flag"])
-    tables = []
+    tables, managed = [], set()
     for c in sparse:
         table = {
             "name": f"t_{names[c.name]}",
@@ -93,9 +109,11 @@ def configs(
             "features": [names[c.name]],
             "pooling": c.pooling,
         }
-        vocab = vocabulary(c)
+        vocab = vocabulary(c, vocabulary_policy)
         if vocab is not None:
-            table["vocabulary"] = vocab
+            table["rows"], table["vocabulary"] = vocab["rows"], vocab["vocabulary"]
+            managed.add(c.name)
+            c.notices.append(f"{c.name!r}: a managed vocabulary of {vocab['rows']:,} rows ({vocab['reason']})")
         tables.append(table)
     model = {
         # no dense column: no bottom MLP; dot needs two features to multiply, else the cross net
@@ -107,7 +125,8 @@ def configs(
         "tables": tables,
     }
     fraction, eval_batches, why = eval_split(total_rows, row_groups, batch)
-    folds = any(c.max_id is not None and (c.max_id >= (c.rows or 0) or (c.min_id or 0) < 0) for c in sparse)
+    bound = {c.name: RAW_ID_BOUND if c.name in managed else (c.rows or 0) for c in sparse}  # uint64: folded
+    folds = any(c.max_id is not None and (c.max_id >= bound[c.name] or (c.min_id or 0) < 0) for c in sparse)
     data = {
         "source": "parquet",
         "global_batch_size": batch,
@@ -199,6 +218,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=512, help="global batch size (halved on a small dataset)")
     ap.add_argument("--dim", type=int, default=16, help="embedding dimension (a multiple of 4)")
     ap.add_argument("--max-rows", type=int, default=10_000_000, help="the largest table suggested")
+    ap.add_argument(
+        "--vocabulary",
+        choices=("none", "lru", "lfu", "distance_lfu"),
+        default="none",
+        help="managed vocabularies (this eviction policy) for strings and sparse id spaces; none: modulo",
+    )
     try:
         a = ap.parse_args(argv)
         if a.sample_rows < 1 or a.batch_size < 1 or a.dim < 4 or a.dim % 4 or a.max_rows < 16:
@@ -217,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         columns = describe(table, total, labels, a.dense, a.ignore, a.max_rows, a.keep, a.weight)
         print(f"{a.path}: {total:,} rows in {groups:,} row groups; sample of {table.num_rows:,} rows spread over them")
         print(_table(columns))
-        model, data, no_eval = configs(columns, a.path, a.batch_size, a.dim, total, groups)
+        model, data, no_eval = configs(columns, a.path, a.batch_size, a.dim, total, groups, a.vocabulary)
         dense = [c for c in columns if c.role == "dense"]
         written = write_configs(a.out, a.name, model, data, a.path, dense, a.force)
     except UserError as e:
