@@ -127,26 +127,7 @@ class Config:
                     f"table_column_wise or data_parallel (+sharding.per_table.{t.name}=table_wise), or use "
                     "pooling_type=sum",
                 )
-        multi_hot = self.data.criteo.multi_hot_sizes or self.data.parquet.multi_hot_sizes
-        if self.deltas.every_steps and multi_hot and self.data.source != DataSource.synthetic:
-            _fail(
-                "deltas.every_steps",
-                self.deltas.every_steps,
-                "deltas track the ids each batch holds, and multi-hot ids are expanded on the device: "
-                "set the multi_hot_sizes to null, or deltas.every_steps=0",
-            )
-        if self.trainer.max_epochs is not None and self.data.source != DataSource.parquet:
-            _fail(
-                "trainer.max_epochs",
-                self.trainer.max_epochs,
-                "passes over a training window are counted for data.source=parquet; use trainer.max_steps",
-            )
-        if self.trainer.target_auc is not None and self.data.eval_batches == 0:
-            _fail(
-                "data.eval_batches",
-                0,
-                "trainer.target_auc needs an eval set: give data.eval_batches > 0, or set trainer.target_auc=null",
-            )
+        self._check_over_time()
         period = self.trainer.sync_period
         if self.trainer.dense_sync == DenseSync.local_sgd and self.checkpoint.every_steps % period:
             _fail(
@@ -167,6 +148,29 @@ class Config:
                     "on CPU use optim=rowwise_adagrad (or optim.embedding.name=adagrad|sgd), or replicate every "
                     "table with sharding=data_parallel, where adam runs",
                 )
+
+    def _check_over_time(self) -> None:
+        """Deltas, epochs and the target AUC against the data they need."""
+        multi_hot = self.data.criteo.multi_hot_sizes or self.data.parquet.multi_hot_sizes
+        if self.deltas.every_steps and multi_hot and self.data.source != DataSource.synthetic:
+            _fail(
+                "deltas.every_steps",
+                self.deltas.every_steps,
+                "deltas track the ids each batch holds, and multi-hot ids are expanded on the device: "
+                "set the multi_hot_sizes to null, or deltas.every_steps=0",
+            )
+        if self.trainer.max_epochs is not None and self.data.source != DataSource.parquet:
+            _fail(
+                "trainer.max_epochs",
+                self.trainer.max_epochs,
+                "passes over a training window are counted for data.source=parquet; use trainer.max_steps",
+            )
+        if self.trainer.target_auc is not None and self.data.eval_batches == 0:
+            _fail(
+                "data.eval_batches",
+                0,
+                "trainer.target_auc needs an eval set: give data.eval_batches > 0, or set trainer.target_auc=null",
+            )
 
     def _check_source(self) -> None:
         """What the data source can feed the model: labels per task, weights per id, Parquet columns."""

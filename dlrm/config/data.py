@@ -155,6 +155,22 @@ class ParquetConfig:
                 getattr(self, name),
                 f"with {key}.periods.key the evaluated periods are {key}.periods.eval: set {name} to null/0",
             )
+        self._check_columns(key)
+        if self.multi_hot_sizes is not None:
+            if min(self.multi_hot_sizes, default=0) < 1:
+                _fail(f"{key}.multi_hot_sizes", self.multi_hot_sizes, "give one size >= 1 per feature, or null")
+            others = [s.name for s in self.sparse if s.kind != SparseKind.id or s.weights]
+            if others:
+                _fail(
+                    f"{key}.multi_hot_sizes",
+                    self.multi_hot_sizes,
+                    f"it expands one base id per sample: declare every feature kind: id without weights ({others} "
+                    "are not), or set it to null",
+                )
+
+    def _check_columns(self, key: str) -> None:
+        """Unique feature names, one task per label column and no label as an input, transforms of
+        declared dense columns."""
         seen: set[str] = set()
         for i, s in enumerate(self.sparse):
             if not s.name or s.name in seen:
@@ -184,17 +200,6 @@ class ParquetConfig:
                 _fail(f"{where}.std", t.std, "give a finite mean and a std > 0")
             if t.clip is not None and (len(t.clip) != 2 or not t.clip[0] <= t.clip[1]):
                 _fail(f"{where}.clip", list(t.clip), "give [lo, hi] with lo <= hi, or null")
-        if self.multi_hot_sizes is not None:
-            if min(self.multi_hot_sizes, default=0) < 1:
-                _fail(f"{key}.multi_hot_sizes", self.multi_hot_sizes, "give one size >= 1 per feature, or null")
-            others = [s.name for s in self.sparse if s.kind != SparseKind.id or s.weights]
-            if others:
-                _fail(
-                    f"{key}.multi_hot_sizes",
-                    self.multi_hot_sizes,
-                    f"it expands one base id per sample: declare every feature kind: id without weights ({others} "
-                    "are not), or set it to null",
-                )
 
 
 @dataclass

@@ -100,21 +100,7 @@ def configs(
     taken: set[str] = set()
     names = {c.name: safe_name(c.name, taken) for c in sparse}
     flags = sum(1 for c in dense if c.transform and c.transform["missing_flag"])
-    tables, managed = [], set()
-    for c in sparse:
-        table = {
-            "name": f"t_{names[c.name]}",
-            "rows": c.rows,
-            "dim": dim,
-            "features": [names[c.name]],
-            "pooling": c.pooling,
-        }
-        vocab = vocabulary(c, vocabulary_policy)
-        if vocab is not None:
-            table["rows"], table["vocabulary"] = vocab["rows"], vocab["vocabulary"]
-            managed.add(c.name)
-            c.notices.append(f"{c.name!r}: a managed vocabulary of {vocab['rows']:,} rows ({vocab['reason']})")
-        tables.append(table)
+    tables, managed = _tables(sparse, names, dim, vocabulary_policy)
     model = {
         # no dense column: no bottom MLP; dot needs two features to multiply, else the cross net
         "interaction": "dot" if dense or len(sparse) > 1 else "dcn",
@@ -144,6 +130,26 @@ def configs(
         },
     }
     return model, data, why
+
+
+def _tables(sparse: list[Column], names: dict[str, str], dim: int, policy: str) -> tuple[list[dict], set[str]]:
+    """(model.tables entries, the columns given a managed vocabulary) of the sparse columns."""
+    tables, managed = [], set()
+    for c in sparse:
+        table = {
+            "name": f"t_{names[c.name]}",
+            "rows": c.rows,
+            "dim": dim,
+            "features": [names[c.name]],
+            "pooling": c.pooling,
+        }
+        vocab = vocabulary(c, policy)
+        if vocab is not None:
+            table["rows"], table["vocabulary"] = vocab["rows"], vocab["vocabulary"]
+            managed.add(c.name)
+            c.notices.append(f"{c.name!r}: a managed vocabulary of {vocab['rows']:,} rows ({vocab['reason']})")
+        tables.append(table)
+    return tables, managed
 
 
 def _transforms_yaml(dense: list[Column]) -> str:

@@ -10,6 +10,8 @@ source expands its files' (`dlrm.data.multihot`): on the host, or, with `expand_
 the batch is moved (`BaseIdBatch`).
 """
 
+# long file: one BatchMaker reads every column kind (ids, lists, strings, weights, dense, labels) into a batch
+
 from __future__ import annotations
 
 import functools
