@@ -36,7 +36,7 @@ from dlrm.checkpoint.layout import (
 from dlrm.checkpoint.manifest import file_digest, read_manifest, signature_differences, write_manifest
 from dlrm.checkpoint.safe_load import load_checkpoint
 from dlrm.common.cadence import Every
-from dlrm.common.io import DiskFullError, disk_full_is_user_error
+from dlrm.common.io import DiskFullError, disk_full_is_user_error, publish_dir
 
 log = logging.getLogger(__name__)
 
@@ -353,7 +353,7 @@ class Checkpointer:
         beyond `keep`."""
         if final.exists():  # an incomplete one (no manifest), or this invocation's own
             shutil.rmtree(final)
-        os.replace(partial, final)
+        publish_dir(partial, final, flush_files=False)  # DCP's writer flushed the data files, the manifest is atomic
         self.written.add(final)
         for old in complete_checkpoints(self.root)[: -self.keep]:
             if old in self.written:  # never one that an earlier invocation of the run wrote
