@@ -185,7 +185,7 @@ class Checkpointer:
             a successful save (an earlier invocation's, e.g. the run a continuation resumes, never).
         pg: the process group of all ranks.
         is_main: whether this is rank 0 (it renames, writes the manifest and prunes).
-        every: when `should_save` says a save is due (default: never).
+        every: when `due` says a save is due (default: never).
         background: let `save(..., background=True)` write in the background (`dcp.async_save`); it makes
             a Gloo process group of its own here, so every rank must construct it at the same point.
     """
@@ -215,7 +215,7 @@ class Checkpointer:
         self._pending: threading.Thread | None = None
         self._pending_error: BaseException | None = None
 
-    def should_save(self, step: int, last: bool) -> bool:
+    def due(self, step: int, last: bool) -> bool:
         """Whether a checkpoint is due after `step` (`every`; `last`: the run's last step)."""
         return self.every.due(step, last)
 
