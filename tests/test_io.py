@@ -64,3 +64,43 @@ def test_an_output_that_is_an_input_is_refused(tmp_path, inside):
     with pytest.raises(UserError, match="would overwrite"):
         refuse_alias(out, "--out", inputs)
     refuse_alias(tmp_path / "other.npy", "--out", inputs)  # anything else is fine
+
+
+def test_publish_dir_renames_a_whole_directory_over_an_empty_one(tmp_path):
+    from dlrm.common.io import publish_dir
+
+    stage, out = tmp_path / ".out.tmp", tmp_path / "out"
+    (stage / "sub").mkdir(parents=True)
+    (stage / "sub" / "a.bin").write_bytes(b"a")
+    out.mkdir()
+    publish_dir(stage, out)
+    assert (out / "sub" / "a.bin").read_bytes() == b"a" and not stage.exists()
+    other = tmp_path / ".other"
+    other.mkdir()
+    (other / "b").write_bytes(b"b")
+    with pytest.raises(OSError):  # never over a directory that holds something
+        publish_dir(other, out)
+    assert (out / "sub" / "a.bin").exists() and (other / "b").exists()
+
+
+def test_only_common_io_renames_files_into_place():
+    """Every writer publishes through dlrm.common.io (fsync, one rename, the directory flushed): no
+    other module calls os.replace, os.rename, Path.rename/replace or shutil.move."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "dlrm"
+    renames = {("os", "replace"), ("os", "rename"), ("shutil", "move")}
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path == root / "common" / "io.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            owner = node.func.value
+            name = owner.id if isinstance(owner, ast.Name) else None
+            path_rename = node.func.attr in ("rename", "replace") and len(node.args) == 1 and not node.keywords
+            if (name, node.func.attr) in renames or (path_rename and name not in ("str", "s", "text")):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno} {ast.unparse(node)[:80]}")
+    assert not found, found

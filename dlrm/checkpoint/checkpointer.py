@@ -36,7 +36,7 @@ from dlrm.checkpoint.layout import (
 from dlrm.checkpoint.manifest import file_digest, read_manifest, signature_differences, write_manifest
 from dlrm.checkpoint.safe_load import load_checkpoint
 from dlrm.common.cadence import Every
-from dlrm.common.io import DiskFullError, disk_full_is_user_error
+from dlrm.common.io import DiskFullError, disk_full_is_user_error, publish_dir
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class Checkpointer:
             a successful save (an earlier invocation's, e.g. the run a continuation resumes, never).
         pg: the process group of all ranks.
         is_main: whether this is rank 0 (it renames, writes the manifest and prunes).
-        every: when `should_save` says a save is due (default: never).
+        every: when `due` says a save is due (default: never).
         background: let `save(..., background=True)` write in the background (`dcp.async_save`); it makes
             a Gloo process group of its own here, so every rank must construct it at the same point.
     """
@@ -215,7 +215,7 @@ class Checkpointer:
         self._pending: threading.Thread | None = None
         self._pending_error: BaseException | None = None
 
-    def should_save(self, step: int, last: bool) -> bool:
+    def due(self, step: int, last: bool) -> bool:
         """Whether a checkpoint is due after `step` (`every`; `last`: the run's last step)."""
         return self.every.due(step, last)
 
@@ -353,7 +353,7 @@ class Checkpointer:
         beyond `keep`."""
         if final.exists():  # an incomplete one (no manifest), or this invocation's own
             shutil.rmtree(final)
-        os.replace(partial, final)
+        publish_dir(partial, final, flush_files=False)  # DCP's writer flushed the data files, the manifest is atomic
         self.written.add(final)
         for old in complete_checkpoints(self.root)[: -self.keep]:
             if old in self.written:  # never one that an earlier invocation of the run wrote

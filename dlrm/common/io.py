@@ -52,11 +52,34 @@ def publish(finished: str | os.PathLike[str], target: str | os.PathLike[str]) ->
     with open(finished, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(finished, target)
-    directory = os.open(os.path.dirname(os.path.abspath(target)), os.O_RDONLY)
+    _fsync_dir(os.path.dirname(os.path.abspath(target)))
+
+
+def publish_dir(finished: str | os.PathLike[str], target: str | os.PathLike[str], flush_files: bool = True) -> None:
+    """Make the complete directory `finished`, beside `target` (the same filesystem), the directory
+    `target` (absent, or empty) in one rename: its files flushed first (`flush_files`; False where
+    their writer flushed them), its entries and the parent's flushed after.
+
+    Raises:
+        OSError: `target` exists and is not empty, or the rename fails.
+    """
+    if flush_files:
+        for f in Path(finished).rglob("*"):
+            if f.is_file():
+                with open(f, "rb+") as handle:
+                    os.fsync(handle.fileno())
+    for directory in (finished, os.path.dirname(os.path.abspath(target))):
+        _fsync_dir(directory)
+    os.replace(finished, target)
+    _fsync_dir(os.path.dirname(os.path.abspath(target)))
+
+
+def _fsync_dir(path: str | os.PathLike[str]) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(directory)
+        os.fsync(fd)
     finally:
-        os.close(directory)
+        os.close(fd)
 
 
 def refuse_alias(out: str | os.PathLike[str], flag: str, inputs: dict[str, str | os.PathLike[str]]) -> None:

@@ -42,7 +42,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from dlrm.common.errors import ArgumentParser, UserError
-from dlrm.common.io import refuse_alias
+from dlrm.common.io import publish_dir, refuse_alias
 from dlrm.data.parquet.files import compute, write_options
 from dlrm.data.progress import Progress
 
@@ -264,9 +264,7 @@ def _publish_dir(stage: Path, out_dir: Path) -> None:
     os.chmod(stage, 0o777 & ~mask)
     for f in stage.iterdir():
         os.chmod(f, 0o666 & ~mask)
-    if out_dir.exists():
-        out_dir.rmdir()  # empty: checked before
-    os.rename(stage, out_dir)
+    publish_dir(stage, out_dir)  # out_dir absent or empty: checked before
 
 
 # long: one streaming pass over the CSV, read top to bottom

@@ -79,6 +79,10 @@ class LocalSGD:
         """Whether the replicated weights agree on every rank after `step` (1-based) steps."""
         return step <= self.warmup or (step - self.warmup) % self.period == 0
 
+    def due(self, step: int, last: bool) -> bool:
+        """Whether the run's end needs an average now: `last` and the weights differ after `step`."""
+        return last and not self.averaged(step)
+
     def average(self) -> None:
         """Average the replicated parameters now (the end of a run between two averaging steps)."""
         if self.params:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from dlrm.common.errors import UserError
-from dlrm.common.io import refuse_alias
+from dlrm.common.io import publish_dir, refuse_alias
 from dlrm.config import ModelConfig, ParquetConfig
 from dlrm.export.file import data_of, model_config_of, read_checkpoint
 from dlrm.export.serving import ServingModel, feature_names, hooks_of
@@ -181,14 +181,6 @@ def _check_compiled(package: Path, module: ServingModel, cfg: ModelConfig) -> No
 
 def _publish_dir(work: Path, out: Path) -> None:
     """Rename the finished directory `work` to `out` (the same filesystem) in one step, files flushed first."""
-    for p in work.iterdir():
-        with open(p, "rb+") as f:
-            os.fsync(f.fileno())
     if out.exists():  # appeared while compiling
         raise UserError(f"{out} already exists; choose a new path for the bundle (it is never overwritten)")
-    os.rename(work, out)
-    directory = os.open(out.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    publish_dir(work, out)

@@ -38,7 +38,7 @@ class Evaluator:
         self.stale = 0  # evaluations since the best
         self.stopped_early = False
 
-    def should_eval(self, step: int, last: bool) -> bool:
+    def due(self, step: int, last: bool) -> bool:
         """Whether an evaluation is due after `step` (`last`: the run's last step)."""
         return self.every.due(step, last)
 

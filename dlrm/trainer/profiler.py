@@ -68,17 +68,17 @@ class StepProfiler:
     def __init__(
         self,
         cfg: TrainerConfig,
-        log_every: Every,
         device: torch.device,
         pg,
         world_size: int,
         trace_dir: Path | None,
         sync: Callable[[], None] = lambda: None,
     ) -> None:
-        self.cfg, self.log_every, self.device, self.pg, self.world_size = cfg, log_every, device, pg, world_size
+        self.cfg, self.device, self.pg, self.world_size = cfg, device, pg, world_size
+        self.log_every = Every(cfg.log_every_steps)
         self.sync = sync  # waits for the device: a profiled step's time holds its device work
         self.activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        self.sampled = Every(log_every.n * cfg.breakdown_every)  # with the run's last step: the profiled steps
+        self.sampled = Every(cfg.log_every_steps * cfg.breakdown_every)  # with the run's last step: the profiled steps
         width = 4 + 2 * len(PHASES) + 5 * len(COMM_KINDS) + world_size
         self.window = torch.zeros(width, dtype=torch.float64)  # this log window's profiled steps
         self.run = torch.zeros(width, dtype=torch.float64)  # the windows after the first (warm-up)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dlrm.common.cadence import Every
 from dlrm.common.io import disk_full_is_user_error, write_json_atomic
 from dlrm.config import Config
 from dlrm.distributed.topology import backend_for
@@ -73,10 +74,23 @@ class Reporter:
         self.losses: list[float] = []  # the global mean loss of every logged window; summary's final_loss
         self.log = MetricsLog(None)
         self.progress = Progress(0, "none", False)
+        self.every = Every(cfg.trainer.log_every_steps)
         self.window: ThroughputWindow = ThroughputWindow()
         self.run_time = RunTime(self.window)  # the whole run's time: a checkpoint records it, a resume carries it
         self.first_step = 0
         self.started = time.perf_counter()
+
+    def due(self, step: int, last: bool) -> bool:
+        """Whether the log window closes after `step` (trainer.log_every_steps, or `last`) and holds steps."""
+        return self.every.due(step, last) and bool(self.window.losses)
+
+    def add(self, loss) -> None:
+        """Count one trained step (its loss, a device tensor or None) in the log window."""
+        self.window.add(loss)
+
+    def paused(self):
+        """A context in which the throughput clock stops (an evaluation, a save)."""
+        return self.window.paused()
 
     def announce(self, plan: list[dict], dense_params: int, total_steps: int, eval_batches: int) -> None:
         """Log the run's configuration and sharding plan (`describe_plan` rows) on rank 0."""

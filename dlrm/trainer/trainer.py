@@ -98,7 +98,6 @@ class Trainer:
         tr, ck = cfg.trainer, cfg.checkpoint
         self.stop = StopRequest(world.is_main)  # SIGINT/SIGTERM/SIGHUP: a clean stop at the next log step
         self.skipped_steps: list[int] = []  # steps dropped for a non-finite loss (on_nonfinite=skip)
-        self.log_every = Every(tr.log_every_steps)
         self.reporter = Reporter(cfg, world, self.device, self.pg, self.run_dir)
         self.state = TrainState(
             cfg,
@@ -113,7 +112,7 @@ class Trainer:
             self.state.data_position = self._data_position
         self.evaluator = Evaluator(cfg, self.device, self.pg)
         trace_dir = self.run_dir / "profile" if self.run_dir is not None else None  # rank 0 traces
-        self.profiler = StepProfiler(tr, self.log_every, self.device, self.pg, world.world_size, trace_dir, self.sync)
+        self.profiler = StepProfiler(tr, self.device, self.pg, world.world_size, trace_dir, self.sync)
         root = ck.dir or (run_dir / "checkpoints" if run_dir is not None else None)
         self.checkpointer = (
             Checkpointer(
@@ -339,37 +338,37 @@ class Trainer:
         paused (a wait) only around an evaluation or a save that is due. The pipeline is fed up to
         the next evaluation's step only, so it has trained every batch it took (none queued, no
         embedding prefetched) when the evaluation detaches the model; it is re-attached after."""
-        window, evaluation = self.reporter.window, {}
+        report, evaluation = self.reporter, {}
         first_step = self.step
         feed = self._until_next_eval(batches)
         while self.step < self.total_steps:
             last = self.step + 1 == self.total_steps
-            with self.profiler.step(self.step + 1, last, window.paused):
+            with self.profiler.step(self.step + 1, last, report.paused):
                 loss = self.step_once(feed)
-            window.add(loss)
+            report.add(loss)
             self.step += 1
-            if last and self.local_sgd is not None and not self.local_sgd.averaged(self.step):
+            if self.local_sgd is not None and self.local_sgd.due(self.step, last):
                 self.local_sgd.average()  # the run's model: the ranks' average
-            if self.log_every.due(self.step, last) and window.losses:
+            if report.due(self.step, last):
                 self._log_window(last, first_step)
             reached = False
-            if self.evaluator.should_eval(self.step, last):
-                with window.paused():
+            if self.evaluator.due(self.step, last):
+                with report.paused():
                     evaluation = self.evaluate()
                     self.reporter.evaluation(self.step, evaluation)
                     reached = self._reached_target(evaluation)
                 feed = self._until_next_eval(batches)
             if reached and not last:  # the run ends here: close the log window as at the last step
                 last = True
-                if window.losses:
+                if report.due(self.step, last):
                     self._log_window(last, first_step)
-            if self.checkpointer is not None and self.checkpointer.should_save(self.step, last):
-                with window.paused():
+            if self.checkpointer is not None and self.checkpointer.due(self.step, last):
+                with report.paused():
                     path = self.save_checkpoint(background=not last)
                     in_flight = self.checkpointer.in_flight
                     self.reporter.message(f"checkpoint: {path}{' (writing in the background)' if in_flight else ''}")
             if self.deltas is not None and self.deltas.due(self.step, last):
-                with window.paused():
+                with report.paused():
                     published = self.deltas.publish(self.step, self.model)
                     if published is not None:
                         self.reporter.message(f"delta: {published}")
@@ -433,7 +432,7 @@ class Trainer:
         the logs, raise TrainingStopped naming the step, the last checkpoint and how to continue."""
         self.stop.stopping = True
         ck = self.cfg.checkpoint
-        if self.checkpointer is not None and (ck.on_signal or self.checkpointer.should_save(self.step, False)):
+        if self.checkpointer is not None and (ck.on_signal or self.checkpointer.due(self.step, False)):
             self.reporter.message(f"checkpoint: {self.save_checkpoint()}")
         if self.checkpointer is not None:
             self.checkpointer.wait()  # a background save completes before the run ends

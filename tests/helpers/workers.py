@@ -210,7 +210,6 @@ def ranges_ending_after_the_profiler_stops(steps: int) -> int:
     from torch.profiler import profile
 
     import dlrm.trainer.profiler as profiler
-    from dlrm.common.cadence import Every
     from dlrm.config import TrainerConfig
     from dlrm.trainer.phases import STEP_RANGE
 
@@ -233,7 +232,7 @@ def ranges_ending_after_the_profiler_stops(steps: int) -> int:
     profiler.spans_of = lambda prof: spans.append(read(prof)) or spans[-1]  # type: ignore[assignment]
     try:
         steps_profiler = profiler.StepProfiler(
-            TrainerConfig(), Every(1), torch.device("cpu"), group, torch.distributed.get_world_size(group), None
+            TrainerConfig(log_every_steps=1), torch.device("cpu"), group, torch.distributed.get_world_size(group), None
         )
         for _ in range(steps):
             with steps_profiler._profiled():

@@ -5,7 +5,6 @@ from contextlib import contextmanager
 import torch
 from torch.profiler import profile, record_function
 
-from dlrm.common.cadence import Every
 from dlrm.config import TrainerConfig
 from dlrm.trainer.clock import ThroughputWindow
 from dlrm.trainer.phases import STEP_RANGE
@@ -13,8 +12,8 @@ from dlrm.trainer.profiler import StepProfiler
 
 
 def _profiler(group, every: int, log_every: int = 5, **keys) -> StepProfiler:
-    cfg = TrainerConfig(breakdown_every=every, **keys)
-    return StepProfiler(cfg, Every(log_every), torch.device("cpu"), group, 1, None)
+    cfg = TrainerConfig(breakdown_every=every, log_every_steps=log_every, **keys)
+    return StepProfiler(cfg, torch.device("cpu"), group, 1, None)
 
 
 def test_profiled_steps_are_every_nth_window_and_the_last(group):
@@ -61,3 +60,18 @@ def test_the_profiler_starts_stops_and_is_read_while_the_clock_is_paused(group):
     assert record["profiled_steps"] == 1 and record["profile_overhead_s"] > 0
     assert sum(record["phase_s"].values()) > 0
     assert p.window_record(warm_up=False, last=False) == {}  # a window without a profiled step: nothing, no collective
+
+
+def test_every_periodic_component_answers_due_step_last():
+    """The loop asks each component the same question with the same signature: due(step, last)."""
+    import inspect
+
+    from dlrm.checkpoint.checkpointer import Checkpointer
+    from dlrm.common.cadence import Every
+    from dlrm.deltas.publish import Publisher
+    from dlrm.distributed.local_sgd import LocalSGD
+    from dlrm.trainer.evaluator import Evaluator
+    from dlrm.trainer.reporter import Reporter
+
+    for component in (Every, Reporter, Evaluator, Checkpointer, Publisher, LocalSGD):
+        assert list(inspect.signature(component.due).parameters) == ["self", "step", "last"], component
