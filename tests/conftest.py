@@ -45,13 +45,11 @@ def pytest_collection_modifyitems(config, items):
     `prefetch`), and their 2-rank launches overlap with the tests that use one core: first the tests
     not marked slow (one process), then the slow ones (several processes each), then those that read
     the families, then the timing-sensitive ones."""
-    from tests.helpers.families import FAMILIES, FIXTURE_READS, families_read_by, prefetch
+    from tests.helpers.families import FAMILIES, families_of, prefetch
 
     needed, light, heavy, readers, late = set(), [], [], [], []
     for item in items:
-        function = getattr(item, "function", None)
-        families = families_read_by(function) if function is not None else []
-        families += [FIXTURE_READS[f] for f in getattr(item, "fixturenames", ()) if f in FIXTURE_READS]
+        families = families_of(item)  # declares the jobs of the item's `runs`
         needed.update(families)
         if families:
             readers.append(item)

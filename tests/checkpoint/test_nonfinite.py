@@ -21,31 +21,22 @@ from dlrm.checkpoint import (
 )
 from dlrm.export import export
 from tests.helpers.equivalence import tiny
-from tests.helpers.families import PAIR, error_of
+from tests.helpers.families import PAIR, error_of, runs
 from tests.helpers.workers import train_summary
 
 ROOT = PAIR.dir("diverging")
 EVERY_STEP = (f"checkpoint.dir={ROOT}", "checkpoint.every_steps=1", "checkpoint.keep=2", "optim=sgd")
-GOOD = PAIR.add("diverging/good", train_summary, tiny(*EVERY_STEP, "trainer.max_steps=4"))
-DIVERGED = PAIR.add(
-    "diverging/diverged",  # the case: saved every step, the loss looked at every 5th only
-    train_summary,
-    tiny(
-        *EVERY_STEP,
-        "trainer.max_steps=12",
-        "trainer.log_every_steps=5",
-        "optim.dense.lr=1e30",
-        "optim.embedding.lr=1e30",
-        "trainer.resume=auto",
-    ),
-    expect_error=True,
-)
+DIVERGING = ("trainer.log_every_steps=5", "optim.dense.lr=1e30", "optim.embedding.lr=1e30", "trainer.resume=auto")
 
 
 @pytest.mark.slow
-def test_a_diverged_model_is_not_saved_and_the_last_good_checkpoint_is_finite(tmp_path):
-    GOOD.results()
-    error = error_of(DIVERGED.results())
+@runs(
+    good=PAIR.job(train_summary, tiny(*EVERY_STEP, "trainer.max_steps=4")),
+    # the case: saved every step, the loss looked at every 5th only
+    diverged=PAIR.job(train_summary, tiny(*EVERY_STEP, "trainer.max_steps=12", *DIVERGING), expect_error=True),
+)
+def test_a_diverged_model_is_not_saved_and_the_last_good_checkpoint_is_finite(tmp_path, good, diverged):
+    error = error_of(diverged)
     assert error.type == "NonFiniteCheckpointError", error
     assert "not checkpointed" in error.message and "hold NaN or inf" in error.message, error
     named = error.message.split("last good checkpoint: ")[1].split(". ")[0]

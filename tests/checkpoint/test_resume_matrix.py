@@ -12,7 +12,7 @@ import torch
 
 from dlrm.export import export
 from tests.helpers.equivalence import tiny
-from tests.helpers.families import PAIR, SINGLE, TWO_NODES
+from tests.helpers.families import PAIR, SINGLE, TWO_NODES, runs
 from tests.helpers.workers import train_losses
 
 OPTIMIZERS = {  # embedding optimizer -> overrides (the dense optimizer follows the optim group)
@@ -41,23 +41,23 @@ def _dir(optimizer, pipeline, name):
     return PAIR.dir(f"matrix_{optimizer}_{pipeline}_{name}")
 
 
-def _whole_same_other(o, p):
-    """The uninterrupted run, its resume on the same 2 ranks and on 1 rank (another plan)."""
-    resume = f"trainer.resume={_dir(o, p, 'whole') / 'step_00000003'}"
-    return (
-        PAIR.add(f"matrix/{o}/{p}/whole", train_losses, _cfg(o, p, "whole")),
-        PAIR.add(f"matrix/{o}/{p}/same", train_losses, _cfg(o, p, "same", resume)),
-        SINGLE.add(f"matrix/{o}/{p}/other", train_losses, _cfg(o, p, "other", resume)),
-    )
-
-
-MATRIX = {case: _whole_same_other(*case) for case in CASES}
+def _resume(optimizer, pipeline):
+    return f"trainer.resume={_dir(optimizer, pipeline, 'whole') / 'step_00000003'}"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer, pipeline", CASES)
-def test_resumed_equals_uninterrupted(tmp_path, optimizer, pipeline):
-    whole, same, other = (run.results()[0] for run in MATRIX[optimizer, pipeline])
+@runs(
+    whole=lambda optimizer, pipeline: PAIR.job(train_losses, _cfg(optimizer, pipeline, "whole")),
+    same=lambda optimizer, pipeline: PAIR.job(
+        train_losses, _cfg(optimizer, pipeline, "same", _resume(optimizer, pipeline))
+    ),
+    other=lambda optimizer, pipeline: SINGLE.job(  # 1 rank: another plan
+        train_losses, _cfg(optimizer, pipeline, "other", _resume(optimizer, pipeline))
+    ),
+)
+def test_resumed_equals_uninterrupted(tmp_path, optimizer, pipeline, whole, same, other):
+    whole, same, other = whole[0], same[0], other[0]  # rank 0's losses
     assert len(whole) == 6 and same == whole[3:]  # bit-exact: same maths, same order
     assert other == pytest.approx(whole[3:], rel=1e-5)
     final = {
@@ -101,27 +101,25 @@ def _moved(optimizer, name, *overrides):
     )
 
 
-MOVED_FROM, MOVED_TO = {}, {}  # (optimizer, source[, family, target]): the run that saved, the one that resumed
-for _o in STATEFUL:
-    for _s in SOURCES:
-        MOVED_FROM[_o, _s] = PAIR.add(f"moved/{_o}/{_s}", train_losses, _moved(_o, _s, f"sharding={_s}"))
-    for _s, _family, _t in PLAN_CHANGES:
-        _from = PAIR.dir(f"moved_{_o}_{_s}") / "step_00000003"
-        _topology = "topology=cpu_2x2" if _family is TWO_NODES else "topology=cpu"
-        MOVED_TO[_o, _s, _family, _t] = _family.add(
-            f"moved/{_o}/{_s}/{_t}",
-            train_losses,
-            _moved(_o, f"{_s}_to_{_family.name}_{_t}", f"sharding={_t}", _topology, f"trainer.resume={_from}"),
-        )
+def saved_with(optimizer, source):
+    return PAIR.job(train_losses, _moved(optimizer, source, f"sharding={source}"))
+
+
+def resumed_with(optimizer, source, family, target):
+    saved = f"trainer.resume={PAIR.dir(f'moved_{optimizer}_{source}') / 'step_00000003'}"
+    topology = "topology=cpu_2x2" if family is TWO_NODES else "topology=cpu"
+    name = f"{source}_to_{family.name}_{target}"
+    return family.job(train_losses, _moved(optimizer, name, f"sharding={target}", topology, saved))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", STATEFUL)
 @pytest.mark.parametrize("source, family, target", PLAN_CHANGES, ids=[f"{s}-{f.name}-{t}" for s, f, t in PLAN_CHANGES])
-def test_a_resume_that_moves_tables_keeps_the_optimizer_state(tmp_path, optimizer, source, family, target):
-    whole = MOVED_FROM[optimizer, source].results()[0]
-    resumed = MOVED_TO[optimizer, source, family, target].results()[0]
-    assert resumed == pytest.approx(whole[3:], rel=1e-5)
+@runs(whole=saved_with, resumed=resumed_with)
+def test_a_resume_that_moves_tables_keeps_the_optimizer_state(
+    tmp_path, optimizer, source, family, target, whole, resumed
+):
+    assert resumed[0] == pytest.approx(whole[0][3:], rel=1e-5)
     root = PAIR.dir(f"moved_{optimizer}_{source}")
     expected = export(root / "step_00000006", tmp_path / "whole.pt")
     got = export(PAIR.dir(f"moved_{optimizer}_{source}_to_{family.name}_{target}") / "step_00000006", tmp_path / "r.pt")

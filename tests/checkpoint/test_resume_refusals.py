@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from dlrm.checkpoint import CheckpointError
+from dlrm.config import Config, validate
 from dlrm.config.compose import compose
+from dlrm.distributed.world import World
 from tests.helpers import REPO_ROOT as REPO
 from tests.helpers.checkpoints import NEW, OLD, ckpts, digests, flip, saved_checkpoints
 from tests.helpers.harness import launch
-from tests.helpers.workers import resume_error
 
 __all__ = ["ckpts", "saved_checkpoints"]  # fixtures
 
@@ -25,6 +27,18 @@ RUN = [
     "trainer.max_steps=6",
     "trainer.progress=none",
 ]
+
+
+def resume_error(cfg: Config) -> str:
+    """On each rank: build a trainer that resumes (cfg.trainer.resume); the CheckpointError it raises."""
+    from dlrm.trainer.trainer import Trainer
+
+    validate(cfg)
+    try:
+        Trainer(cfg, World.from_env())
+    except CheckpointError as e:
+        return str(e)
+    raise AssertionError("the checkpoint was loaded")
 
 
 def train_cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:

@@ -15,8 +15,8 @@ from dlrm.checkpoint import latest_checkpoint
 from dlrm.export import export, load_exported
 from tests.helpers import REPO_ROOT as REPO
 from tests.helpers.equivalence import assert_matches_reference, reference, tiny
-from tests.helpers.families import PAIR, SINGLE, TWO_NODES, error_of
-from tests.helpers.workers import summary_and_records, train_and_report, train_summary, train_with_a_nan_batch
+from tests.helpers.families import PAIR, SINGLE, TWO_NODES, error_of, runs
+from tests.helpers.workers import build_trainer, pieces_of, summary_and_records, train_and_report, train_summary
 
 
 def ckpt_config(root, *overrides):
@@ -40,56 +40,42 @@ def gather(results):
     return merged
 
 
-RESHARDED = ((SINGLE, "row_wise"), (TWO_NODES, "row_wise"), (PAIR, "column_wise"))
-NAN_SKIP = tiny("sharding=row_wise", "trainer.pipeline=false", "trainer.on_nonfinite=skip")
+class _NaNInjector:
+    """A batch source whose global batch `index` has a NaN dense feature in rank `rank`'s slice."""
 
-WHOLE = PAIR.add(
-    "ckpt/whole", train_and_report, ckpt_config(PAIR.dir("ckpt_a"), "sharding=table_wise", "checkpoint.keep=3")
-)
-_AT_4 = PAIR.dir("ckpt_a") / "step_00000004"
-RESUMED = PAIR.add(
-    "ckpt/resumed", train_and_report, ckpt_config(PAIR.dir("ckpt_b"), "sharding=table_wise", f"trainer.resume={_AT_4}")
-)
-SAVED = PAIR.add("ckpt/saved", train_summary, ckpt_config(PAIR.dir("ckpt_tw"), "sharding=table_wise"))
-_LAST = PAIR.dir("ckpt_tw") / "step_00000012"
-RESHARDED_RUNS = {}  # (family, sharding): an eval-only run of SAVED's last checkpoint on another plan
-for _family, _sharding in RESHARDED:
-    _topology = "topology=cpu_2x2" if _family is TWO_NODES else "topology=cpu"
-    _overrides = (f"sharding={_sharding}", _topology, f"trainer.resume={_LAST}", "trainer.eval_only=true")
-    _cfg = ckpt_config(_family.dir("resharded"), *_overrides)
-    RESHARDED_RUNS[_family, _sharding] = _family.add(
-        f"ckpt/resharded/{_sharding}", summary_and_records, _cfg, _family.dir(f"resharded_run_{_sharding}")
-    )
-EXPORTED = PAIR.add("ckpt/export", train_and_report, ckpt_config(PAIR.dir("ckpt_c"), "sharding=row_wise"))
-NAN_BATCH = PAIR.add("nan_batch", train_with_a_nan_batch, NAN_SKIP, 3, 1)
-# INCOMPATIBLE resumes this run's checkpoint with a changed table.
-SINGLE.add("ckpt/four_steps", train_summary, ckpt_config(SINGLE.dir("ckpt_d"), "trainer.max_steps=4"))
-INCOMPATIBLE = SINGLE.add(
-    "ckpt/incompatible",
-    train_summary,
-    ckpt_config(
-        SINGLE.dir("ckpt_e"),
-        f"trainer.resume={SINGLE.dir('ckpt_d') / 'step_00000004'}",
-        "model.tables.0.rows=200",  # only the rows differ
-    ),
-    expect_error=True,
-)
-NONFINITE_FIRST = SINGLE.add(
-    "nonfinite/first", train_summary, ckpt_config(SINGLE.dir("nonfinite"), "optim=sgd", "trainer.max_steps=4")
-)
-NONFINITE_DIVERGED = SINGLE.add(
-    "nonfinite/diverged",
-    train_summary,
-    ckpt_config(
-        SINGLE.dir("nonfinite"), "optim=sgd", "optim.dense.lr=1e30", "optim.embedding.lr=1e30", "trainer.resume=auto"
-    ),
-    expect_error=True,
-)
+    def __init__(self, source, index: int, rank: int) -> None:
+        self.source, self.index, self.rank = source, index, rank
+
+    def num_batches(self, split):
+        return self.source.num_batches(split)
+
+    def batches(self, split, rank, world_size, start_step=0):
+        for step, batch in enumerate(self.source.batches(split, rank, world_size, start_step), start_step):
+            if split == "train" and step == self.index and rank == self.rank:
+                batch.dense_features[0, 0] = float("nan")
+            yield batch
+
+
+def train_with_a_nan_batch(cfg, index: int, rank: int) -> dict:
+    """On each rank: train, with a NaN in rank `rank`'s slice of global batch `index` (the trainer's
+    source replaced); the losses, this rank's pieces of the weights and the skipped steps."""
+    trainer = build_trainer(cfg)
+    trainer.source = _NaNInjector(trainer.source, index, rank)
+    trainer.train()
+    return {"losses": trainer.losses, "pieces": pieces_of(trainer.model), "skipped": trainer.skipped_steps}
+
+
+AT_4 = PAIR.dir("ckpt_a") / "step_00000004"
 
 
 @pytest.mark.slow
-def test_resume_equals_uninterrupted():
-    whole, resumed = WHOLE.results(), RESUMED.results()
+@runs(
+    whole=PAIR.job(train_and_report, ckpt_config(PAIR.dir("ckpt_a"), "sharding=table_wise", "checkpoint.keep=3")),
+    resumed=PAIR.job(
+        train_and_report, ckpt_config(PAIR.dir("ckpt_b"), "sharding=table_wise", f"trainer.resume={AT_4}")
+    ),
+)
+def test_resume_equals_uninterrupted(whole, resumed):
     assert resumed[0]["losses"] == whole[0]["losses"][4:]  # bit-exact: same maths, same order
     a, b = gather(whole), gather(resumed)
     for name in a:
@@ -97,14 +83,30 @@ def test_resume_equals_uninterrupted():
             assert off_a == off_b and torch.equal(t_a, t_b), name
 
 
+SAVED_TABLE_WISE = PAIR.job(train_summary, ckpt_config(PAIR.dir("ckpt_tw"), "sharding=table_wise"))
+
+
+def evaluate_on_another_plan(family, sharding):
+    """An eval-only run of SAVED_TABLE_WISE's last checkpoint with `sharding` on `family`'s ranks."""
+    topology = "topology=cpu_2x2" if family is TWO_NODES else "topology=cpu"
+    last = PAIR.dir("ckpt_tw") / "step_00000012"
+    cfg = ckpt_config(
+        family.dir("resharded"), f"sharding={sharding}", topology, f"trainer.resume={last}", "trainer.eval_only=true"
+    )
+    return family.job(summary_and_records, cfg, family.dir(f"resharded_run_{sharding}"))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family, sharding", RESHARDED, ids=["1x1-row_wise", "2x2-row_wise", "1x2-column_wise"])
-def test_resharding_keeps_the_eval_loss(family, sharding):
-    saved = SAVED.results()[0]
-    resharded = RESHARDED_RUNS[family, sharding].results()[0]
-    loaded, records = resharded["summary"], resharded["records"]
-    assert loaded["eval_logloss"] == pytest.approx(saved["eval_logloss"], rel=1e-6)
-    assert loaded["eval_auc"] == pytest.approx(saved["eval_auc"], rel=1e-6)
+@pytest.mark.parametrize(
+    "family, sharding",
+    [(SINGLE, "row_wise"), (TWO_NODES, "row_wise"), (PAIR, "column_wise")],
+    ids=["1x1-row_wise", "2x2-row_wise", "1x2-column_wise"],
+)
+@runs(saved=SAVED_TABLE_WISE, resharded=evaluate_on_another_plan)
+def test_resharding_keeps_the_eval_loss(family, sharding, saved, resharded):
+    loaded, records = resharded[0]["summary"], resharded[0]["records"]
+    assert loaded["eval_logloss"] == pytest.approx(saved[0]["eval_logloss"], rel=1e-6)
+    assert loaded["eval_auc"] == pytest.approx(saved[0]["eval_auc"], rel=1e-6)
     # eval_only records its evaluation in metrics.jsonl too: a start at the checkpoint's step, then the eval.
     assert [{k: r[k] for k in ("event", "step", "resumed")} for r in records[:1]] == [
         {"event": "start", "step": 12, "resumed": True}
@@ -113,8 +115,8 @@ def test_resharding_keeps_the_eval_loss(family, sharding):
 
 
 @pytest.mark.slow
-def test_export_is_the_unsharded_model(tmp_path):
-    results = EXPORTED.results()
+@runs(results=PAIR.job(train_and_report, ckpt_config(PAIR.dir("ckpt_c"), "sharding=row_wise")))
+def test_export_is_the_unsharded_model(tmp_path, results):
     root = PAIR.dir("ckpt_c")
     assert sorted(p.name for p in root.iterdir()) == ["step_00000008", "step_00000012"]  # keep=2
     exported = export(root / "step_00000012", tmp_path / "model.pt")
@@ -177,16 +179,35 @@ def test_incomplete_checkpoints_are_ignored(tmp_path):
     assert latest_checkpoint(tmp_path) == good
 
 
+FOUR_STEPS = SINGLE.dir("ckpt_d") / "step_00000004"
+
+
 @pytest.mark.slow
-def test_incompatible_checkpoint_is_refused():
-    error = error_of(INCOMPATIBLE.results())
+@runs(
+    saved=SINGLE.job(train_summary, ckpt_config(SINGLE.dir("ckpt_d"), "trainer.max_steps=4")),
+    refused=SINGLE.job(
+        train_summary,
+        ckpt_config(
+            SINGLE.dir("ckpt_e"), f"trainer.resume={FOUR_STEPS}", "model.tables.0.rows=200"
+        ),  # only the rows differ
+        expect_error=True,
+    ),
+)
+def test_incompatible_checkpoint_is_refused(saved, refused):
+    error = error_of(refused)
     assert re.search(r"table t_C1: rows 100 in the checkpoint, 200 in this model", error.message), error
 
 
+DIVERGING = ("optim=sgd", "optim.dense.lr=1e30", "optim.embedding.lr=1e30", "trainer.resume=auto")
+
+
 @pytest.mark.slow
-def test_nonfinite_loss_stops_and_names_the_checkpoint():
-    NONFINITE_FIRST.results()
-    error = error_of(NONFINITE_DIVERGED.results())
+@runs(
+    first=SINGLE.job(train_summary, ckpt_config(SINGLE.dir("nonfinite"), "optim=sgd", "trainer.max_steps=4")),
+    diverged=SINGLE.job(train_summary, ckpt_config(SINGLE.dir("nonfinite"), *DIVERGING), expect_error=True),
+)
+def test_nonfinite_loss_stops_and_names_the_checkpoint(first, diverged):
+    error = error_of(diverged)
     pattern = r"loss is (nan|inf) in steps 6\.\.6; last good checkpoint: .*step_00000004"
     assert re.search(pattern, error.message), error
 
@@ -262,10 +283,13 @@ def test_killed_rank_restarts_and_resumes(tmp_path):
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
 
 
+NAN_SKIP = tiny("sharding=row_wise", "trainer.pipeline=false", "trainer.on_nonfinite=skip")
+
+
 @pytest.mark.slow
-def test_nonfinite_batch_is_skipped_on_every_rank():
+@runs(results=PAIR.job(train_with_a_nan_batch, NAN_SKIP, 3, 1))
+def test_nonfinite_batch_is_skipped_on_every_rank(results):
     """A NaN in rank 1's slice of batch 3: both ranks drop that batch, and training equals the
     unsharded model trained without it."""
-    results = NAN_BATCH.results()
     assert [r["skipped"] for r in results] == [[4], [4]]  # 1-based step 4 = batch 3
     assert_matches_reference(results, *reference(NAN_SKIP, skip_batches=(3,)))

@@ -8,13 +8,7 @@ import pytest
 
 from dlrm.comms import load_topology
 from dlrm.comms.preflight import expected_busbw_GBps, main, verdict
-from tests.helpers.families import PAIR
-
-PREFLIGHT = PAIR.add(
-    "preflight",
-    main,
-    ["--topology", "cpu", "--bytes", "64K", "--warmup", "1", "--iters", "2", "--out", str(PAIR.dir("pf"))],
-)
+from tests.helpers.families import PAIR, runs
 
 
 def test_expected_busbw_tends_to_the_link_bandwidth_for_large_messages():
@@ -51,11 +45,15 @@ def test_verdict_names_the_slow_scope_and_what_to_check():
     assert passed and lines[-1].startswith("PASS")
 
 
+PREFLIGHT = ["--topology", "cpu", "--bytes", "64K", "--warmup", "1", "--iters", "2", "--out", str(PAIR.dir("pf"))]
+
+
 @pytest.mark.slow
-def test_two_ranks_measure_and_report():
+@runs(verdicts=PAIR.job(main, PREFLIGHT))  # the command's main on each rank
+def test_two_ranks_measure_and_report(verdicts):
     """2 Gloo ranks (the cpu topology): rank 0 returns the verdict it wrote; the figures are consistent
     (no assertion on speed: this machine's loopback is not the topology's promise)."""
-    passed, other = PREFLIGHT.results()
+    passed, other = verdicts
     assert other is None and passed in (True, False)
     report = json.loads((PAIR.dir("pf") / "preflight.json").read_text())
     assert report["passed"] is passed and report["backend"] == "gloo" and report["topology"] == "cpu"

@@ -8,7 +8,7 @@ import pytest
 from dlrm.comms.measured import summary_extras
 from dlrm.config import validate, validate_world
 from dlrm.distributed.world import World
-from tests.helpers.families import PAIR, Overrides
+from tests.helpers.families import PAIR, Overrides, runs
 
 SLEEP_S = 1.0  # far above a tiny step (and the noise of a loaded 2-core machine), so the wait is unmistakable
 
@@ -33,30 +33,25 @@ def slow_rank_summary(cfg, slow_rank: int, sleep_s: float) -> dict:
     return trainer.train()
 
 
-SLOW_RANK_1 = PAIR.add(
-    "comm_waits/slow_rank_1",
-    slow_rank_summary,
-    Overrides(
-        "model=tiny",
-        "sharding=table_wise",  # an embedding exchange whatever the cpu topology's fitted figures plan
-        "data.global_batch_size=32",
-        "data.eval_batches=1",
-        "trainer.max_steps=6",
-        "trainer.log_every_steps=2",
-        "trainer.breakdown=true",
-        "trainer.breakdown_every=1",
-        "trainer.progress=none",
-        "trainer.tensorboard=false",
-        "checkpoint.at_end=false",
-    ),
-    1,
-    SLEEP_S,
+RUN = Overrides(
+    "model=tiny",
+    "sharding=table_wise",  # an embedding exchange whatever the cpu topology's fitted figures plan
+    "data.global_batch_size=32",
+    "data.eval_batches=1",
+    "trainer.max_steps=6",
+    "trainer.log_every_steps=2",
+    "trainer.breakdown=true",
+    "trainer.breakdown_every=1",
+    "trainer.progress=none",
+    "trainer.tensorboard=false",
+    "checkpoint.at_end=false",
 )
 
 
 @pytest.mark.slow
-def test_the_wait_lands_on_the_fast_rank_and_names_the_slow_one():
-    summary, _ = SLOW_RANK_1.results()
+@runs(summaries=PAIR.job(slow_rank_summary, RUN, 1, SLEEP_S))
+def test_the_wait_lands_on_the_fast_rank_and_names_the_slow_one(summaries):
+    summary, _ = summaries
     b = summary["step_breakdown"]
     assert b["slowest_rank"] == 1, b
     late = b["waited_for_rank_s"]

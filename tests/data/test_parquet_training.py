@@ -5,13 +5,12 @@ import pytest
 
 from dlrm.config.compose import compose
 from tests.helpers.equivalence import assert_matches_reference, tiny
-from tests.helpers.families import PAIR
+from tests.helpers.families import PAIR, runs
 from tests.helpers.parquet_data import overrides
 from tests.helpers.reference import train_unsharded
 from tests.helpers.workers import write_parquet_then_train
 
 PARQUET = tiny("sharding=row_wise", *overrides(PAIR.dir("parquet_data")))
-ROW_WISE_RUN = PAIR.add("parquet/row_wise", write_parquet_then_train, PARQUET)
 # per-id weights on the jagged feature (model.weighted): table-wise, and each table's kernel as planned
 WEIGHTED = tiny(
     "sharding=table_wise",
@@ -19,12 +18,11 @@ WEIGHTED = tiny(
     "model.weighted=true",
     "data.parquet.sparse=[{name:user,kind:id},{name:items,kind:ids,weights:items_w},{name:city,kind:string}]",
 )
-WEIGHTED_RUN = PAIR.add("parquet/weighted", write_parquet_then_train, WEIGHTED)
 
 
 @pytest.mark.slow
-def test_two_ranks_on_parquet_equal_one_process():
-    results = ROW_WISE_RUN.results()  # rank 0 wrote the files, then both trained
+@runs(results=PAIR.job(write_parquet_then_train, PARQUET))  # rank 0 writes the files, then both train
+def test_two_ranks_on_parquet_equal_one_process(results):
     ref_losses, ref_weights = train_unsharded(compose(list(PARQUET)))
     assert ref_losses[-1] < ref_losses[0], "the reference must learn, or the test proves little"
     assert_matches_reference(results, ref_losses, ref_weights)
@@ -33,8 +31,8 @@ def test_two_ranks_on_parquet_equal_one_process():
 
 
 @pytest.mark.slow
-def test_two_ranks_on_weighted_parquet_features_equal_one_process():
-    results = WEIGHTED_RUN.results()
+@runs(results=PAIR.job(write_parquet_then_train, WEIGHTED))
+def test_two_ranks_on_weighted_parquet_features_equal_one_process(results):
     ref_losses, ref_weights = train_unsharded(compose(list(WEIGHTED)))
     assert ref_losses[-1] < ref_losses[0], "the reference must learn, or the test proves little"
     assert_matches_reference(results, ref_losses, ref_weights)

@@ -16,7 +16,7 @@ import torch
 from dlrm.config import Config
 from tests.helpers import REPO_ROOT as ROOT
 from tests.helpers.equivalence import tiny
-from tests.helpers.families import PAIR
+from tests.helpers.families import PAIR, runs
 from tests.helpers.parquet_data import overrides
 from tests.helpers.periods_data import PER_DAY, write_days
 
@@ -67,9 +67,9 @@ def days(train: str, *more: str):
     )
 
 
+# The runs, each a job of the PAIR family; a resume is declared after the run it resumes.
 # 3 days of 192 rows, batch 96: 6 steps a pass; two passes, checkpoints every 4 steps
-WHOLE = PAIR.add(
-    "periods/whole",
+WHOLE = PAIR.job(
     days_then_train,
     days(
         "[8,10]",
@@ -80,8 +80,7 @@ WHOLE = PAIR.add(
     ),
     str(PAIR.dir("p_whole_run")),
 )
-RESUMED = PAIR.add(
-    "periods/resumed",
+RESUMED = PAIR.job(
     days_then_train,
     days(
         "[8,10]",
@@ -92,14 +91,12 @@ RESUMED = PAIR.add(
     str(PAIR.dir("p_resumed_run")),
 )
 # days 8-9 once (4 steps), then day 10 added: 2 more steps, on day 10's rows only
-FIRST = PAIR.add(
-    "periods/first",
+FIRST = PAIR.job(
     days_then_train,
     days("[8,9]", "trainer.max_epochs=1", f"checkpoint.dir={PAIR.dir('p_first')}"),
     str(PAIR.dir("p_first_run")),
 )
-CONTINUED = PAIR.add(
-    "periods/continued",
+CONTINUED = PAIR.job(
     days_then_train,
     days(
         "[8,10]",
@@ -109,8 +106,7 @@ CONTINUED = PAIR.add(
     ),
     str(PAIR.dir("p_continued_run")),
 )
-RESTARTED = PAIR.add(
-    "periods/restarted",
+RESTARTED = PAIR.job(
     days_then_train,
     days(
         "[8,10]",
@@ -122,8 +118,7 @@ RESTARTED = PAIR.add(
     str(PAIR.dir("p_restarted_run")),
 )
 # random labels: more passes only overfit, so NE stops improving and patience ends the run
-EARLY = PAIR.add(
-    "periods/early_stop",
+EARLY = PAIR.job(
     days_then_train,
     days(
         "[8,10]",
@@ -140,8 +135,8 @@ EARLY = PAIR.add(
 
 
 @pytest.mark.slow
-def test_a_run_resumed_over_several_partitions_equals_the_uninterrupted_one():
-    whole, resumed = WHOLE.results(), RESUMED.results()
+@runs(whole=WHOLE, resumed=RESUMED)
+def test_a_run_resumed_over_several_partitions_equals_the_uninterrupted_one(whole, resumed):
     assert whole[0]["summary"]["steps"] == resumed[0]["summary"]["steps"] == 12
     for rank in range(2):
         assert resumed[rank]["losses"] == pytest.approx(whole[rank]["losses"][4:], rel=1e-5, abs=1e-6)
@@ -151,16 +146,17 @@ def test_a_run_resumed_over_several_partitions_equals_the_uninterrupted_one():
 
 
 @pytest.mark.slow
-def test_a_continuation_trains_on_the_added_day_only():
-    first, continued = FIRST.results(), CONTINUED.results()
+@runs(first=FIRST, continued=CONTINUED)
+def test_a_continuation_trains_on_the_added_day_only(first, continued):
     assert first[0]["summary"]["steps"] == 2 * PER_DAY // 96
     assert continued[0]["summary"]["steps"] == 3 * PER_DAY // 96  # two more: day 10's 192 rows
     assert continued[0]["summary"]["this_invocation"]["steps"] == PER_DAY // 96
 
 
 @pytest.mark.slow
-def test_every_evaluation_reports_each_period():
-    result = FIRST.results()[0]
+@runs(first=FIRST)
+def test_every_evaluation_reports_each_period(first):
+    result = first[0]
     periods = result["summary"]["eval_periods"]
     assert list(periods) == ["11"] and periods["11"]["samples"] == PER_DAY // 96 * 96
     assert periods["11"]["auc"] == pytest.approx(result["summary"]["eval_auc"], abs=1e-12)  # one period: the same
@@ -193,19 +189,21 @@ def test_the_training_over_time_page_runs_as_written(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_schedule_continues_or_restarts_on_new_data():
+@runs(first=FIRST, continued=CONTINUED, restarted=RESTARTED)  # both resume the first run's checkpoint
+def test_the_schedule_continues_or_restarts_on_new_data(first, continued, restarted):
     def lrs(result) -> dict[int, float]:
         return {r["step"]: r["lr"] for r in result[0]["records"] if "lr" in r}
 
     lr = 0.05  # optim=rowwise_adagrad's dense lr; warm-up 4 steps
-    continued, restarted = lrs(CONTINUED.results()), lrs(RESTARTED.results())
+    continued, restarted = lrs(continued), lrs(restarted)
     assert continued[5] == pytest.approx(lr) and continued[6] == pytest.approx(lr)  # the clock is the step
     assert restarted[5] == pytest.approx(lr / 4) and restarted[6] == pytest.approx(lr / 2)  # warm-up again
 
 
 @pytest.mark.slow
-def test_early_stopping_ends_the_run_after_patience_evaluations_without_a_better_ne():
-    result = EARLY.results()[0]
+@runs(early=EARLY)
+def test_early_stopping_ends_the_run_after_patience_evaluations_without_a_better_ne(early):
+    result = early[0]
     summary = result["summary"]
     nes = {r["step"]: r["eval_ne"] for r in result["records"] if "eval_ne" in r}
     assert summary["stopped_early"] and summary["steps"] < 36

@@ -1,6 +1,6 @@
 """A sharded multi-rank run equals the unsharded single-process run on the same global batches.
 
-The runs are jobs of the 2-rank family (tests/helpers/families.py): one launch for the session.
+Each test reads runs of `train_and_report` on the 2 ranks of the PAIR family (tests/helpers/families.py).
 """
 
 import pytest
@@ -8,11 +8,13 @@ import torch
 
 from dlrm.config.compose import compose
 from tests.helpers.equivalence import matches, reference, tiny
-from tests.helpers.families import LONG_PAIR, PAIR
+from tests.helpers.families import LONG_PAIR, PAIR, runs
 from tests.helpers.workers import train_and_report
 
 SHARDINGS = ["table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel", "mixed"]
 FP32 = tiny("sharding=table_wise")  # the baseline several modules compare against
+NO_PIPELINE = tiny("sharding=table_wise", "trainer.pipeline=false")
+BF16_DENSE = tiny("sharding=table_wise", "trainer.dense_precision=bf16")
 DP_OPTIMS = ("optim=rowwise_adagrad", "optim.dense.name=sgd", "optim.dense.lr=0.1", "optim.schedule.warmup_steps=6")
 COMPILED = {
     "mlp": tiny("sharding=table_wise", "trainer.compile_dense=true"),
@@ -53,26 +55,14 @@ NO_DENSE = {
     ),
 }
 
-SHARDED = {s: PAIR.add(f"fp32/{s}", train_and_report, tiny(f"sharding={s}")) for s in SHARDINGS}  # FP32 first
-TASKS_MEAN_RUN = PAIR.add("tasks2/mean_column_wise", train_and_report, TASKS_MEAN)
-DCN_DIMS_RUN = PAIR.add("dcn/unequal_dims", train_and_report, DCN_DIMS)
-NO_DENSE_RUNS = {name: PAIR.add(f"no_dense/{name}", train_and_report, o) for name, o in NO_DENSE.items()}
-OTHER_SEED = PAIR.add("fp32/table_wise/seed1", train_and_report, tiny("sharding=table_wise", "seed=1"))
-NO_PIPELINE = PAIR.add("fp32/table_wise/plain", train_and_report, tiny("sharding=table_wise", "trainer.pipeline=false"))
-BF16_DENSE = PAIR.add("bf16_dense", train_and_report, tiny("sharding=table_wise", "trainer.dense_precision=bf16"))
-DP_OPTIM_TABLE_WISE = PAIR.add("dp_optim/table_wise", train_and_report, tiny("sharding=table_wise", *DP_OPTIMS))
-DP_OPTIM_REPLICATED = PAIR.add("dp_optim/data_parallel", train_and_report, tiny("sharding=data_parallel", *DP_OPTIMS))
-# Inductor per rank: ~30-60 s each; tests/models/test_dlrm.py checks compile in-process
-COMPILED_RUNS = {name: LONG_PAIR.add(f"compiled/{name}", train_and_report, o) for name, o in COMPILED.items()}
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding", SHARDINGS)
-def test_two_ranks_equal_one_process(sharding):
+@runs(results=lambda sharding: PAIR.job(train_and_report, tiny(f"sharding={sharding}")))
+def test_two_ranks_equal_one_process(sharding, results):
     overrides = tiny(f"sharding={sharding}")
     ref_losses, _ = reference(overrides)
     assert ref_losses[-1] < ref_losses[0], "the reference must learn, or the test proves little"
-    results = SHARDED[sharding].results()
     cfg = compose(list(overrides))
     planned = {row["table"]: row["sharding_type"] for row in results[0]["plan"]}
     expected = {t.name: cfg.sharding.per_table.get(t.name, cfg.sharding.strategy) for t in cfg.model.tables}
@@ -82,15 +72,16 @@ def test_two_ranks_equal_one_process(sharding):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("interaction", sorted(NO_DENSE))
-def test_a_model_without_dense_features_equals_one_process(interaction):
+@runs(results=lambda interaction: PAIR.job(train_and_report, NO_DENSE[interaction]))
+def test_a_model_without_dense_features_equals_one_process(interaction, results):
     ref_losses, _ = reference(NO_DENSE[interaction])
     assert ref_losses[-1] < ref_losses[0], "the reference must learn, or the test proves little"
-    matches(NO_DENSE_RUNS[interaction].results(), NO_DENSE[interaction])
+    matches(results, NO_DENSE[interaction])
 
 
 @pytest.mark.slow
-def test_two_tasks_and_a_mean_pooled_sharded_table_equal_one_process():
-    results = TASKS_MEAN_RUN.results()
+@runs(results=PAIR.job(train_and_report, TASKS_MEAN))
+def test_two_tasks_and_a_mean_pooled_sharded_table_equal_one_process(results):
     assert {row["table"]: row["sharding_type"] for row in results[0]["plan"]}["t_C4"] == "column_wise"
     matches(results, TASKS_MEAN)
     summary = results[0]["summary"]
@@ -101,37 +92,43 @@ def test_two_tasks_and_a_mean_pooled_sharded_table_equal_one_process():
 
 
 @pytest.mark.slow
-def test_dcn_over_tables_of_different_dims_equals_one_process():
+@runs(results=PAIR.job(train_and_report, DCN_DIMS))
+def test_dcn_over_tables_of_different_dims_equals_one_process(results):
     ref_losses, _ = reference(DCN_DIMS)
     assert ref_losses[-1] < ref_losses[0]
-    matches(DCN_DIMS_RUN.results(), DCN_DIMS)
+    matches(results, DCN_DIMS)
 
 
 @pytest.mark.slow
-def test_a_different_start_is_detected():
+@runs(other_seed=PAIR.job(train_and_report, tiny("sharding=table_wise", "seed=1")))
+def test_a_different_start_is_detected(other_seed):
     """The comparison has teeth: another seed on the ranks must not match the reference."""
     with pytest.raises(AssertionError):
-        matches(OTHER_SEED.results(), FP32)
+        matches(other_seed, FP32)
 
 
 @pytest.mark.slow
-def test_non_pipelined_two_ranks_equal_one_process():
-    matches(NO_PIPELINE.results(), tiny("sharding=table_wise", "trainer.pipeline=false"))
+@runs(results=PAIR.job(train_and_report, NO_PIPELINE))
+def test_non_pipelined_two_ranks_equal_one_process(results):
+    matches(results, NO_PIPELINE)
 
 
 @pytest.mark.slow
-def test_bf16_dense_precision_trains_close_to_fp32():
-    fp32 = SHARDED["table_wise"].results()[0]["losses"]
-    bf16 = BF16_DENSE.results()[0]["losses"]
+@runs(fp32=PAIR.job(train_and_report, FP32), bf16=PAIR.job(train_and_report, BF16_DENSE))
+def test_bf16_dense_precision_trains_close_to_fp32(fp32, bf16):
+    fp32, bf16 = fp32[0]["losses"], bf16[0]["losses"]
     assert bf16 != fp32, "autocast must change the arithmetic"
     assert bf16 == pytest.approx(fp32, rel=2e-2)
 
 
 @pytest.mark.slow
-def test_data_parallel_tables_get_the_embedding_optimizer_and_schedule():
+@runs(
+    fused=PAIR.job(train_and_report, tiny("sharding=table_wise", *DP_OPTIMS)),
+    replicated=PAIR.job(train_and_report, tiny("sharding=data_parallel", *DP_OPTIMS)),
+)
+def test_data_parallel_tables_get_the_embedding_optimizer_and_schedule(fused, replicated):
     """Data-parallel tables (replicated, outside the fused kernels) train like table-wise ones
     (fbgemm's fused row-wise Adagrad): same optimizer, lr and warmup, not the dense optimizer's."""
-    fused, replicated = DP_OPTIM_TABLE_WISE.results(), DP_OPTIM_REPLICATED.results()
     assert replicated[0]["losses"] == pytest.approx(fused[0]["losses"], rel=1e-5, abs=1e-6)
 
     def whole(results):  # each table is whole on one rank (table-wise) or on every rank (replicated)
@@ -146,6 +143,8 @@ def test_data_parallel_tables_get_the_embedding_optimizer_and_schedule():
 @pytest.mark.slow
 @pytest.mark.long
 @pytest.mark.parametrize("interaction", sorted(COMPILED))
-def test_compiled_dense_arch_trains_as_the_eager_reference(interaction):
-    """trainer.compile_dense (Inductor) computes the MLPs and the interaction as eager PyTorch does."""
-    matches(COMPILED_RUNS[interaction].results(), COMPILED[interaction])
+@runs(results=lambda interaction: LONG_PAIR.job(train_and_report, COMPILED[interaction]))  # Inductor: ~30-60 s a rank
+def test_compiled_dense_arch_trains_as_the_eager_reference(interaction, results):
+    """trainer.compile_dense (Inductor) computes the MLPs and the interaction as eager PyTorch does;
+    tests/models/test_dlrm.py checks compile in-process."""
+    matches(results, COMPILED[interaction])

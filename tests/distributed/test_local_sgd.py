@@ -1,17 +1,19 @@
 """trainer.dense_sync=local_sgd: torch's post-local SGD on the dense part (dlrm.distributed.local_sgd).
 
-The runs are jobs of the 2-rank family (tests/helpers/families.py).
+The runs are jobs of the 2-rank family (tests/helpers/families.py); the rank functions that look
+inside a run (the weights after each step, the allreduces) are defined here.
 """
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
+from dlrm.config import Config
 from dlrm.export import export
 from tests.helpers.cli import assert_one_error, main_in_process
 from tests.helpers.equivalence import STEPS, matches, tiny
-from tests.helpers.families import LONG_PAIR, PAIR, Overrides
-from tests.helpers.local_sgd_workers import count_allreduces, dense_after_each_step
-from tests.helpers.workers import train_and_report, train_losses, train_summary
+from tests.helpers.families import LONG_PAIR, PAIR, Overrides, runs
+from tests.helpers.workers import build_trainer, train_and_report, train_losses, train_summary
 
 LOCAL = ("trainer.dense_sync=local_sgd",)
 COUNTED = ("sharding=table_wise", "trainer.max_steps=10", "trainer.log_every_steps=10", "trainer.breakdown=false")
@@ -33,42 +35,49 @@ def _resumable(name, *overrides):
     )
 
 
-PERIOD_ONE = PAIR.add(
-    "local_sgd/period1", train_and_report, tiny("sharding=table_wise", *LOCAL, "trainer.sync_period=1")
-)
-AGREE = {
-    sharding: PAIR.add(
-        f"local_sgd/agree/{sharding}",
-        dense_after_each_step,
-        tiny(f"sharding={sharding}", *LOCAL, "trainer.sync_period=4"),
-    )
-    for sharding in ("table_wise", "data_parallel")
-}
-WARMUP = PAIR.add(
-    "local_sgd/warmup",
-    dense_after_each_step,
-    tiny(*LOCAL, "trainer.sync_period=2", "trainer.local_sgd_warmup_steps=4"),
-)
-COUNT_SYNC = PAIR.add("local_sgd/count/sync", count_allreduces, tiny(*COUNTED))
-COUNT_LOCAL = PAIR.add("local_sgd/count/local", count_allreduces, tiny(*COUNTED, *LOCAL, "trainer.sync_period=4"))
-MAIN_JOB_SYNC = LONG_PAIR.add("main_job/sync", train_summary, Overrides(*QUIET))
-MAIN_JOB_LOCAL = LONG_PAIR.add("main_job/local_sgd", train_summary, Overrides(*QUIET, *LOCAL, "trainer.sync_period=4"))
-WHOLE = PAIR.add("local_sgd/resume/whole", train_losses, _resumable("local_whole"))
-_AT_4 = PAIR.dir("local_whole") / "step_00000004"
-RESUMED = PAIR.add("local_sgd/resume/same", train_losses, _resumable("local_same", f"trainer.resume={_AT_4}"))
+def _replicated_params(trainer) -> list[torch.nn.Parameter]:
+    """The parameters DDP replicates (the dense ones; it ignores the sharded tables)."""
+    ddps = [m for m in trainer.model.modules() if isinstance(m, torch.nn.parallel.DistributedDataParallel)]
+    return [p for ddp in ddps for n, p in ddp.module.named_parameters() if n not in ddp.parameters_to_ignore]
+
+
+def _flat(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """A copy of `params`, flattened [n]."""
+    return torch.cat([p.detach().reshape(-1) for p in params]).clone()
 
 
 @pytest.mark.slow
-def test_period_one_equals_synchronous_training():
+@runs(results=PAIR.job(train_and_report, tiny("sharding=table_wise", *LOCAL, "trainer.sync_period=1")))
+def test_period_one_equals_synchronous_training(results):
     """With SGD, averaging the weights after every local step is averaging the gradients."""
-    matches(PERIOD_ONE.results(), tiny("sharding=table_wise"))
+    matches(results, tiny("sharding=table_wise"))
+
+
+def dense_after_each_step(cfg: Config) -> dict:
+    """On each rank: train, the optimizer's step wrapped to copy the replicated weights right after
+    each step (the pipeline's steps too); those copies, the final ones and the losses."""
+    trainer = build_trainer(cfg)
+    snapshots, params, step = [], _replicated_params(trainer), trainer.optimizer.step
+
+    def step_and_snapshot(*args, **kwargs):
+        step(*args, **kwargs)
+        snapshots.append(_flat(params))
+
+    trainer.optimizer.step = step_and_snapshot  # the pipeline calls the instance's step
+    trainer.train()
+    return {"steps": snapshots, "final": _flat(_replicated_params(trainer)), "losses": trainer.losses}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding", ["table_wise", "data_parallel"])
-def test_ranks_agree_right_after_each_averaging_step_only(sharding):
+@runs(
+    ranks=lambda sharding: PAIR.job(
+        dense_after_each_step, tiny(f"sharding={sharding}", *LOCAL, "trainer.sync_period=4")
+    )
+)
+def test_ranks_agree_right_after_each_averaging_step_only(sharding, ranks):
     """The replicated weights (the MLPs; with data_parallel, the tables too) drift apart between averagings."""
-    r0, r1 = AGREE[sharding].results()
+    r0, r1 = ranks
     assert len(r0["steps"]) == STEPS == 8
     for step, (a, b) in enumerate(zip(r0["steps"], r1["steps"], strict=True), start=1):
         if step % 4 == 0:
@@ -79,17 +88,35 @@ def test_ranks_agree_right_after_each_averaging_step_only(sharding):
 
 
 @pytest.mark.slow
-def test_warmup_steps_are_synchronous():
-    r0, r1 = WARMUP.results()
+@runs(ranks=PAIR.job(dense_after_each_step, tiny(*LOCAL, "trainer.sync_period=2", "trainer.local_sgd_warmup_steps=4")))
+def test_warmup_steps_are_synchronous(ranks):
+    r0, r1 = ranks
     agree = [bool(torch.equal(a, b)) for a, b in zip(r0["steps"], r1["steps"], strict=True)]
     assert agree == [True, True, True, True, False, True, False, True]
 
 
+def count_allreduces(cfg: Config) -> dict:
+    """On each rank: train under torch.profiler; how many allreduces ran (c10d's dispatched op: DDP's,
+    the averager's, the trainer's own), and the final replicated weights."""
+    trainer = build_trainer(cfg)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        trainer.train()
+    names = [e.name for e in prof.events() or []]
+    return {
+        "allreduces": sum(1 for n in names if n == "c10d::allreduce_"),
+        "names": sorted({n for n in names if n.startswith("c10d::") or "gloo" in n}),
+        "final": _flat(_replicated_params(trainer)),
+    }
+
+
 @pytest.mark.slow
-def test_allreduces_drop_by_the_period_and_the_run_ends_averaged():
+@runs(
+    sync=PAIR.job(count_allreduces, tiny(*COUNTED)),
+    local=PAIR.job(count_allreduces, tiny(*COUNTED, *LOCAL, "trainer.sync_period=4")),
+)
+def test_allreduces_drop_by_the_period_and_the_run_ends_averaged(sync, local):
     """10 steps, H=4: averages after steps 4 and 8, and once more at the end (step 10 is not an
     averaging step), instead of DDP's allreduce of the gradients in each of the 10 backward passes."""
-    sync, local = COUNT_SYNC.results(), COUNT_LOCAL.results()
     print(f"allreduces in 10 steps: synchronous {sync[0]['allreduces']}, local SGD H=4 {local[0]['allreduces']}")
     other = local[0]["allreduces"] - 3  # the trainer's own (the logged loss)
     assert other >= 0, local[0]
@@ -100,19 +127,30 @@ def test_allreduces_drop_by_the_period_and_the_run_ends_averaged():
 
 @pytest.mark.slow
 @pytest.mark.long
-def test_default_job_with_period_four_reaches_the_synchronous_auc():
+@runs(
+    sync=LONG_PAIR.job(train_summary, Overrides(*QUIET)),
+    local=LONG_PAIR.job(train_summary, Overrides(*QUIET, *LOCAL, "trainer.sync_period=4")),
+)
+def test_default_job_with_period_four_reaches_the_synchronous_auc(sync, local):
     """The main job (model=dlrm_small, 200 steps, 2 ranks): local SGD every 4 steps loses < 0.005 AUC."""
-    sync, local = MAIN_JOB_SYNC.results()[0], MAIN_JOB_LOCAL.results()[0]
+    sync, local = sync[0], local[0]
     print(f"eval AUC: synchronous {sync['eval_auc']:.5f}, local SGD H=4 {local['eval_auc']:.5f}")
     assert sync["eval_auc"] > 0.6, "the synthetic task must be learnt, or the comparison says little"
     assert abs(local["eval_auc"] - sync["eval_auc"]) < 0.005
 
 
+AT_4 = PAIR.dir("local_whole") / "step_00000004"
+
+
 @pytest.mark.slow
-def test_resumed_equals_uninterrupted(tmp_path):
+@runs(
+    whole=PAIR.job(train_losses, _resumable("local_whole")),
+    same=PAIR.job(train_losses, _resumable("local_same", f"trainer.resume={AT_4}")),
+)
+def test_resumed_equals_uninterrupted(tmp_path, whole, same):
     """Saved at an averaging step (4) after the warm-up, resumed to step 7 (not one: the run ends
     with an average): the resume restores the hook's and the averager's step counts."""
-    whole, same = WHOLE.results()[0], RESUMED.results()[0]
+    whole, same = whole[0], same[0]  # rank 0's losses
     assert len(whole) == 7 and same == whole[4:]
     final = {
         name: export(PAIR.dir(f"local_{name}") / "step_00000007", tmp_path / f"{name}.pt") for name in ("whole", "same")

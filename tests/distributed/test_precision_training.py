@@ -4,19 +4,25 @@ compressed dense allreduce, and evaluation scored on rank 0.
 Tolerances come from the formats' unit roundoff u (fp16 2^-11 ~ 4.9e-4, bf16 2^-8 ~ 3.9e-3): one
 rounding moves a value by at most u relative; over the 8 steps of these runs the losses stay within
 a few u of the fp32 run (the bounds below are 4 u), and must still differ from it: the option ran.
-The runs are jobs of the 2-rank, 2 x 2 and 1-rank families (tests/helpers/families.py).
+The runs are jobs of the 2-rank, 2 x 2 and 1-rank families (tests/helpers/families.py); the
+fp32 baselines are the same jobs as test_equivalence's, run once.
 """
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from dlrm.config.compose import compose
 from dlrm.data.source import make_source
+from dlrm.distributed.dense_sync import use_compressed_allreduce, use_hierarchical_allreduce
+from dlrm.distributed.topology import build_process_groups
 from dlrm.export import export, load_exported
+from dlrm.trainer.metrics import score_on_rank0
 from tests.helpers.equivalence import STEPS, tiny
-from tests.helpers.families import PAIR, SINGLE, TWO_NODES
-from tests.helpers.precision_workers import compressed_gradients, score_slices
+from tests.helpers.families import PAIR, SINGLE, TWO_NODES, runs
+from tests.helpers.harness import default_group
 from tests.helpers.scoring import numpy_auc
 from tests.helpers.workers import train_and_report, train_summary
 
@@ -54,51 +60,6 @@ def _into_fp16(name, *overrides):
     )
 
 
-# The fp32 baselines (shared with test_equivalence: the same jobs).
-FP32 = {s: PAIR.add(f"fp32/{s}", train_and_report, tiny(f"sharding={s}")) for s in ("table_wise", "row_wise")}
-FP16_TABLES = {
-    s: PAIR.add(f"fp16_tables/{s}", train_and_report, tiny(f"sharding={s}", "model.embedding_precision=fp16"))
-    for s in ("table_wise", "row_wise")
-}
-FP16_WHOLE = PAIR.add("fp16_resume/whole", train_and_report, _fp16_resume("fp16_whole"))
-_AT_4 = PAIR.dir("fp16_whole") / "step_00000004"
-FP16_RESUMED = PAIR.add("fp16_resume/again", train_and_report, _fp16_resume("fp16_again", f"trainer.resume={_AT_4}"))
-INTO_FP32 = PAIR.add("into_fp16/fp32", train_and_report, _into_fp16("into_fp32"))
-_INTO_AT_4 = PAIR.dir("into_fp32") / "step_00000004"
-INTO_FP16 = PAIR.add(
-    "into_fp16/fp16",
-    train_and_report,
-    _into_fp16("into_fp16", "model.embedding_precision=fp16", f"trainer.resume={_INTO_AT_4}"),
-)
-QCOMMS_RUNS = {
-    (s, f, b): PAIR.add(
-        f"qcomms/{s}/{f}/{b}",
-        train_and_report,
-        tiny(f"sharding={s}", f"sharding.qcomms_forward={f}", f"sharding.qcomms_backward={b}"),
-    )
-    for s, f, b in QCOMMS
-}
-HOOK = {p: PAIR.add(f"hook/{p}", compressed_gradients, p, 1, 2) for p in ("bf16", "fp16")}
-COMPRESSED_DENSE = {
-    p: PAIR.add(
-        f"compressed_dense/{p}", train_and_report, tiny("sharding=table_wise", f"trainer.dense_allreduce_precision={p}")
-    )
-    for p in ("bf16", "fp16")
-}
-HOOK_HIERARCHICAL = TWO_NODES.add("hook/bf16/hierarchical", compressed_gradients, "bf16", 2, 2)
-
-_G = np.random.default_rng(0)
-LABELS = (_G.random(2 * 500) < 0.4).astype(np.float32)
-LOGITS = (_G.integers(0, 7, 2 * 500) + LABELS).astype(np.float32)  # many ties across the two slices
-_BOTH = torch.from_numpy(np.stack([LOGITS, LABELS]))
-_ONE_CLASS = torch.stack([torch.arange(8.0), torch.ones(8)])
-SCORE_SLICES = PAIR.add("score/slices", score_slices, [_BOTH[:, :500], _BOTH[:, 500:]])
-SCORE_ONE_CLASS = PAIR.add("score/one_class", score_slices, [_ONE_CLASS[:, :4], _ONE_CLASS[:, 4:]])
-EVAL4 = tiny("sharding=table_wise", "data.eval_batches=4")
-EVAL4_TWO_RANKS = PAIR.add("eval4", train_summary, EVAL4)
-EVAL4_ONE_RANK = SINGLE.add("eval4", train_summary, EVAL4)
-
-
 def _within_rounding(seen, locals_, u, roundings):
     """|seen - mean| <= roundings * u * mean|g| elementwise: each of the casts and additions in the
     format moves a partial result by at most u of the ranks' mean magnitude (relative bounds fail
@@ -116,11 +77,18 @@ def _close_but_not_equal(losses, reference, precision):
 # --- table weights in fp16 -------------------------------------------------------------------------
 
 
+def fp32_run(sharding="table_wise"):
+    """The fp32 baseline (test_equivalence's run)."""
+    return PAIR.job(train_and_report, tiny(f"sharding={sharding}"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding", ["table_wise", "row_wise"])
-def test_fp16_tables_train_close_to_fp32(sharding):
-    fp32 = FP32[sharding].results()
-    fp16 = FP16_TABLES[sharding].results()
+@runs(
+    fp32=fp32_run,
+    fp16=lambda sharding: PAIR.job(train_and_report, tiny(f"sharding={sharding}", "model.embedding_precision=fp16")),
+)
+def test_fp16_tables_train_close_to_fp32(sharding, fp32, fp16):
     _close_but_not_equal(fp16[0]["losses"], fp32[0]["losses"], "fp16")
     for rank in range(2):
         for name, pieces in fp16[rank]["pieces"].items():
@@ -132,11 +100,17 @@ def test_fp16_tables_train_close_to_fp32(sharding):
                     torch.testing.assert_close(piece.float(), reference[offsets], rtol=0, atol=(STEPS + 1) * ulp)
 
 
+FP16_AT_4 = PAIR.dir("fp16_whole") / "step_00000004"
+
+
 @pytest.mark.slow
-def test_fp16_tables_resume_and_export(tmp_path):
+@runs(
+    whole=PAIR.job(train_and_report, _fp16_resume("fp16_whole")),
+    resumed=PAIR.job(train_and_report, _fp16_resume("fp16_again", f"trainer.resume={FP16_AT_4}")),
+)
+def test_fp16_tables_resume_and_export(tmp_path, whole, resumed):
     """Row-wise Adagrad (fp32 state in fbgemm) with fp16 weights: a resume continues exactly, and the
     export holds the fp16 tables, which the rebuilt unsharded model runs."""
-    whole, resumed = FP16_WHOLE.results(), FP16_RESUMED.results()
     assert resumed[0]["losses"] == whole[0]["losses"][4:]
     exported = export(PAIR.dir("fp16_again") / "step_00000008", tmp_path / "model.pt")
     for result in resumed:
@@ -151,10 +125,18 @@ def test_fp16_tables_resume_and_export(tmp_path):
     assert torch.isfinite(loss)
 
 
+FP32_AT_4 = PAIR.dir("into_fp32") / "step_00000004"
+
+
 @pytest.mark.slow
-def test_an_fp32_checkpoint_resumes_into_fp16_tables():
+@runs(
+    whole=PAIR.job(train_and_report, _into_fp16("into_fp32")),
+    resumed=PAIR.job(
+        train_and_report, _into_fp16("into_fp16", "model.embedding_precision=fp16", f"trainer.resume={FP32_AT_4}")
+    ),
+)
+def test_an_fp32_checkpoint_resumes_into_fp16_tables(whole, resumed):
     """The precision may change at a resume: DCP casts the saved fp32 tables into the fp16 ones."""
-    whole, resumed = INTO_FP32.results(), INTO_FP16.results()
     _close_but_not_equal(resumed[0]["losses"], whole[0]["losses"][4:], "fp16")
     tables = [piece for name, pieces in resumed[0]["pieces"].items() if TABLES in name for _, piece in pieces]
     assert tables and all(t.dtype == torch.float16 for t in tables)
@@ -165,20 +147,70 @@ def test_an_fp32_checkpoint_resumes_into_fp16_tables():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sharding, forward, backward", QCOMMS)
-def test_quantized_embedding_comms_train_close_to_fp32(sharding, forward, backward):
-    fp32 = FP32[sharding].results()[0]["losses"]
-    _close_but_not_equal(QCOMMS_RUNS[sharding, forward, backward].results()[0]["losses"], fp32, "fp16")
+@runs(
+    fp32=fp32_run,
+    quantized=lambda sharding, forward, backward: PAIR.job(
+        train_and_report,
+        tiny(f"sharding={sharding}", f"sharding.qcomms_forward={forward}", f"sharding.qcomms_backward={backward}"),
+    ),
+)
+def test_quantized_embedding_comms_train_close_to_fp32(sharding, forward, backward, fp32, quantized):
+    _close_but_not_equal(quantized[0]["losses"], fp32[0]["losses"], "fp16")
 
 
 # --- compressed dense allreduce ------------------------------------------------------------------------
 
 
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _net(rank: int) -> torch.nn.Module:
+    """Two layers whose gradients (with the rank's input) are not representable in bf16/fp16."""
+    torch.manual_seed(0)  # the same weights on every rank, as DDP requires
+    return torch.nn.Sequential(torch.nn.Linear(37, 53), torch.nn.Tanh(), torch.nn.Linear(53, 3))
+
+
+def _input(rank: int) -> torch.Tensor:
+    return torch.randn(16, 37, generator=torch.Generator().manual_seed(100 + rank))
+
+
+def compressed_gradients(precision: str, nodes: int, ranks_per_node: int) -> dict:
+    """On each rank: DDP with our compression hook (flat for nodes == 1, hierarchical otherwise) on a small net.
+
+    Returns the gradients the optimizer would see, every rank's local (uncommunicated) fp32
+    gradients, and what the flat hook must give: each rank's gradient rounded to `precision`,
+    divided by the world size there, summed there (gloo, 2 ranks: one rounding) and cast back.
+    """
+    default_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ddp = DistributedDataParallel(_net(rank), bucket_cap_mb=1)
+    if nodes == 1:
+        hooked = use_compressed_allreduce(ddp, precision, dist.group.WORLD)
+    else:
+        hooked = use_hierarchical_allreduce(
+            ddp, build_process_groups(torch.device("cpu"), nodes, ranks_per_node), precision
+        )
+    with ddp.no_sync():  # the local gradients, no communication
+        ddp(_input(rank)).square().sum().backward()
+    local = torch.cat([p.grad.reshape(-1) for p in ddp.parameters()]).clone()
+    ddp.zero_grad()
+    ddp(_input(rank)).square().sum().backward()
+    seen = torch.cat([p.grad.reshape(-1) for p in ddp.parameters()]).clone()
+    every = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(every, local)
+    dtype = DTYPES[precision]
+    summed = torch.zeros_like(local, dtype=dtype)
+    for g in every:
+        summed = summed + g.to(dtype).div(world)  # each add rounds to `dtype`
+    return {"hooked": hooked, "seen": seen, "locals": every, "flat_expected": summed.float()}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_compression_hook_gives_the_rounded_mean(precision):
+@runs(results=lambda precision: PAIR.job(compressed_gradients, precision, 1, 2))
+def test_compression_hook_gives_the_rounded_mean(precision, results):
     """Flat (torch's bf16/fp16_compress_hook): the optimizer sees exactly each rank's gradient rounded
     to the format, halved and summed there, cast back; not the fp32 mean."""
-    results = HOOK[precision].results()
     mean = torch.stack(results[0]["locals"]).mean(0)
     for r in results:
         assert r["hooked"] == 1
@@ -188,10 +220,10 @@ def test_compression_hook_gives_the_rounded_mean(precision):
 
 
 @pytest.mark.slow
-def test_compression_composes_with_the_hierarchical_allreduce():
+@runs(results=TWO_NODES.job(compressed_gradients, "bf16", 2, 2))
+def test_compression_composes_with_the_hierarchical_allreduce(results):
     """2 nodes x 2 ranks, bf16: the three steps ran in bf16 (every gradient is a bf16 value), and
     the result is the mean within bf16 rounding, the same on every rank."""
-    results = HOOK_HIERARCHICAL.results()
     mean = torch.stack(results[0]["locals"]).mean(0)
     for r in results:
         assert r["hooked"] == 1
@@ -203,27 +235,53 @@ def test_compression_composes_with_the_hierarchical_allreduce():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_compressed_dense_allreduce_trains_close_to_fp32(precision):
-    fp32 = FP32["table_wise"].results()[0]["losses"]
-    _close_but_not_equal(COMPRESSED_DENSE[precision].results()[0]["losses"], fp32, precision)
+@runs(
+    fp32=fp32_run(),
+    compressed=lambda precision: PAIR.job(
+        train_and_report, tiny("sharding=table_wise", f"trainer.dense_allreduce_precision={precision}")
+    ),
+)
+def test_compressed_dense_allreduce_trains_close_to_fp32(precision, fp32, compressed):
+    _close_but_not_equal(compressed[0]["losses"], fp32[0]["losses"], precision)
 
 
 # --- evaluation on rank 0 ----------------------------------------------------------------------------
 
 
+def score_slices(slices: list[torch.Tensor]) -> dict:
+    """On each rank: `score_on_rank0` of this rank's [2, N] slice of `slices`."""
+    default_group()
+    result = score_on_rank0(slices[dist.get_rank()], dist.group.WORLD)
+    return result
+
+
+_G = np.random.default_rng(0)
+LABELS = (_G.random(2 * 500) < 0.4).astype(np.float32)
+LOGITS = (_G.integers(0, 7, 2 * 500) + LABELS).astype(np.float32)  # many ties across the two slices
+_BOTH = torch.from_numpy(np.stack([LOGITS, LABELS]))
+_ONE_CLASS = torch.stack([torch.arange(8.0), torch.ones(8)])
+
+
 @pytest.mark.slow
-def test_rank0_scores_every_slice_and_every_rank_gets_the_result():
-    results = SCORE_SLICES.results()
+@runs(
+    results=PAIR.job(score_slices, [_BOTH[:, :500], _BOTH[:, 500:]]),
+    one_class=PAIR.job(score_slices, [_ONE_CLASS[:, :4], _ONE_CLASS[:, 4:]]),
+)
+def test_rank0_scores_every_slice_and_every_rank_gets_the_result(results, one_class):
     assert results[0] == results[1]
     assert results[0]["samples"] == 1000
     assert results[0]["auc"] == pytest.approx(numpy_auc(LOGITS, LABELS), abs=1e-12)
     expected_logloss = torch.nn.functional.binary_cross_entropy_with_logits(_BOTH[0], _BOTH[1]).item()
     assert results[0]["logloss"] == pytest.approx(expected_logloss, rel=1e-6)
-    assert SCORE_ONE_CLASS.results()[1]["auc"] is None
+    assert one_class[1]["auc"] is None
+
+
+EVAL4 = tiny("sharding=table_wise", "data.eval_batches=4")
 
 
 @pytest.mark.slow
-def test_two_ranks_evaluate_like_one_process():
-    (one,), two = EVAL4_ONE_RANK.results(), EVAL4_TWO_RANKS.results()
+@runs(one=SINGLE.job(train_summary, EVAL4), two=PAIR.job(train_summary, EVAL4))
+def test_two_ranks_evaluate_like_one_process(one, two):
+    (one,) = one
     assert two[0]["eval_auc"] == two[1]["eval_auc"] == pytest.approx(one["eval_auc"], abs=1e-5)
     assert two[0]["eval_logloss"] == pytest.approx(one["eval_logloss"], rel=1e-5)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.helpers.equivalence import matches, reference, tiny
-from tests.helpers.families import PAIR, SINGLE
+from tests.helpers.families import PAIR, SINGLE, runs
 from tests.helpers.workers import train_and_report, train_losses
 
 VOCAB = (
@@ -19,10 +19,6 @@ VOCAB = (
     "model.tables.3.vocabulary.policy=lru",
     "model.tables.3.vocabulary.max_age_steps=1",
 )
-RUNS = {
-    sharding: PAIR.add(f"vocab/{sharding}", train_and_report, tiny(*VOCAB, f"sharding={sharding}"))
-    for sharding in ("row_wise", "table_wise")
-}
 
 
 def _resumable(name: str, *overrides: str):
@@ -36,29 +32,31 @@ def _resumable(name: str, *overrides: str):
     )
 
 
-SAVED = PAIR.dir("vocab_whole") / "step_00000003"
-WHOLE = PAIR.add("vocab/whole", train_losses, _resumable("whole", "sharding=row_wise"))
-SAME = PAIR.add("vocab/same", train_losses, _resumable("same", "sharding=row_wise", f"trainer.resume={SAVED}"))
-OTHER = SINGLE.add("vocab/other", train_losses, _resumable("other", "sharding=table_wise", f"trainer.resume={SAVED}"))
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("sharding", sorted(RUNS))
-def test_vocabularies_on_two_ranks_equal_one_process(sharding):
+@pytest.mark.parametrize("sharding", ["row_wise", "table_wise"])
+@runs(results=lambda sharding: PAIR.job(train_and_report, tiny(*VOCAB, f"sharding={sharding}")))
+def test_vocabularies_on_two_ranks_equal_one_process(sharding, results):
     overrides = tiny(*VOCAB, f"sharding={sharding}")
     ref_losses, ref_state = reference(overrides)
     assert ref_losses[-1] < ref_losses[0], "the reference must learn, or the test proves little"
     ids = ref_state["model.sparse_arch.embedding_bag_collection.remap.tables.t_C4._mch_sorted_raw_ids"]
     assert (ids != torch.iinfo(torch.int64).max).sum() > 10, "the vocabulary admitted ids"
-    results = RUNS[sharding].results()
     assert {row["sharding_type"] for row in results[0]["plan"]} == {sharding}
     matches(results, overrides)  # the weights and every vocabulary buffer on every rank
     summary = results[0]["summary"]
     assert 0.0 < summary["eval_auc"] < 1.0
 
 
+SAVED = PAIR.dir("vocab_whole") / "step_00000003"
+
+
 @pytest.mark.slow
-def test_vocabulary_state_resumes_exactly_and_on_another_world_size():
-    whole, same, other = WHOLE.results()[0], SAME.results()[0], OTHER.results()[0]
+@runs(
+    whole=PAIR.job(train_losses, _resumable("whole", "sharding=row_wise")),
+    same=PAIR.job(train_losses, _resumable("same", "sharding=row_wise", f"trainer.resume={SAVED}")),
+    other=SINGLE.job(train_losses, _resumable("other", "sharding=table_wise", f"trainer.resume={SAVED}")),
+)
+def test_vocabulary_state_resumes_exactly_and_on_another_world_size(whole, same, other):
+    whole, same, other = whole[0], same[0], other[0]  # rank 0's losses
     assert len(whole) == 6 and same == whole[3:]  # bit-exact on the same ranks
     assert other == pytest.approx(whole[3:], rel=1e-5)  # 1 rank, table-wise: another reduction order

@@ -1,37 +1,51 @@
-"""Scenario families: the distributed tests' jobs grouped by launch shape, each family run in ONE launch.
+"""Scenario families: the distributed tests' rank functions grouped by launch shape, each family run
+in ONE launch.
 
-A test module declares its runs beside the tests that read them:
+A test declares the runs it reads right above itself; each is injected as an argument holding the
+rank function's value on every rank, in rank order:
 
-    RESUMED = PAIR.add("ckpt/resumed", train_and_report, overrides)   # a Scenario: fn(*args) on each rank
+    def resume_and_report(cfg):                      # the rank function, in the test module
+        ...
 
-    def test_resume_is_exact():
-        whole, resumed = WHOLE.results(), RESUMED.results()           # one value per rank
+    @pytest.mark.slow
+    @runs(whole=PAIR.job(train_and_report, WHOLE), resumed=PAIR.job(resume_and_report, RESUMED))
+    def test_resume_is_exact(whole, resumed):
+        assert resumed[0]["losses"] == whole[0]["losses"][4:]
 
-The first `results()` of a family runs every scenario declared in it, in declaration order, in one
-elastic launch, and later tests read the cached results. So the session pays the ~6 CPU-seconds of
-imports per rank once per family instead of once per test, and a baseline that several tests compare
-against (the fp32 table-wise run) trains once. The key names the run in failures and timings.
+A parametrized test gives a function of its parameters instead of a job:
+`@runs(results=lambda sharding: PAIR.job(train_and_report, tiny(f"sharding={sharding}")))`.
 
-Arguments of type `Overrides` are composed into a Config in the parent when the family runs (not at
-import: collection stays fast). `Family.dir(name)` is a directory for one job's files (checkpoints),
-under a root that lives for the session. A family that reads another's files names it in `after`.
+At collection (tests/conftest.py), the selected tests' jobs join their families, in test order and,
+within a test, in the order written: a job that reads another's checkpoint is declared after it, in
+the same test. Equal jobs (same function, equal arguments) run once, so a baseline several tests
+compare against trains once. Each family then runs every job in one elastic launch: the session pays
+the ~6 CPU-seconds of imports per rank once per family instead of once per job.
 
-Running one test runs its module's jobs of that family (every registered job): a few seconds more
-than the test alone, never a different result.
+A rank function is pickled by its module path: a test module's functions are importable by the
+ranks, so a test module stays cheap to import (no work at import but declarations).
+
+Arguments of type `Overrides` are composed into a Config in the parent when the family runs.
+`Family.dir(name)` is a directory path for one job's files, the same in the ranks as in the test.
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
+import inspect
+import os
 import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from dlrm.config.compose import compose
 from tests.helpers.harness import Job, JobError, launch_jobs
+
+ROOT_VARIABLE = "DLRM_TEST_FAMILIES_ROOT"  # the session's directory, inherited by the ranks
 
 
 class Overrides(tuple):
@@ -43,9 +57,32 @@ class Overrides(tuple):
 
 @functools.cache
 def _root() -> Path:
+    """The session's directory for the families' files; a rank gets its parent's."""
+    if os.environ.get(ROOT_VARIABLE):
+        return Path(os.environ[ROOT_VARIABLE])
     root = Path(tempfile.mkdtemp(prefix="dlrm-families-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
+    os.environ[ROOT_VARIABLE] = str(root)
     return root
+
+
+@dataclass(frozen=True, eq=False)
+class Declared:
+    """fn(*args) on every rank of `family` (not yet part of its launch)."""
+
+    family: Family
+    fn: Callable
+    args: tuple
+    expect_error: bool
+
+    def same_job(self, other: Declared) -> bool:
+        """The same function with equal arguments (arguments that do not compare are not equal)."""
+        if (self.family, self.fn, self.expect_error) != (other.family, other.fn, other.expect_error):
+            return False
+        try:
+            return bool(self.args == other.args)
+        except (RuntimeError, ValueError):  # tensors among the arguments
+            return False
 
 
 class Family:
@@ -53,23 +90,35 @@ class Family:
 
     def __init__(self, name: str, nproc: int, nnodes: int = 1, after: tuple[Family, ...] = ()) -> None:
         self.name, self.nproc, self.nnodes, self.after = name, nproc, nnodes, after
-        self.jobs: dict[str, tuple] = {}
+        self.jobs: dict[str, Declared] = {}
         self.results: dict[str, list] | None = None
         self.failure: BaseException | None = None
         self.seconds: dict[str, float] = {}  # per job on rank 0; "(launch)": the whole launch
         self._lock = threading.Lock()  # run() once, also when prefetched on another thread
         self._prepared: list[Job] | None = None
 
-    def add(self, key: str, fn, *args, expect_error: bool = False) -> Scenario:
-        """Declare fn(*args) on every rank, named `key`. Modules may declare the same job (a shared
-        baseline) under one key; another job under a taken key is an error."""
-        job = (fn, args, expect_error)
-        if key in self.jobs:
-            assert self.jobs[key] == job, f"{self.name}: two different jobs named {key!r}"
-            return Scenario(self, key)
-        assert self.results is None, f"{self.name}: job {key!r} declared after the family ran"
+    def job(self, fn: Callable, *args, expect_error: bool = False) -> Declared:
+        """fn(*args) on every rank of this family, for `runs`. expect_error: the exception the ranks
+        raise alike is the result (a JobError) instead of failing the launch."""
+        return Declared(self, fn, args, expect_error)
+
+    def declare(self, job: Declared, name: str) -> Scenario:
+        """Add `job` to the launch under `name`, or find the equal job declared before."""
+        for key, known in self.jobs.items():
+            if known.same_job(job):
+                return Scenario(self, key)
+        assert self.results is None, f"{self.name}: job {name!r} declared after the family ran"
+        key, n = name, 1
+        while key in self.jobs:
+            n += 1
+            key = f"{name}#{n}"
         self.jobs[key] = job
         return Scenario(self, key)
+
+    def add(self, key: str, fn, *args, expect_error: bool = False) -> Scenario:
+        """Declare fn(*args) at import, named `key` (for session fixtures and modules not yet
+        declaring their runs with `runs`)."""
+        return self.declare(self.job(fn, *args, expect_error=expect_error), key)
 
     def dir(self, name: str) -> Path:
         """A directory path (not created) for one job's files, unique to this family."""
@@ -81,8 +130,8 @@ class Family:
             family.prepare()
         if self._prepared is None:
             self._prepared = [
-                Job(fn, tuple(compose(list(a)) if isinstance(a, Overrides) else a for a in args), expect_error)
-                for fn, args, expect_error in self.jobs.values()
+                Job(j.fn, tuple(compose(list(a)) if isinstance(a, Overrides) else a for a in j.args), j.expect_error)
+                for j in self.jobs.values()
             ]
         return self._prepared
 
@@ -110,7 +159,7 @@ class Family:
 
 
 class Scenario:
-    """One run declared in a family; `results()` launches the family once and reads this run's share."""
+    """One job declared in a family; `results()` launches the family once and reads this job's share."""
 
     def __init__(self, family: Family, key: str) -> None:
         self.family, self.key = family, key
@@ -123,6 +172,82 @@ class Scenario:
 
     def __repr__(self) -> str:
         return f"Scenario({self.family.name}/{self.key})"
+
+
+def runs(**jobs: Declared | Callable[..., Declared]):
+    """Decorate a test with the jobs it reads: each keyword is an argument of the test that receives
+    the job's value on every rank. A value is a `Family.job(...)`, or a function of some of the
+    test's parameters (named alike) that returns one."""
+
+    def decorate(test):
+        kept = [p for name, p in inspect.signature(test).parameters.items() if name not in jobs]
+
+        @functools.wraps(test)
+        def with_results(**kwargs):
+            declared = {name: _declared(test, name, spec, kwargs) for name, spec in jobs.items()}
+            return test(**kwargs, **{name: scenario.results() for name, scenario in declared.items()})
+
+        with_results.__signature__ = inspect.Signature(kept)  # type: ignore[attr-defined]  # pytest's fixtures
+        with_results.runs = jobs  # type: ignore[attr-defined]
+        return with_results
+
+    return decorate
+
+
+def _declared(test, name: str, spec, params: dict) -> Scenario:
+    """The scenario of one `runs` keyword for these parameter values, declared in its family."""
+    if not isinstance(spec, Declared):
+        wanted = inspect.signature(spec).parameters
+        spec = spec(**{p: params[p] for p in wanted})
+    label = ",".join(_label(params[p]) for p in sorted(params))
+    return spec.family.declare(spec, f"{test.__name__.removeprefix('test_')}{f'[{label}]' if label else ''}/{name}")
+
+
+def _label(value) -> str:
+    return value.name if isinstance(value, Family) else str(value) if isinstance(value, str | int | float) else "?"
+
+
+def families_of(item) -> list[Family]:
+    """Declare the jobs a collected test reads (its `runs`) and return their families; for a test
+    without `runs`, the families of the scenarios its code names and of the fixtures in FIXTURE_READS.
+    A test skipped by a mark declares nothing."""
+    function = getattr(item, "function", None)
+    if function is None or _skipped(item):
+        return []
+    found: list[Family] = []
+    jobs = getattr(function, "runs", None)
+    if jobs is not None:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        for name, spec in jobs.items():
+            found.append(_declared(function.__wrapped__, name, spec, params).family)
+    else:
+        found += _families_named_by(function)
+    found += [FIXTURE_READS[f] for f in getattr(item, "fixturenames", ()) if f in FIXTURE_READS]
+    return list(dict.fromkeys(found))
+
+
+def _skipped(item) -> bool:
+    """Whether the test is marked skip, or skipif with a condition that is True (not a string)."""
+    if any(True for _ in item.iter_markers("skip")):
+        return True
+    return any(c is True for m in item.iter_markers("skipif") for c in (*m.args, m.kwargs.get("condition")))
+
+
+def _families_named_by(fn) -> list[Family]:
+    """The module globals `fn`'s code names that are scenarios or families (or a dict, list or tuple
+    of them)."""
+    found: list[Family] = []
+
+    def visit(value, depth: int = 0) -> None:
+        if isinstance(value, Family | Scenario):
+            found.append(value if isinstance(value, Family) else value.family)
+        elif isinstance(value, dict | list | tuple) and depth < 2:
+            for v in value.values() if isinstance(value, dict) else value:
+                visit(v, depth + 1)
+
+    for name in fn.__code__.co_names:
+        visit(fn.__globals__.get(name))
+    return found
 
 
 def prefetch(families: list[Family]) -> threading.Thread:
@@ -145,25 +270,6 @@ def prefetch(families: list[Family]) -> threading.Thread:
     return thread
 
 
-def families_read_by(fn) -> list[Family]:
-    """The families a test function reads: the module globals its code names that are scenarios (or a
-    dict, list or tuple of them) or families."""
-    found: list[Family] = []
-
-    def visit(value, depth: int = 0) -> None:
-        if isinstance(value, Family | Scenario):
-            family = value if isinstance(value, Family) else value.family
-            if family not in found:
-                found.append(family)
-        elif isinstance(value, dict | list | tuple) and depth < 2:
-            for v in value.values() if isinstance(value, dict) else value:
-                visit(v, depth + 1)
-
-    for name in fn.__code__.co_names:
-        visit(fn.__globals__.get(name))
-    return found
-
-
 def error_of(results: list) -> JobError:
     """The one error an expect_error job raised on every rank alike."""
     assert all(isinstance(r, JobError) for r in results), f"the job did not fail: {results}"
@@ -171,7 +277,7 @@ def error_of(results: list) -> JobError:
     return results[0]
 
 
-# The families. Each distributed test module adds its jobs to these.
+# The families.
 PAIR = Family("pair", nproc=2)  # 2 ranks on one node
 TWO_NODES = Family("two_nodes", nproc=2, nnodes=2, after=(PAIR,))  # 2 simulated nodes x 2 ranks
 SINGLE = Family("single", nproc=1, after=(PAIR, TWO_NODES))  # 1 rank: resumes of the others' checkpoints
@@ -186,7 +292,7 @@ def timing_lines(slowest: int = 5) -> list[str]:
     """For the session's summary: each family that ran, its launch's seconds and its slowest jobs."""
     lines = []
     for family in FAMILIES:
-        if family.results is None:
+        if not family.results:
             continue
         jobs = sorted(((s, k) for k, s in family.seconds.items() if k != "(launch)"), reverse=True)
         top = ", ".join(f"{k} {s:.1f}s" for s, k in jobs[:slowest])

@@ -6,7 +6,7 @@ pipeline. trainer.on_nonfinite=skip waits once per step, by design (see `Trainer
 
 import pytest
 
-from tests.helpers.families import PAIR, Overrides
+from tests.helpers.families import PAIR, Overrides, runs
 from tests.helpers.sync_counter import train_counting_syncs
 
 STEPS, LOG, EVAL, CHECKPOINT = 9, 3, 4, 6
@@ -29,14 +29,12 @@ JOBS = {
     "plain": ("trainer.pipeline=false",),
     "skip": ("trainer.pipeline=false", "trainer.on_nonfinite=skip"),
 }
-COUNTED_RUNS = {
-    job: PAIR.add(
-        f"syncs/{job}",
-        train_counting_syncs,
-        Overrides(*COMMON, *overrides, f"checkpoint.dir={PAIR.dir(f'syncs_{job}')}"),
-    )
-    for job, overrides in JOBS.items()
-}
+
+
+def counted_run(job):
+    """The run `job` with its host waits counted (tests/helpers/sync_counter.py), in a directory of its own."""
+    overrides = Overrides(*COMMON, *JOBS[job], f"checkpoint.dir={PAIR.dir(f'syncs_{job}')}")
+    return PAIR.job(train_counting_syncs, overrides)
 
 
 def ours(result: dict, steps) -> list[dict]:
@@ -46,9 +44,10 @@ def ours(result: dict, steps) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("job", ["pipelined", "plain"])
-def test_a_step_with_nothing_due_never_waits_for_the_device(job):
+@runs(results=counted_run)
+def test_a_step_with_nothing_due_never_waits_for_the_device(job, results):
     assert FREE == [1, 2, 5, 7]
-    for rank, result in enumerate(COUNTED_RUNS[job].results()):
+    for rank, result in enumerate(results):
         assert result["steps"] == STEPS
         assert ours(result, FREE) == [], f"rank {rank}: host waits on steps with nothing due"
         # The counter is not blind: the waits that are due are seen, at their steps only.
@@ -59,17 +58,19 @@ def test_a_step_with_nothing_due_never_waits_for_the_device(job):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("job", sorted(JOBS))
-def test_batches_go_to_the_device_without_blocking(job):
+@runs(results=counted_run)
+def test_batches_go_to_the_device_without_blocking(job, results):
     """The training step's and the evaluation's copies of a batch (pinned on a GPU) never block."""
-    for rank, result in enumerate(COUNTED_RUNS[job].results()):
+    for rank, result in enumerate(results):
         copies = [s for s in result["syncs"] if s["ours"] and "copy" in s["kind"]]
         batch_copies = [s for s in copies if s["where"].endswith((" train_step", " evaluate"))]
         assert batch_copies == [], f"rank {rank}: {batch_copies}"
 
 
 @pytest.mark.slow
-def test_skipping_nonfinite_losses_waits_once_per_step():
-    for rank, result in enumerate(COUNTED_RUNS["skip"].results()):
+@runs(results=counted_run("skip"))
+def test_skipping_nonfinite_losses_waits_once_per_step(results):
+    for rank, result in enumerate(results):
         waits = ours(result, FREE)
         assert [(s["step"], s["kind"]) for s in waits] == [(s, "item") for s in FREE], f"rank {rank}: {waits}"
         assert all(s["where"].endswith(" train_step") for s in waits)

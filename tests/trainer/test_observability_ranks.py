@@ -5,24 +5,62 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
+from torch.profiler import profile
 
+import dlrm.trainer.profiler as profiler
+from dlrm.config import TrainerConfig
 from dlrm.trainer.phases import STEP_RANGE
 from tests.helpers import REPO_ROOT as REPO
-from tests.helpers.families import PAIR
-from tests.helpers.workers import ranges_ending_after_the_profiler_stops
+from tests.helpers.families import PAIR, runs
+from tests.helpers.harness import default_group
 
-PROFILER_STOP = PAIR.add("profiler_stop", ranges_ending_after_the_profiler_stops, 40)
+
+def ranges_ending_after_the_profiler_stops(steps: int) -> int:
+    """On each rank: `steps` DDP steps on Gloo, each profiled as the trainer profiles one
+    (`StepProfiler._profiled`). Returns how many profiler ranges ended after the profiler began to
+    stop (a thread still recording then)."""
+    group = default_group()
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64), process_group=group)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(32, 64)
+
+    def one_step() -> None:
+        with torch.profiler.record_function(STEP_RANGE):  # the range the breakdown splits
+            opt.zero_grad()
+            model(x).square().sum().backward()
+            opt.step()
+
+    # Record when the profiler stops and the spans it read: torch's stop and ours wrapped (restored below).
+    stops: list[int] = []
+    spans: list = []
+    stop, read = profile.stop, profiler.spans_of
+    profile.stop = lambda self: (stops.append(time.time_ns()), stop(self))[1]  # type: ignore[method-assign]
+    profiler.spans_of = lambda prof: spans.append(read(prof)) or spans[-1]  # type: ignore[assignment]
+    try:
+        steps_profiler = profiler.StepProfiler(
+            TrainerConfig(log_every_steps=1), torch.device("cpu"), group, torch.distributed.get_world_size(group), None
+        )
+        for _ in range(steps):
+            with steps_profiler._profiled():
+                one_step()
+    finally:
+        profile.stop, profiler.spans_of = stop, read  # type: ignore[method-assign]
+    return sum(1 for at, step in zip(stops, spans, strict=True) for s in step if s.end * 1e9 > at)
 
 
 @pytest.mark.slow
-def test_no_thread_records_while_a_profiled_step_stops():
+@runs(late_ranges=PAIR.job(ranges_ending_after_the_profiler_stops, 40))
+def test_no_thread_records_while_a_profiled_step_stops(late_ranges):
     """DDP's all-reduce completes its future before Gloo's thread ends the work's profiler range: without
     `end_gloo_ranges` about one profiled step in five stopped the profiler while that thread still wrote
     into it (a rank that aborted in glibc's heap check was reading such a profile). Every range ends before the stop."""
-    assert PROFILER_STOP.results() == [0, 0]
+    assert late_ranges == [0, 0]
 
 
 @pytest.mark.slow

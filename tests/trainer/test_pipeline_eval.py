@@ -6,15 +6,13 @@ import pytest
 import torch
 
 from tests.helpers.equivalence import tiny
-from tests.helpers.families import PAIR
+from tests.helpers.families import PAIR, runs
 from tests.helpers.pipelines import train_with_stand_in_pipeline
 from tests.helpers.workers import train_and_report
 
 EVAL_EVERY = 3  # evaluations after steps 3 and 6 of the 8 (and at the end)
 MID_RUN = tiny(f"trainer.eval_every_steps={EVAL_EVERY}")
-END_ONLY = PAIR.add("pipeline_eval/end_only", train_and_report, tiny("trainer.eval_every_steps=0"))
-WITH_MID_RUN_EVALS = PAIR.add("pipeline_eval/mid_run", train_and_report, MID_RUN)
-STAND_IN_PIPELINE = PAIR.add("pipeline_eval/stand_in", train_with_stand_in_pipeline, MID_RUN)
+END_ONLY = tiny("trainer.eval_every_steps=0")
 
 
 def assert_same_training(results, baseline):
@@ -27,16 +25,21 @@ def assert_same_training(results, baseline):
 
 
 @pytest.mark.slow
-def test_a_mid_run_evaluation_leaves_the_training_as_without_it():
-    baseline = END_ONLY.results()
+@runs(
+    baseline=PAIR.job(train_and_report, END_ONLY),
+    mid_run=PAIR.job(train_and_report, MID_RUN),
+    stand_in=PAIR.job(train_with_stand_in_pipeline, MID_RUN),
+)
+def test_a_mid_run_evaluation_leaves_the_training_as_without_it(baseline, mid_run, stand_in):
     assert len(baseline[0]["losses"]) == 8
-    assert_same_training(WITH_MID_RUN_EVALS.results(), baseline)
-    assert_same_training(STAND_IN_PIPELINE.results(), baseline)
+    assert_same_training(mid_run, baseline)
+    assert_same_training(stand_in, baseline)
 
 
 @pytest.mark.slow
-def test_the_pipeline_is_empty_at_each_evaluation_and_attached_after_it():
-    for rank, result in enumerate(STAND_IN_PIPELINE.results()):
+@runs(stand_in=PAIR.job(train_with_stand_in_pipeline, MID_RUN))
+def test_the_pipeline_is_empty_at_each_evaluation_and_attached_after_it(stand_in):
+    for rank, result in enumerate(stand_in):
         calls = result["calls"]
         detaches = [i for i, (name, _) in enumerate(calls) if name == "detach"]
         assert len(detaches) == 4, calls  # after steps 3, 6 and 8, and for the final weights

@@ -11,13 +11,17 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import torch
 
+from dlrm.distributed.topology import collective_failure
+from dlrm.distributed.world import World
 from tests.helpers import REPO_ROOT as REPO
-from tests.helpers.families import PAIR
-from tests.helpers.workers import collective_failures_of_a_stalled_rank
+from tests.helpers.families import PAIR, runs
+from tests.helpers.harness import default_group
 
 RUN = [
     "model=tiny",
@@ -127,13 +131,30 @@ def test_ranks_end_with_a_killed_launcher(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
-STALLED_RANK = PAIR.add("stalled_rank", collective_failures_of_a_stalled_rank, 1.0)
+def collective_failures_of_a_stalled_rank(timeout_s: float) -> str | None:
+    """On each rank (of 2): rank 1 stalls past `timeout_s` before an all-reduce of a group with that
+    timeout. Returns this rank's exception as dlrm.train reports it (`collective_failure`), or None if
+    unrecognised. Both ranks meet again on the default group afterwards (the family's next job)."""
+    default_group()
+    group = torch.distributed.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    rank = World.from_env().rank
+    if rank == 1:
+        time.sleep(3 * timeout_s)
+    try:
+        torch.distributed.all_reduce(torch.ones(4), group=group)
+        line = "no failure"
+    except RuntimeError as e:
+        failure = collective_failure(e, timeout_s)
+        line = None if failure is None else f"{failure.prefix}: {failure}"
+    torch.distributed.barrier(group=default_group())
+    return line
 
 
 @pytest.mark.slow
-def test_a_collective_timeout_is_one_line_naming_the_setting():
+@runs(lines=PAIR.job(collective_failures_of_a_stalled_rank, 1.0))
+def test_a_collective_timeout_is_one_line_naming_the_setting(lines):
     """Gloo's timeout and the lost peer it leaves behind, as dlrm.train prints them (exit 3, one line)."""
-    first, second = STALLED_RANK.results()
+    first, second = lines
     assert first is not None and first.startswith("failed: a collective waited 1 s (trainer.collective_timeout_s)")
     assert second is not None and second.startswith("failed: "), second
 

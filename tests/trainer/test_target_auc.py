@@ -7,25 +7,18 @@ import sys
 import pytest
 
 from tests.helpers import REPO_ROOT as REPO
-from tests.helpers.families import PAIR, Overrides
+from tests.helpers.families import PAIR, Overrides, runs
 from tests.helpers.workers import train_summary
 
 SMALL = ["data.global_batch_size=256", "data.eval_batches=4", "trainer.eval_every_steps=10", "trainer.progress=none"]
 
 
-REACHABLE = PAIR.add(
-    "target/reachable",
-    train_summary,
-    Overrides(*SMALL, "trainer.max_steps=200", "trainer.log_every_steps=4", "trainer.target_auc=0.6"),
-)
-UNREACHABLE = PAIR.add(
-    "target/unreachable", train_summary, Overrides(*SMALL, "trainer.max_steps=20", "trainer.target_auc=0.999")
-)
+REACHABLE = Overrides(*SMALL, "trainer.max_steps=200", "trainer.log_every_steps=4", "trainer.target_auc=0.6")
 
 
 @pytest.mark.slow
-def test_a_reachable_target_stops_the_run_early():
-    summaries = REACHABLE.results()
+@runs(summaries=PAIR.job(train_summary, REACHABLE))
+def test_a_reachable_target_stops_the_run_early(summaries):
     first = summaries[0]
     assert first["reached_target"] is True and first["target_auc"] == 0.6
     stop = first["steps_to_target"]
@@ -35,8 +28,9 @@ def test_a_reachable_target_stops_the_run_early():
 
 
 @pytest.mark.slow
-def test_an_unreachable_target_runs_to_max_steps():
-    first = UNREACHABLE.results()[0]
+@runs(summaries=PAIR.job(train_summary, Overrides(*SMALL, "trainer.max_steps=20", "trainer.target_auc=0.999")))
+def test_an_unreachable_target_runs_to_max_steps(summaries):
+    first = summaries[0]
     assert first["reached_target"] is False and first["steps"] == 20
     assert first["steps_to_target"] is None and first["samples_to_target"] is None
 

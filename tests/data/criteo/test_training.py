@@ -5,7 +5,7 @@ import pytest
 from dlrm.config.compose import compose
 from tests.helpers.criteo import SAMPLE, needs_sample
 from tests.helpers.equivalence import assert_matches_reference
-from tests.helpers.families import PAIR, Overrides
+from tests.helpers.families import PAIR, Overrides, runs
 from tests.helpers.reference import train_unsharded
 from tests.helpers.workers import preprocess_then_train
 
@@ -23,15 +23,12 @@ CRITEO = Overrides(
     "trainer.progress=none",
     "sharding=row_wise",
 )
-# Without the sample the test skips (needs_sample), and the family must not fail on it.
-ROW_WISE_RUN = (
-    PAIR.add("criteo/row_wise", preprocess_then_train, CRITEO, str(SAMPLE), 2000) if SAMPLE.exists() else None
-)
 
 
 @pytest.mark.slow
-def test_training_on_preprocessed_sample():
-    results = ROW_WISE_RUN.results()  # rank 0 preprocessed the sample into data.criteo.dir, then both trained
+@runs(results=PAIR.job(preprocess_then_train, CRITEO, str(SAMPLE), 2000))  # not declared when skipped (no sample)
+def test_training_on_preprocessed_sample(results):
+    # rank 0 preprocessed the sample into data.criteo.dir, then both trained
     ref_losses, ref_weights = train_unsharded(compose(list(CRITEO)))
     assert_matches_reference(results, ref_losses, ref_weights)
     summary = results[0]["summary"]
