@@ -21,8 +21,7 @@ from tests.helpers.workers import train_summary
 OLD, NEW = "step_00000002", "step_00000004"
 
 
-SAVED = PAIR.add(
-    "saved_checkpoints",
+SAVED = PAIR.job(
     train_summary,
     Overrides(
         "model=tiny",
@@ -37,14 +36,14 @@ SAVED = PAIR.add(
         "checkpoint.keep=2",
     ),
 )
-FIXTURE_READS["saved_checkpoints"] = PAIR  # its tests run after the family, as the tests that read it
+FIXTURE_READS["saved_checkpoints"] = SAVED  # declared for the tests that use the fixture, ordered as readers
 
 
 @pytest.fixture(scope="session")
 def saved_checkpoints() -> Path:
     """checkpoints/{step_00000002, step_00000004} of a 2-rank run, a job of the PAIR family (read-only:
     tests copy it)."""
-    SAVED.results()
+    PAIR.declare(SAVED, "saved_checkpoints").results()
     root = PAIR.dir("saved_checkpoints")
     assert sorted(p.name for p in root.iterdir()) == [OLD, NEW]
     return root

@@ -116,8 +116,7 @@ class Family:
         return Scenario(self, key)
 
     def add(self, key: str, fn, *args, expect_error: bool = False) -> Scenario:
-        """Declare fn(*args) at import, named `key` (for session fixtures and modules not yet
-        declaring their runs with `runs`)."""
+        """Declare fn(*args) at import, named `key` (for a module not declaring its runs with `runs`)."""
         return self.declare(self.job(fn, *args, expect_error=expect_error), key)
 
     def dir(self, name: str) -> Path:
@@ -209,7 +208,8 @@ def _label(value) -> str:
 
 def families_of(item) -> list[Family]:
     """Declare the jobs a collected test reads (its `runs`) and return their families; for a test
-    without `runs`, the families of the scenarios its code names and of the fixtures in FIXTURE_READS.
+    without `runs`, the families of the scenarios its code names; and the jobs of the fixtures it uses
+    (FIXTURE_READS).
     A test skipped by a mark declares nothing."""
     function = getattr(item, "function", None)
     if function is None or _skipped(item):
@@ -222,7 +222,9 @@ def families_of(item) -> list[Family]:
             found.append(_declared(function.__wrapped__, name, spec, params).family)
     else:
         found += _families_named_by(function)
-    found += [FIXTURE_READS[f] for f in getattr(item, "fixturenames", ()) if f in FIXTURE_READS]
+    for fixture in getattr(item, "fixturenames", ()):
+        if fixture in FIXTURE_READS:
+            found.append(FIXTURE_READS[fixture].family.declare(FIXTURE_READS[fixture], fixture).family)
     return list(dict.fromkeys(found))
 
 
@@ -283,9 +285,9 @@ TWO_NODES = Family("two_nodes", nproc=2, nnodes=2, after=(PAIR,))  # 2 simulated
 SINGLE = Family("single", nproc=1, after=(PAIR, TWO_NODES))  # 1 rank: resumes of the others' checkpoints
 LONG_PAIR = Family("long_pair", nproc=2)  # 2 ranks, read only by tests marked long (not in the default run)
 FAMILIES = (PAIR, TWO_NODES, SINGLE, LONG_PAIR)
-# Session fixtures that read a family's job ({fixture name: family}): the tests that use them are
-# ordered as the tests that read the family (tests/conftest.py).
-FIXTURE_READS: dict[str, Family] = {}
+# Session fixtures that read a family's job ({fixture name: job}): the job is declared for the tests
+# that use the fixture, and they are ordered as the tests that read the family (tests/conftest.py).
+FIXTURE_READS: dict[str, Declared] = {}
 
 
 def timing_lines(slowest: int = 5) -> list[str]:
