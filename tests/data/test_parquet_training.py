@@ -2,13 +2,28 @@
 and weighted: 2 sharded ranks equal the unsharded model on the same global batches."""
 
 import pytest
+import torch
 
+from dlrm.config import Config
 from dlrm.config.compose import compose
+from dlrm.distributed.world import World
 from tests.helpers.equivalence import assert_matches_reference, tiny
 from tests.helpers.families import PAIR, runs
-from tests.helpers.parquet_data import overrides
+from tests.helpers.harness import default_group
+from tests.helpers.parquet_data import overrides, write_dataset
 from tests.helpers.reference import train_unsharded
-from tests.helpers.workers import write_parquet_then_train
+from tests.helpers.workers import train_and_report
+
+
+def write_parquet_then_train(cfg: Config) -> dict:
+    """On each rank: rank 0 writes the dataset of tests/helpers/parquet_data.py into
+    cfg.data.parquet.path; then every rank: train_and_report."""
+    if World.from_env().rank == 0:
+        assert cfg.data.parquet.path is not None
+        write_dataset(cfg.data.parquet.path)
+    torch.distributed.barrier(group=default_group())
+    return train_and_report(cfg)
+
 
 PARQUET = tiny("sharding=row_wise", *overrides(PAIR.dir("parquet_data")))
 # per-id weights on the jagged feature (model.weighted): table-wise, and each table's kernel as planned

@@ -16,7 +16,6 @@ from dlrm.config import Config, validate, validate_world
 from dlrm.distributed.sharding import describe_plan
 from dlrm.distributed.world import World
 from dlrm.models.dlrm import local_pieces
-from tests.helpers.harness import default_group
 
 
 def build_trainer(cfg: Config):
@@ -48,31 +47,6 @@ def train_and_report(cfg: Config) -> dict:
         "plan": describe_plan(trainer.plan),
         "summary": summary,
     }
-
-
-def preprocess_then_train(cfg: Config, tsv: str, table_rows: int) -> dict:
-    """Rank 0 preprocesses `tsv` into cfg.data.criteo.dir (ids modulo `table_rows`), as
-    `python -m dlrm.data.criteo.preprocess --table-sizes N` does; then every rank: train_and_report."""
-    if World.from_env().rank == 0:
-        from dlrm.data.criteo.format import NUM_SPARSE, ParseOptions
-        from dlrm.data.criteo.preprocess import preprocess
-
-        assert cfg.data.criteo.dir is not None
-        preprocess([tsv], cfg.data.criteo.dir, ParseOptions("fail", "modulo", (table_rows,) * NUM_SPARSE))
-    torch.distributed.barrier(group=default_group())
-    return train_and_report(cfg)
-
-
-def write_parquet_then_train(cfg: Config) -> dict:
-    """Rank 0 writes the dataset of tests/helpers/parquet_data.py into cfg.data.parquet.path; then every
-    rank: train_and_report."""
-    if World.from_env().rank == 0:
-        from tests.helpers.parquet_data import write_dataset
-
-        assert cfg.data.parquet.path is not None
-        write_dataset(cfg.data.parquet.path)
-    torch.distributed.barrier(group=default_group())
-    return train_and_report(cfg)
 
 
 def train_summary(cfg: Config) -> dict:

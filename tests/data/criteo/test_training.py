@@ -1,13 +1,19 @@
 """Training on preprocessed real Criteo rows: 2 sharded ranks equal the unsharded model."""
 
 import pytest
+import torch
 
+from dlrm.config import Config
 from dlrm.config.compose import compose
+from dlrm.data.criteo.format import NUM_SPARSE, ParseOptions
+from dlrm.data.criteo.preprocess import preprocess
+from dlrm.distributed.world import World
 from tests.helpers.criteo import SAMPLE, needs_sample
 from tests.helpers.equivalence import assert_matches_reference
 from tests.helpers.families import PAIR, Overrides, runs
+from tests.helpers.harness import default_group
 from tests.helpers.reference import train_unsharded
-from tests.helpers.workers import preprocess_then_train
+from tests.helpers.workers import train_and_report
 
 pytestmark = needs_sample
 
@@ -23,6 +29,16 @@ CRITEO = Overrides(
     "trainer.progress=none",
     "sharding=row_wise",
 )
+
+
+def preprocess_then_train(cfg: Config, tsv: str, table_rows: int) -> dict:
+    """On each rank: rank 0 preprocesses `tsv` into cfg.data.criteo.dir (ids modulo `table_rows`), as
+    `python -m dlrm.data.criteo.preprocess --table-sizes N` does; then every rank: train_and_report."""
+    if World.from_env().rank == 0:
+        assert cfg.data.criteo.dir is not None
+        preprocess([tsv], cfg.data.criteo.dir, ParseOptions("fail", "modulo", (table_rows,) * NUM_SPARSE))
+    torch.distributed.barrier(group=default_group())
+    return train_and_report(cfg)
 
 
 @pytest.mark.slow
