@@ -86,11 +86,13 @@ def run(cfg: Config, run_dir: Path | None = None, world: World | None = None) ->
 
     from dlrm.comms.measured import summary_extras  # the cost model: outside the core
     from dlrm.distributed.capacity import check_memory  # TorchRec (seconds): once the config is valid
-    from dlrm.trainer.trainer import Trainer
+    from dlrm.trainer.build import build
+    from dlrm.trainer.loop import train
 
     world = world or World.from_env()
     model = check_memory(cfg, world.world_size)  # refused before any process group
-    summary = Trainer(cfg, world, run_dir, summary_extras(cfg, world.local_world_size), model=model).train()
+    trainer = build(cfg, world, run_dir, model, summary_extras(cfg, world.local_world_size))
+    summary = train(trainer)
     gc.collect()  # the pipeline's reference cycles hold in-flight Gloo work: free it before the teardown
     dist.barrier()
     dist.destroy_process_group()

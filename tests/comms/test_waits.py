@@ -16,12 +16,13 @@ SLEEP_S = 1.0  # far above a tiny step (and the noise of a loaded 2-core machine
 def slow_rank_summary(cfg, slow_rank: int, sleep_s: float) -> dict:
     """Train with `slow_rank` sleeping `sleep_s` before each step (inside the profiled step, before
     its first collective); the summary, with comm_vs_model as `dlrm.train` adds it."""
-    from dlrm.trainer.trainer import Trainer
+    from dlrm.trainer.build import build
+    from dlrm.trainer.loop import train
 
     validate(cfg)
     world = World.from_env()
     validate_world(cfg, world.world_size, world.local_world_size)
-    trainer = Trainer(cfg, world, summary_extras=summary_extras(cfg, world.local_world_size))
+    trainer = build(cfg, world, summary_extras=summary_extras(cfg, world.local_world_size))
     if trainer.world.rank == slow_rank:
         step_once = trainer.step_once
 
@@ -30,7 +31,7 @@ def slow_rank_summary(cfg, slow_rank: int, sleep_s: float) -> dict:
             return step_once(batches)
 
         trainer.step_once = slow  # the profiler's step calls trainer.step_once
-    return trainer.train()
+    return train(trainer)
 
 
 SLOW_RANK_1 = PAIR.add(

@@ -22,6 +22,8 @@ def _flat(params: list[torch.nn.Parameter]) -> torch.Tensor:
 
 def dense_after_each_step(cfg: Config) -> dict:
     """Train; the replicated weights right after each optimizer step (the pipeline's too), and at the end."""
+    from dlrm.trainer.loop import train
+
     trainer = build_trainer(cfg)
     snapshots, params, step = [], _replicated_params(trainer), trainer.optimizer.step
 
@@ -30,16 +32,18 @@ def dense_after_each_step(cfg: Config) -> dict:
         snapshots.append(_flat(params))
 
     trainer.optimizer.step = step_and_snapshot  # the pipeline calls the instance's step
-    trainer.train()
+    train(trainer)
     return {"steps": snapshots, "final": _flat(_replicated_params(trainer)), "losses": trainer.losses}
 
 
 def count_allreduces(cfg: Config) -> dict:
     """Train under torch.profiler; how many allreduces ran (c10d's dispatched op: DDP's, the
     averager's, the trainer's own), and the final replicated weights."""
+    from dlrm.trainer.loop import train
+
     trainer = build_trainer(cfg)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        trainer.train()
+        train(trainer)
     names = [e.name for e in prof.events() or []]
     return {
         "allreduces": sum(1 for n in names if n == "c10d::allreduce_"),
