@@ -16,7 +16,7 @@ from torchrec.optim.keyed import CombinedOptimizer
 
 from dlrm.checkpoint import Checkpointer, CheckpointError, latest_checkpoint
 from dlrm.common.cadence import Every
-from dlrm.config import CheckpointConfig, Config
+from dlrm.config import CheckpointConfig, Config, DeltasConfig, ModelConfig
 from dlrm.data.source import PositionedSource, make_source
 from dlrm.deltas.publish import Publisher
 from dlrm.distributed.capacity import dense_param_count
@@ -57,9 +57,7 @@ class Sharded(NamedTuple):
     pipeline: TrainPipelineSparseDist | None
 
 
-def build(
-    cfg: Config, world: World, run_dir: Path | None = None, model: DLRMTrain | None = None, summary_extras=None
-) -> Trainer:
+def build(cfg: Config, world: World, run_dir: Path | None = None, model: DLRMTrain | None = None) -> Trainer:
     """One rank's trainer, resumed if trainer.resume says so.
 
     Args:
@@ -70,8 +68,6 @@ def build(
             set. None: no files, and no checkpoints unless checkpoint.dir is set.
         model: the unsharded model (`build_model(cfg.model)`, on the meta device) if the caller built
             it already (dlrm.train does, for the memory check); None: built here.
-        summary_extras: (trainer, summary) -> more summary entries, computed outside the core before
-            summary.json is written (dlrm.train passes dlrm.comms.measured's comm_vs_model).
 
     Returns:
         The trainer, at step 0 or the resumed checkpoint's step.
@@ -84,7 +80,7 @@ def build(
     pg = init_distributed(cfg.topology, world, device, cfg.trainer.collective_timeout_s)
     sharded = shard(cfg, world, device, pg, model if model is not None else build_model(cfg.model))
     main_dir = run_dir if world.is_main else None
-    reporter = Reporter(cfg, world, device, pg, main_dir)
+    reporter = Reporter(cfg, world, device, pg, main_dir, sync)
     state = TrainState(
         cfg,
         sharded.model,
@@ -93,10 +89,10 @@ def build(
         sharded.plan,
         recorded_config_sha256(main_dir),
         reporter.run_time,
+        source if isinstance(source, PositionedSource) else None,  # a Parquet source records the rows read
     )
-    if isinstance(source, PositionedSource):  # a Parquet source records the rows each step read
-        state.data_position = source.position
     trace_dir = main_dir / "profile" if main_dir is not None else None  # rank 0 traces
+    tasks = [task.name for task in cfg.model.tasks]
     trainer = Trainer(
         cfg=cfg,
         world=world,
@@ -107,12 +103,11 @@ def build(
         source=source,
         state=state,
         reporter=reporter,
-        evaluator=Evaluator(cfg, device, pg),
+        evaluator=Evaluator(cfg.trainer, tasks, cfg.data.global_batch_size, device, pg),
         profiler=StepProfiler(cfg.trainer, device, pg, world.world_size, trace_dir, sync),
         checkpointer=_checkpointer(cfg.checkpoint, run_dir, pg, world.is_main),
-        deltas=_publisher(cfg, run_dir, pg, world.is_main),
+        deltas=_publisher(cfg.deltas, cfg.model, run_dir, pg, world.is_main),
         stop=StopRequest(world.is_main),  # SIGINT/SIGTERM/SIGHUP: a clean stop at the next log step
-        summary_extras=summary_extras,
         **sharded._asdict(),
     )
     if cfg.trainer.resume:
@@ -166,12 +161,14 @@ def _checkpointer(ck: CheckpointConfig, run_dir: Path | None, pg: dist.ProcessGr
     return Checkpointer(Path(root), ck.keep, pg, is_main, every=every, background=background)
 
 
-def _publisher(cfg: Config, run_dir: Path | None, pg: dist.ProcessGroup, is_main: bool) -> Publisher | None:
+def _publisher(
+    deltas: DeltasConfig, model: ModelConfig, run_dir: Path | None, pg: dist.ProcessGroup, is_main: bool
+) -> Publisher | None:
     """The embedding-delta publisher of deltas.dir, or of run_dir/deltas; None without either or a cadence."""
-    root = cfg.deltas.dir or (run_dir / "deltas" if run_dir is not None else None)
-    if not cfg.deltas.every_steps or root is None:
+    root = deltas.dir or (run_dir / "deltas" if run_dir is not None else None)
+    if not deltas.every_steps or root is None:
         return None
-    return Publisher(cfg.model, Path(root), cfg.deltas.every_steps, cfg.deltas.at_end, pg, is_main)
+    return Publisher(model, Path(root), deltas.every_steps, deltas.at_end, pg, is_main)
 
 
 def resume(trainer: Trainer, where: str) -> None:

@@ -33,7 +33,7 @@ def train(t: Trainer) -> dict:
     (checkpoint.every_steps), the step profiler; the throughput clock pauses while they work.
     With trainer.eval_only, evaluate the resumed model instead. Returns the summary."""
     t.reporter.announce(describe_plan(t.plan), t.dense_params, t.total_steps, t.eval_batches())
-    t.reporter.open(t.step, t.total_steps, t.sync)
+    t.reporter.open(t.step, t.total_steps)
     if t.cfg.trainer.eval_only:
         evaluation = t.evaluate()
         t.reporter.evaluation(t.step, evaluation)
@@ -43,7 +43,7 @@ def train(t: Trainer) -> dict:
         t.deltas.start(t.step)
         batches = t.deltas.tracker.watch(batches, t.step)
     t.model.train()
-    t.stop.install(lambda: t.step)
+    t.stop.install(t.state)
     try:
         return _loop(t, batches)
     finally:
@@ -143,8 +143,8 @@ def _log_window(t: Trainer, last: bool, first_step: int) -> None:
         )
     lr = lr_factor(t.step - 1 - t.schedule_origin, t.cfg.optim.schedule) * t.cfg.optim.dense.lr
     warm_up = t.step - first_step <= t.cfg.trainer.log_every_steps
-    phases = {**t.profiler.window_record(warm_up, last), **vocabulary_metrics(t.model)}  # vocab_<table>_*
-    t.reporter.window_record(t.step, mean_loss, len(losses), seconds, lr, phases)
+    phases, vocabulary = t.profiler.window_record(warm_up, last), vocabulary_metrics(t.model)
+    t.reporter.window_record(t.step, mean_loss, len(losses), seconds, lr, phases, vocabulary)
     if signum is not None:
         _stop(t, signum)
 
@@ -178,17 +178,17 @@ def _end(t: Trainer, evaluation: dict, breakdown: dict | None) -> dict:
     if t.checkpointer is not None:
         t.checkpointer.wait()  # a background save completes before the run ends
     t.reporter.close(t.step, breakdown)
+    fields = {"sharding_plan": describe_plan(t.plan), **t.evaluator.summary_fields({}), **_data_counts(t.source)}
+    if breakdown is not None:
+        fields["step_breakdown"] = breakdown
+    return t.reporter.summary(t.step, evaluation, t.skipped_steps, fields, t.summary_parts)
 
-    def extras(summary: dict) -> dict:
-        more: dict = {"sharding_plan": describe_plan(t.plan), **t.evaluator.target_record()}
-        counts = getattr(t.source, "data_counts", None)  # values the reader changed (folded ids, ...)
-        if counts is not None and any(counts().values()):
-            more["data_counts"] = counts()
-            log.warning("data (this rank's reads): %s", ", ".join(f"{k} {v:,}" for k, v in counts().items()))
-        if breakdown is not None:
-            more["step_breakdown"] = breakdown
-        if t.summary_extras is not None:
-            more.update(t.summary_extras(t, {**summary, **more}))
-        return more
 
-    return t.reporter.summary(t.step, evaluation, t.skipped_steps, extras)
+def _data_counts(source) -> dict:
+    """{"data_counts": ...}: the values the source's reader changed on this rank (folded ids, ...),
+    logged as a warning; {} when it changed none or does not count."""
+    counts = getattr(source, "data_counts", None)
+    if counts is None or not any(counts().values()):
+        return {}
+    log.warning("data (this rank's reads): %s", ", ".join(f"{k} {v:,}" for k, v in counts().items()))
+    return {"data_counts": counts()}

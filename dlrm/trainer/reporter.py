@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -57,6 +57,14 @@ def samples_per_s(steps: int, batch: int, seconds: float) -> float | None:
     return steps * batch / seconds if steps and seconds else None
 
 
+class SummaryPart(Protocol):
+    """A component that adds entries to the run's summary."""
+
+    def summary_fields(self, summary: dict) -> dict:
+        """The entries to add, given the summary so far."""
+        ...
+
+
 class Reporter:
     """What one `Trainer.train` call reports: `open` starts the records (a `start` event first: a
     continuation repeats the steps after its checkpoint), `window` and `evaluation` add to them,
@@ -65,12 +73,20 @@ class Reporter:
     Args:
         cfg, world, device, pg: the run's config, this rank, the training device and process group.
         run_dir: where rank 0 writes (None off rank 0, or for no files).
+        sync: waits for the device's queued work (the throughput clock's, when it stops).
     """
 
     def __init__(
-        self, cfg: Config, world: World, device: torch.device, pg: dist.ProcessGroup, run_dir: Path | None
+        self,
+        cfg: Config,
+        world: World,
+        device: torch.device,
+        pg: dist.ProcessGroup,
+        run_dir: Path | None,
+        sync: Callable[[], None] = lambda: None,
     ) -> None:
         self.cfg, self.world, self.device, self.pg, self.run_dir = cfg, world, device, pg, run_dir
+        self.sync = sync
         self.losses: list[float] = []  # the global mean loss of every logged window; summary's final_loss
         self.log = MetricsLog(None)
         self.progress = Progress(0, "none", False)
@@ -104,8 +120,8 @@ class Reporter:
         for line in lines + console.plan_lines(plan, world.world_size, backend):
             log.info(line)
 
-    def open(self, step: int, total_steps: int, sync: Callable[[], None]) -> None:
-        """Start the records of an invocation at `step`; `sync` waits for the device (the clock's)."""
+    def open(self, step: int, total_steps: int) -> None:
+        """Start the records of an invocation at `step` of `total_steps`."""
         tr = self.cfg.trainer
         run_dir = self.run_dir
         self.log = MetricsLog(
@@ -114,13 +130,16 @@ class Reporter:
         )
         self.log.write("run", step=step, event="start", resumed=step > 0)
         self.progress = Progress(total_steps, tr.progress, self.world.is_main, first_step=step)
-        self.window = ThroughputWindow(sync=sync)
+        self.window = ThroughputWindow(sync=self.sync)
         self.run_time.open(step, self.window)
         self.first_step, self.started = step, time.perf_counter()
 
-    def window_record(self, step: int, mean_loss: float, steps: int, seconds: float, lr: float, phases: dict) -> None:
+    def window_record(
+        self, step: int, mean_loss: float, steps: int, seconds: float, lr: float, phases: dict, vocabulary: dict
+    ) -> None:
         """A closed log window of `steps` steps in `seconds` ending at `step`: to metrics.jsonl,
-        TensorBoard and the progress display; `phases` the profiler's window record."""
+        TensorBoard and the progress display; `phases` the profiler's window record, `vocabulary` the
+        tables' vocabulary figures (vocab_<table>_*)."""
         self.losses.append(mean_loss)
         samples_per_s = steps * self.cfg.data.global_batch_size / seconds
         record: dict[str, Any] = dict(
@@ -134,6 +153,7 @@ class Reporter:
         if self.device.type == "cuda":
             record["peak_gpu_mem_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         record.update(phases)
+        record.update(vocabulary)
         self.log.write(**record)
         self.progress.update(step, steps, loss=mean_loss, lr=lr, samples_per_s=samples_per_s)
 
@@ -159,10 +179,13 @@ class Reporter:
             self.log.write("run", step=step, **{f"run_{k}": v for k, v in breakdown.items()})
         self.log.close()
 
-    def summary(self, step: int, evaluation: dict, skipped_steps: list[int], extras: Callable[[dict], dict]) -> dict:
+    def summary(
+        self, step: int, evaluation: dict, skipped_steps: list[int], fields: dict, parts: Sequence[SummaryPart] = ()
+    ) -> dict:
         """The run's summary.json (written on rank 0) and its closing console lines; a collective
         (the ranks' peak memory). Throughput and wall time cover the whole run, every invocation
-        (`this_invocation`: this one's). `extras`: more entries computed outside the core."""
+        (`this_invocation`: this one's). `fields`: the trainer's own further entries; then each of
+        `parts` adds its `summary_fields`, in order."""
         batch = self.cfg.data.global_batch_size
         steps, seconds = step - self.first_step, self.window.train_seconds
         run = self.run_time.record(step)
@@ -197,7 +220,9 @@ class Reporter:
         if self.device.type == "cuda":
             peak_gpu = torch.cuda.max_memory_allocated(self.device) / 2**20
             summary["peak_gpu_mem_mb_per_rank"] = gathered(peak_gpu, self.device, self.pg, self.world.world_size)
-        summary.update(extras(summary))
+        summary.update(fields)
+        for part in parts:
+            summary.update(part.summary_fields(summary))
         if self.run_dir is not None:
             with disk_full_is_user_error(self.run_dir / "summary.json", "the run's summary"):
                 write_json_atomic(self.run_dir / "summary.json", summary)

@@ -30,7 +30,7 @@ from dlrm.run.records import planned_steps
 from dlrm.trainer.evaluator import Evaluator, eval_batch_count
 from dlrm.trainer.phases import STEP_RANGE
 from dlrm.trainer.profiler import StepProfiler
-from dlrm.trainer.reporter import Reporter
+from dlrm.trainer.reporter import Reporter, SummaryPart
 from dlrm.trainer.stop import StopRequest
 from dlrm.trainer.train_state import TrainState
 
@@ -52,7 +52,7 @@ class Trainer:
     `schedule`, `local_sgd` (None without trainer.dense_sync=local_sgd) and the training `pipeline`
     (None without trainer.pipeline); the checkpointed `state`; the periodic components (`reporter`,
     `evaluator`, `profiler`, `checkpointer` and `deltas`, None without a directory) and the `stop`
-    request of a signal.
+    request of a signal; `summary_parts`, more components whose `summary_fields` the summary takes.
     """
 
     cfg: Config
@@ -75,7 +75,7 @@ class Trainer:
     checkpointer: Checkpointer | None
     deltas: Publisher | None
     stop: StopRequest
-    summary_extras: Callable[[Trainer, dict], dict] | None = None
+    summary_parts: list[SummaryPart] = field(default_factory=list)  # add to the summary (dlrm.train's cost model)
     skipped_steps: list[int] = field(default_factory=list)  # steps dropped for a non-finite loss
     schedule: LambdaLR = field(init=False)  # set once the state is resumed: positioned at its step
 
@@ -203,7 +203,7 @@ class Trainer:
 
     def eval_batches(self) -> int:
         """The batches an evaluation scores (`eval_batch_count`: data.eval_batches, or all the eval split has)."""
-        return eval_batch_count(self.cfg, self.source.num_batches("eval"))
+        return eval_batch_count(self.cfg.data.eval_batches, self.source.num_batches("eval"))
 
     def evaluate(self) -> dict:
         """AUC and log loss over the eval split ({} if there is none), the same on every rank. The

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from dlrm.comms.measured import summary_extras
+from dlrm.comms.measured import CommVsModel, checked_bench
 from dlrm.config import validate, validate_world
 from dlrm.distributed.world import World
 from tests.helpers.families import PAIR, Overrides
@@ -22,7 +22,9 @@ def slow_rank_summary(cfg, slow_rank: int, sleep_s: float) -> dict:
     validate(cfg)
     world = World.from_env()
     validate_world(cfg, world.world_size, world.local_world_size)
-    trainer = build(cfg, world, summary_extras=summary_extras(cfg, world.local_world_size))
+    bench = checked_bench(cfg, world.local_world_size)
+    trainer = build(cfg, world)
+    trainer.summary_parts.append(CommVsModel(cfg, world, trainer.plan, trainer.dense_params, bench))
     if trainer.world.rank == slow_rank:
         step_once = trainer.step_once
 
