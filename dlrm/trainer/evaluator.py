@@ -3,6 +3,7 @@ stop at a target AUC."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -100,6 +101,28 @@ class Evaluator:
         self.stale += 1
         self.stopped_early = bool(tr.patience) and self.stale >= tr.patience
         return self.stopped_early
+
+    def steps_to_next(self, step: int, total_steps: int) -> int:
+        """The steps from `step` to the next evaluation's (or to `total_steps`, if that comes first)."""
+        n = self.every.n
+        return (min(total_steps, (step // n + 1) * n) if n > 0 else total_steps) - step
+
+    def stop_reason(self, evaluation: dict, step: int) -> str | None:
+        """Why the run ends at this evaluation (at `step`), or None: trainer.patience evaluations without
+        a better trainer.select_metric (`stalled`), or trainer.target_auc first reached (`reached_target`)."""
+        if self.stalled(evaluation, step):
+            best_step, best = self.best or (0, math.nan)
+            return (
+                f"{self.tr.select_metric} has not improved on {best:.5f} (step {best_step}) in "
+                f"{self.tr.patience} evaluation(s): stopping at step {step}"
+            )
+        if not self.reached_target(evaluation, step):
+            return None
+        samples = step * self.global_batch_size
+        return (
+            f"target AUC {self.tr.target_auc} reached at step {step} ({samples:,} samples): "
+            f"auc {evaluation['auc']:.5f}; stopping"
+        )
 
     def summary_fields(self, summary: dict) -> dict:
         """The summary's selection entries (with trainer.select_metric) and target entries (with

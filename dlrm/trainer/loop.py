@@ -4,27 +4,16 @@
 from __future__ import annotations
 
 import itertools
-import logging
 import math
-import signal
 from collections.abc import Iterator
 
 from dlrm.checkpoint import latest_checkpoint
-from dlrm.common.errors import UserError
 from dlrm.distributed.sharding import describe_plan
 from dlrm.models.vocabulary import vocabulary_metrics
 from dlrm.optim.optimizers import lr_factor
-from dlrm.trainer.reporter import global_mean_and_signal
+from dlrm.trainer.reporter import NonFiniteLossError, global_mean_and_signal
 from dlrm.trainer.stop import TrainingStopped
 from dlrm.trainer.trainer import Trainer
-
-log = logging.getLogger(__name__)
-
-
-class NonFiniteLossError(UserError, RuntimeError):
-    """Training produced a NaN or infinite loss; the message names the steps and the last checkpoint."""
-
-    same_on_all_ranks = True  # the loss is the global mean
 
 
 def train(t: Trainer) -> dict:
@@ -55,11 +44,11 @@ def _loop(t: Trainer, batches: Iterator) -> dict:
 
     A step with no log, evaluation or checkpoint due never waits for the device: the clock is
     paused (a wait) only around an evaluation or a save that is due. The pipeline is fed up to
-    the next evaluation's step only, so it has trained every batch it took (none queued, no
+    the next evaluation's step only (`feed`), so it has trained every batch it took (none queued, no
     embedding prefetched) when the evaluation detaches the model; it is re-attached after."""
     report, evaluation = t.reporter, {}
     first_step = t.step
-    feed = _until_next_eval(t, batches)
+    feed = itertools.islice(batches, t.evaluator.steps_to_next(t.step, t.total_steps))
     while t.step < t.total_steps:
         last = t.step + 1 == t.total_steps
         with t.profiler.step(t.step + 1, last, report.paused):
@@ -70,14 +59,16 @@ def _loop(t: Trainer, batches: Iterator) -> dict:
             t.local_sgd.average()  # the run's model: the ranks' average
         if report.due(t.step, last):
             _log_window(t, last, first_step)
-        reached = False
+        reason = None
         if t.evaluator.due(t.step, last):
             with report.paused():
                 evaluation = t.evaluate()
-                t.reporter.evaluation(t.step, evaluation)
-                reached = _reached_target(t, evaluation)
-            feed = _until_next_eval(t, batches)
-        if reached and not last:  # the run ends here: close the log window as at the last step
+                report.evaluation(t.step, evaluation)
+                reason = t.evaluator.stop_reason(evaluation, t.step)  # target AUC, or patience run out
+                if reason is not None:
+                    report.message(reason)
+            feed = itertools.islice(batches, t.evaluator.steps_to_next(t.step, t.total_steps))
+        if reason is not None and not last:  # the run ends here: close the log window as at the last step
             last = True
             if report.due(t.step, last):
                 _log_window(t, last, first_step)
@@ -85,46 +76,18 @@ def _loop(t: Trainer, batches: Iterator) -> dict:
             with report.paused():
                 path = t.save_checkpoint(background=not last)
                 in_flight = t.checkpointer.in_flight
-                t.reporter.message(f"checkpoint: {path}{' (writing in the background)' if in_flight else ''}")
+                report.message(f"checkpoint: {path}{' (writing in the background)' if in_flight else ''}")
         if t.deltas is not None and t.deltas.due(t.step, last):
             with report.paused():
                 published = t.deltas.publish(t.step, t.model)
                 if published is not None:
-                    t.reporter.message(f"delta: {published}")
-        if reached:
+                    report.message(f"delta: {published}")
+        if reason is not None:
             t.profiler.stop_trace()
             break
     if first_step >= t.total_steps:  # resumed at the end: nothing to train, still report the model
         evaluation = t.evaluate()
     return _end(t, evaluation, t.profiler.run_record())
-
-
-def _until_next_eval(t: Trainer, batches: Iterator) -> Iterator:
-    """`batches` up to the step of the next evaluation (or the last step): the training
-    pipeline runs out of batches there, trains those it holds, and is empty."""
-    n, steps = t.evaluator.every.n, t.total_steps
-    end = min(steps, (t.step // n + 1) * n) if n > 0 else steps
-    return itertools.islice(batches, end - t.step)
-
-
-def _reached_target(t: Trainer, evaluation: dict) -> bool:
-    """Whether the run ends at this evaluation: trainer.target_auc reached, or trainer.patience
-    evaluations without a better trainer.select_metric."""
-    if t.evaluator.stalled(evaluation, t.step):
-        best_step, best = t.evaluator.best or (0, math.nan)
-        t.reporter.message(
-            f"{t.cfg.trainer.select_metric} has not improved on {best:.5f} (step {best_step}) in "
-            f"{t.cfg.trainer.patience} evaluation(s): stopping at step {t.step}"
-        )
-        return True
-    if not t.evaluator.reached_target(evaluation, t.step):
-        return False
-    samples = t.step * t.cfg.data.global_batch_size
-    t.reporter.message(
-        f"target AUC {t.cfg.trainer.target_auc} reached at step {t.step} ({samples:,} samples): "
-        f"auc {evaluation['auc']:.5f}; stopping"
-    )
-    return True
 
 
 def _log_window(t: Trainer, last: bool, first_step: int) -> None:
@@ -134,13 +97,7 @@ def _log_window(t: Trainer, last: bool, first_step: int) -> None:
     mean_loss, signum = global_mean_and_signal(losses, t.stop.signum, t.pg, t.world.world_size)
     if not math.isfinite(mean_loss):
         latest = latest_checkpoint(t.checkpointer.root) if t.checkpointer else None
-        raise NonFiniteLossError(
-            f"loss is {mean_loss} in steps {t.step - len(losses) + 1}..{t.step}; "
-            f"last good checkpoint: {latest or 'none'}. Either the training diverged (lower "
-            "optim.embedding.lr / optim.dense.lr and resume from it with trainer.resume=auto) or "
-            "the input holds NaN/inf values (check the data files; a Criteo loader refuses them "
-            "when it verifies them); trainer.log_every_steps=1 stops sooner"
-        )
+        raise NonFiniteLossError.of_window(mean_loss, t.step - len(losses) + 1, t.step, latest)
     lr = lr_factor(t.step - 1 - t.schedule_origin, t.cfg.optim.schedule) * t.cfg.optim.dense.lr
     warm_up = t.step - first_step <= t.cfg.trainer.log_every_steps
     phases, vocabulary = t.profiler.window_record(warm_up, last), vocabulary_metrics(t.model)
@@ -154,8 +111,8 @@ def _stop(t: Trainer, signum: int) -> None:
     here at the same step. Save a checkpoint with checkpoint.on_signal (or where one is due), close
     the logs, raise TrainingStopped naming the step, the last checkpoint and how to continue."""
     t.stop.stopping = True
-    ck = t.cfg.checkpoint
-    if t.checkpointer is not None and (ck.on_signal or t.checkpointer.due(t.step, False)):
+    on_signal = t.cfg.checkpoint.on_signal
+    if t.checkpointer is not None and (on_signal or t.checkpointer.due(t.step, False)):
         t.reporter.message(f"checkpoint: {t.save_checkpoint()}")
     if t.checkpointer is not None:
         t.checkpointer.wait()  # a background save completes before the run ends
@@ -165,30 +122,14 @@ def _stop(t: Trainer, signum: int) -> None:
     where = f" run.name={t.cfg.run.name}" if t.cfg.run.name else ""
     if not where and t.run_dir is not None:
         where = f" hydra.run.dir={t.run_dir}"
-    hint = "" if latest or ck.on_signal else " (checkpoint.on_signal=true saves one at a stop)"
-    raise TrainingStopped(
-        f"by {signal.Signals(signum).name} at step {t.step} of {t.total_steps}; last checkpoint: "
-        f"{latest or 'none'}{hint}; continue with the same command and{where} trainer.resume=auto",
-        signum,
-    )
+    raise TrainingStopped.at_log_step(signum, t.step, t.total_steps, latest, on_signal, where)
 
 
 def _end(t: Trainer, evaluation: dict, breakdown: dict | None) -> dict:
-    """Close the records; the summary (summary.json on rank 0, the closing console lines)."""
+    """Close the records; the summary (summary.json on rank 0, the closing console lines): the
+    trainer's own entries, the step breakdown, then those of `t.summary_parts`."""
     if t.checkpointer is not None:
         t.checkpointer.wait()  # a background save completes before the run ends
     t.reporter.close(t.step, breakdown)
-    fields = {"sharding_plan": describe_plan(t.plan), **t.evaluator.summary_fields({}), **_data_counts(t.source)}
-    if breakdown is not None:
-        fields["step_breakdown"] = breakdown
+    fields = {**t.summary_fields(), **({"step_breakdown": breakdown} if breakdown is not None else {})}
     return t.reporter.summary(t.step, evaluation, t.skipped_steps, fields, t.summary_parts)
-
-
-def _data_counts(source) -> dict:
-    """{"data_counts": ...}: the values the source's reader changed on this rank (folded ids, ...),
-    logged as a warning; {} when it changed none or does not count."""
-    counts = getattr(source, "data_counts", None)
-    if counts is None or not any(counts().values()):
-        return {}
-    log.warning("data (this rank's reads): %s", ", ".join(f"{k} {v:,}" for k, v in counts().items()))
-    return {"data_counts": counts()}

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from dlrm.common.cadence import Every
+from dlrm.common.errors import UserError
 from dlrm.common.io import disk_full_is_user_error, write_json_atomic
 from dlrm.config import Config
 from dlrm.distributed.topology import backend_for
@@ -42,6 +43,23 @@ def global_mean_and_signal(
 
 
 _STOP_ORDER = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # the stop signals, the one reported first
+
+
+class NonFiniteLossError(UserError, RuntimeError):
+    """Training produced a NaN or infinite loss; the message names the steps and the last checkpoint."""
+
+    same_on_all_ranks = True  # the loss is the global mean
+
+    @classmethod
+    def of_window(cls, loss: float, first: int, last: int, checkpoint: Path | None) -> NonFiniteLossError:
+        """The error of a log window of steps `first`..`last` whose mean loss is `loss`; `checkpoint`:
+        the last one saved (None: none)."""
+        return cls(
+            f"loss is {loss} in steps {first}..{last}; last good checkpoint: {checkpoint or 'none'}. Either "
+            "the training diverged (lower optim.embedding.lr / optim.dense.lr and resume from it with "
+            "trainer.resume=auto) or the input holds NaN/inf values (check the data files; a Criteo loader "
+            "refuses them when it verifies them); trainer.log_every_steps=1 stops sooner"
+        )
 
 
 def gathered(value: float, device: torch.device, pg: dist.ProcessGroup, world_size: int) -> list[float]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
@@ -38,6 +39,19 @@ class TrainingStopped(UserError):
         super().__init__(message)
         self.signum = signum
         self.exit_code = 128 + signum
+
+    @classmethod
+    def at_log_step(
+        cls, signum: int, step: int, total_steps: int, checkpoint: Path | None, on_signal: bool, where: str
+    ) -> TrainingStopped:
+        """The stop of every rank at log step `step` of `total_steps`; `checkpoint`: the last one (None:
+        none), `on_signal`: checkpoint.on_signal, `where`: the overrides that find the run again."""
+        hint = "" if checkpoint or on_signal else " (checkpoint.on_signal=true saves one at a stop)"
+        return cls(
+            f"by {signal.Signals(signum).name} at step {step} of {total_steps}; last checkpoint: "
+            f"{checkpoint or 'none'}{hint}; continue with the same command and{where} trainer.resume=auto",
+            signum,
+        )
 
     def __reduce__(self):  # pickled (e.g. gathered by a collective) and rebuilt with both arguments
         return type(self), (str(self), self.signum)

@@ -4,6 +4,7 @@ evaluation and one checkpoint do with them. When they happen is the loop's (`dlr
 from __future__ import annotations
 
 import itertools
+import logging
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from dlrm.data.source import BatchSource, PositionedSource, batches_on
 from dlrm.deltas.publish import Publisher
 from dlrm.distributed.cache_locks import cache_lines_unlocked
 from dlrm.distributed.local_sgd import LocalSGD
+from dlrm.distributed.sharding import describe_plan
 from dlrm.distributed.world import World
 from dlrm.run.records import planned_steps
 from dlrm.trainer.evaluator import Evaluator, eval_batch_count
@@ -33,6 +35,8 @@ from dlrm.trainer.profiler import StepProfiler
 from dlrm.trainer.reporter import Reporter, SummaryPart
 from dlrm.trainer.stop import StopRequest
 from dlrm.trainer.train_state import TrainState
+
+log = logging.getLogger(__name__)
 
 
 def forward(model: torch.nn.Module, device: torch.device, bf16: bool, batch):
@@ -109,6 +113,16 @@ class Trainer:
         if tr.max_epochs is not None and isinstance(self.source, PositionedSource):  # validated: Parquet
             return self.source.steps_for_passes(tr.max_epochs)
         return planned_steps(tr.max_steps, tr.max_samples, self.cfg.data.global_batch_size)
+
+    def summary_fields(self) -> dict:
+        """The trainer's own summary entries: the sharding plan, the evaluator's (select_metric,
+        target_auc), and the values this rank's reader changed (data_counts, logged; left out if none)."""
+        fields = {"sharding_plan": describe_plan(self.plan), **self.evaluator.summary_fields({})}
+        counts = getattr(self.source, "data_counts", None)  # values the reader changed (folded ids, ...)
+        if counts is not None and any(counts().values()):
+            fields["data_counts"] = counts()
+            log.warning("data (this rank's reads): %s", ", ".join(f"{k} {v:,}" for k, v in counts().items()))
+        return fields
 
     def save_checkpoint(self, background: bool = False) -> Path:
         """Checkpoint the current step (all ranks call it); returns the checkpoint's directory. background
