@@ -66,6 +66,18 @@ def _tied_example(n: int = 400):
     return logits, labels, counts
 
 
+def test_weighted_auc_by_hand():
+    # positives 0.35 (w 3), 0.8 (w 1); negatives 0.1 (w 1), 0.4 (w 2): pairs ordered right weigh
+    # 3 * 1 (0.35 > 0.1) + 1 * 1 + 1 * 2 (0.8 > both) = 6 of (3 + 1) * (1 + 2) = 12
+    scores, labels = torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0.0, 0.0, 1.0, 1.0])
+    assert weighted_auc(scores, labels, torch.tensor([1.0, 2.0, 3.0, 1.0])).item() == 0.5
+    # a tie between a positive and a negative counts half: 0.4 (w 2, positive) ties 0.4 (w 1)
+    tied = torch.tensor([0.4, 0.4, 0.1])
+    assert weighted_auc(tied, torch.tensor([1.0, 0.0, 0.0]), torch.tensor([2.0, 1.0, 3.0])).item() == (
+        2 * 3 + 0.5 * 2 * 1
+    ) / (2 * 4)
+
+
 def test_integer_weights_equal_the_rows_repeated():
     logits, labels, counts = _tied_example()
     repeated = [torch.repeat_interleave(x, counts) for x in (logits, labels)]
