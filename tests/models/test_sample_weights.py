@@ -106,11 +106,15 @@ def test_weights_of_one_give_the_unweighted_figures():
     assert ones["logloss"] == pytest.approx(plain["logloss"], rel=1e-6)
 
 
-def test_a_weighted_batch_moves_with_its_weights():
+def test_a_weighted_batch_moves_and_pins_with_its_weights(monkeypatch):
     model, batch = _model_and_batch()
     weighted = with_weights(batch, torch.arange(64).float())
     moved = weighted.to(torch.device("cpu"))
     assert isinstance(moved, WeightedBatch) and torch.equal(moved.weights, weighted.weights)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t, *a, **k: t.clone())  # no accelerator here
+    pinned = weighted.pin_memory()
+    assert isinstance(pinned, WeightedBatch) and torch.equal(pinned.weights, weighted.weights)
+    assert torch.equal(pinned.labels, weighted.labels)
 
 
 def _write(tmp_path, w) -> ParquetConfig:
