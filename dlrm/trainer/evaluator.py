@@ -64,17 +64,24 @@ class Evaluator:
         return score_on_rank0(self._scores(model, batches), self.pg, self.tasks)
 
     def _scores(self, model: torch.nn.Module, batches: Iterable) -> torch.Tensor:
-        """This rank's logits and labels over `batches`: [2, T, N]."""
+        """This rank's logits and labels over `batches`: [2, T, N]; [3, T, N] with the rows' sample
+        weights (batches that carry them: data.parquet.weight)."""
         bf16 = self.tr.dense_precision == "bf16"
         model.eval()
-        logits, labels = [], []
+        logits, labels, weights = [], [], []
         for batch in batches:
+            batch = batch.to(self.device, non_blocking=True)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
-                _, (_, batch_logits, batch_labels) = model(batch.to(self.device, non_blocking=True))
+                _, (_, batch_logits, batch_labels) = model(batch)
             logits.append(batch_logits.reshape(batch_logits.shape[0], -1))  # [B, T]
             labels.append(batch_labels.reshape(batch_labels.shape[0], -1))
+            if getattr(batch, "weights", None) is not None:
+                weights.append(batch.weights.reshape(-1, 1).expand_as(logits[-1]))
         model.train()
-        return torch.stack((torch.cat(logits).float(), torch.cat(labels).float())).transpose(1, 2)  # [2, T, N]
+        rows = [torch.cat(logits).float(), torch.cat(labels).float()]
+        if weights:
+            rows.append(torch.cat(weights).float())
+        return torch.stack(rows).transpose(1, 2)  # [2 or 3, T, N]
 
     def reached_target(self, evaluation: dict, step: int) -> bool:
         """Whether `evaluation` (at `step`) is the first to reach trainer.target_auc (its "auc": the
