@@ -21,6 +21,12 @@ most b + G rows per step for the b it uses ((b + G) / b), and about once each ov
 steps. With G much larger than B every rank decodes every row group (amplification W): write row
 groups of about B / W rows or less (`python -m dlrm.data.convert --row-group-size`).
 
+A rank's batches are made by `data.parquet.reader_workers` threads (`reader_workers`): worker w of
+N makes global batches start + w, start + w + N, ... from one shared reader (a row group decoded
+once, by the first thread that needs it) and they are handed over in step order
+(`dlrm.data.prefetch.OrderedWorkers`), so every count gives the batches, data position and errors
+of one worker.
+
 Sparse columns (`data.parquet.sparse[*].kind`): id (an integer column), ids (list<integer>: any
 number per sample, empty allowed), string and strings (string / list<string>, hashed:
 `hash_strings`). The KeyedJaggedTensor's keys are the model's features in table order, its values
@@ -78,7 +84,7 @@ class ParquetSource:
     feature_names: the model's sparse features in KJT key order; table_rows: the rows of each one's
     table. raw_dense: dense values as read (NaN where missing), not transformed.
     expand_on: with data.parquet.multi_hot_sizes, batches are `BaseIdBatch`es whose ids expand
-    when moved to this device (give the GPU); None expands them on the host, in the reader thread.
+    when moved to this device (give the GPU); None expands them on the host, in the reader workers.
     Example: `ParquetSource(cfg.data.parquet, names, rows, 2048, seed=0).batches("train", rank, world)`.
     """
 
