@@ -2,7 +2,8 @@
 
     python -m dlrm.bench.batches [--sources synthetic,criteo,parquet] [--threads N] [--rows N]
                                       [--warmup N --window N --windows N] [--parquet-layout base|lists]
-                                      [--row-group-rows N] [--out F] [hydra overrides]
+                                      [--row-group-rows N] [--reader-workers 1,2,4] [--out F]
+                                      [hydra overrides]
 
 The goals: synthetic and multi-hot Criteo batches at >= 3M samples/s per GPU-feeding process
 (`--target`), and the Parquet source at least as fast as the `.npy` loader on the same rows.
@@ -26,9 +27,11 @@ on the host:
   the criteo source expands them (`data.parquet.multi_hot_sizes`), the same data stored; lists, the
   expanded ids the criteo source gives the model stored (an int column where the pooling is 1, else
   list<int>: 214 ids per sample to decode, not 26); decoded, checked and made into a KeyedJaggedTensor
-  on the source's reader thread. `--rows` must hold more than 4 global batches and row groups (the
-  default: 6 at 65,536): the reader keeps its last 4 decoded row groups, and rank 0 cycling through
-  fewer would be timed from that cache.
+  on the source's reader workers (`--reader-workers`: data.parquet.reader_workers, each count
+  measured in turn). `--rows` must hold more than 4 + N - 1 global batches and row groups for N
+  workers (the default: 6 at 65,536, enough for 2): the reader keeps its last
+  4 + N - 1 decoded row groups, and rank 0 cycling through fewer would be timed from that cache.
+  (0, the source's default, is min(4, cores // ranks) here: one process stands for rank 0.)
 criteo and parquet read in file order (shuffle off), so they give the same batches.
 Prints one line per source and, with `--out`, writes the figures as JSON.
 """
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -158,9 +162,10 @@ def use_random_day(
     )
 
 
-def measure(args: argparse.Namespace, cfg: Config, source: str, directory: Path, ranks: int) -> dict:
+def measure(args: argparse.Namespace, cfg: Config, source: str, directory: Path, ranks: int, workers: int = 0) -> dict:
     """`dlrm.bench.training.source_only` of one source of this config on the host (see the module
-    docstring); criteo and parquet read the random day under `directory`."""
+    docstring); criteo and parquet read the random day under `directory`, parquet with `workers`
+    reader workers (data.parquet.reader_workers)."""
     from dlrm.bench.training import source_only
 
     timing = argparse.Namespace(
@@ -173,7 +178,11 @@ def measure(args: argparse.Namespace, cfg: Config, source: str, directory: Path,
         return source_only(timing, cfg)
     group_rows = args.row_group_rows or cfg.data.global_batch_size // ranks
     use_random_day(cfg, source, directory, args.rows, group_rows, args.parquet_layout)
+    if source == "parquet":
+        cfg.data.parquet.reader_workers = workers
     result = source_only(timing, cfg)
+    if source == "parquet":
+        result["reader_workers"] = workers
     result["bytes_on_disk"] = sum(f.stat().st_size for f in (directory / source).iterdir())
     return result
 
@@ -196,6 +205,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--row-group-rows", type=int, default=0, help="parquet: rows per row group (0: one rank's batch)"
     )
+    parser.add_argument(
+        "--reader-workers",
+        default="0",
+        help="parquet: comma-separated data.parquet.reader_workers counts, each measured (0: the source's default)",
+    )
     parser.add_argument("--target", type=float, default=TARGET_SAMPLES_PER_S, help="samples/s per process to reach")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     try:
@@ -203,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         sources = [s.strip() for s in args.sources.split(",") if s.strip()]
         if not sources or any(s not in SOURCES for s in sources):
             parser.error(f"--sources {args.sources!r}: choose from {', '.join(SOURCES)}")
+        workers_list = worker_counts(parser, args.reader_workers)
         if (
             min(args.ranks, args.threads, args.warmup, args.row_group_rows) < 0
             or min(args.window, args.windows, args.rows) < 1
@@ -215,11 +230,12 @@ def main(argv: list[str] | None = None) -> None:
         from dlrm.bench.training import compose_config
 
         cfg = compose_config(overrides)
-        ranks = checked_ranks(parser, args, cfg, sources)
+        ranks = checked_ranks(parser, args, cfg, sources, workers_list)
         results = {}
         with tempfile.TemporaryDirectory(prefix="dlrm_bench_batches_") as tmp:  # the random day, removed at the end
-            for source in sources:
-                results[source] = result = measure(args, cfg, source, Path(tmp), ranks)
+            for source, workers in [(s, w) for s in sources for w in (workers_list if s == "parquet" else [0])]:
+                key = f"parquet_workers_{workers}" if source == "parquet" and len(workers_list) > 1 else source
+                results[key] = result = measure(args, cfg, source, Path(tmp), ranks, workers)
                 result["target_samples_per_s"] = args.target
                 result["fraction_of_target"] = result["source_samples_per_s_per_rank"] / args.target
                 print(line(result, ranks), flush=True)
@@ -230,7 +246,17 @@ def main(argv: list[str] | None = None) -> None:
         write_json_atomic(args.out, results)
 
 
-def checked_ranks(parser: ArgumentParser, args: argparse.Namespace, cfg: Config, sources: list[str]) -> int:
+def worker_counts(parser: ArgumentParser, text: str) -> list[int]:
+    """The --reader-workers counts; `parser.error` (exit 2) on anything but counts >= 0."""
+    counts = [int(w) if w.strip().isdigit() else -1 for w in text.split(",")]
+    if min(counts) < 0:
+        parser.error(f"--reader-workers {text!r}: comma-separated counts >= 0 (0: the source's default)")
+    return counts
+
+
+def checked_ranks(
+    parser: ArgumentParser, args: argparse.Namespace, cfg: Config, sources: list[str], workers: list[int]
+) -> int:
     """The world size whose rank 0 is timed; `parser.error` (exit 2) where the options cannot measure."""
     from dlrm.data.parquet.reader import CACHED_ROW_GROUPS
 
@@ -242,19 +268,22 @@ def checked_ranks(parser: ArgumentParser, args: argparse.Namespace, cfg: Config,
     if {"criteo", "parquet"} & set(sources) and args.rows < batch:
         parser.error(f"--rows {args.rows}: at least one global batch ({batch}) for criteo and parquet")
     unit = max(batch, args.row_group_rows)  # rank 0 reads a row group per unit at least
-    if "parquet" in sources and args.rows // unit <= CACHED_ROW_GROUPS:
+    default = max(1, min(4, len(os.sched_getaffinity(0)) // ranks))  # the source's default for `ranks` on this node
+    cached = CACHED_ROW_GROUPS + max(w or default for w in workers) - 1  # the reader's cache for N workers
+    if "parquet" in sources and args.rows // unit <= cached:
         parser.error(
-            f"--rows {args.rows}: more than {CACHED_ROW_GROUPS} global batches and row groups ({unit} rows) for "
-            f"parquet, else rank 0 rereads its row groups from the reader's cache of {CACHED_ROW_GROUPS} decoded"
+            f"--rows {args.rows}: more than {cached} global batches and row groups ({unit} rows) for parquet with "
+            f"these --reader-workers, else rank 0 rereads its row groups from the reader's cache of {cached} decoded"
         )
     return ranks
 
 
 def line(result: dict, ranks: int) -> str:
     rates = result["source_samples_per_s_windows"]
+    workers = f", {result['reader_workers'] or 'default'} reader worker(s)" if "reader_workers" in result else ""
     return (
         f"{result['source']}: {result['samples_per_rank']:,} samples per process ({ranks} ranks), "
-        f"{result['ids_per_sample']} ids per sample, {result['torch_threads']} thread(s): "
+        f"{result['ids_per_sample']} ids per sample, {result['torch_threads']} thread(s){workers}: "
         f"{result['source_samples_per_s_per_rank'] / 1e6:.2f}M samples/s (median of {len(rates)} windows, "
         f"{min(rates) / 1e6:.2f}-{max(rates) / 1e6:.2f}M), {result['source_samples_per_cpu_s'] / 1e6:.2f}M per "
         f"CPU-second; {result['fraction_of_target']:.0%} of {result['target_samples_per_s'] / 1e6:g}M"

@@ -117,7 +117,10 @@ class ParquetConfig:
     """An id below 0 or >= its table's rows: refuse (one error line naming column, file and row) or
     modulo (folded into the table, and counted)."""
     prefetch_batches: int = 4
-    """Batches read ahead on a background thread (below 1: one)."""
+    """Batches read ahead by each reader worker (below 1: one)."""
+    reader_workers: int = 0
+    """Threads that decode row groups and make one rank's batches, handed over in order (the same
+    batches for any count); 0: min(4, the node's cores per rank)."""
     multi_hot_sizes: list[int] | None = None
     """Ids per sample of each of the model's features, in table order, from one base id per sample
     (every sparse column kind id, unweighted): id j is (base + offset_j) % rows, the offsets of
@@ -149,6 +152,8 @@ class ParquetConfig:
             _fail(f"{key}.labels", [], "name at least one 0/1 label column")
         if not 0 <= self.eval_fraction < 1:
             _fail(f"{key}.eval_fraction", self.eval_fraction, "use a fraction in [0, 1)")
+        if self.reader_workers < 0:
+            _fail(f"{key}.reader_workers", self.reader_workers, "use 0 (min(4, cores per rank)) or a count >= 1")
         if self.eval_path and self.eval_fraction:
             _fail(f"{key}.eval_fraction", self.eval_fraction, "give eval_path or eval_fraction, not both")
         self.periods.check(f"{key}.periods")

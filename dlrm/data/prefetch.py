@@ -1,9 +1,14 @@
-"""Batches produced in a background thread, `depth` ahead of the training loop.
+"""Batches produced in background threads, ahead of the training loop.
 
-Any source's iterator can be wrapped: the training thread then only takes ready batches off a
-queue, and the source's work (synthetic generation, file reads, parsing) overlaps the step.
-The order and content of the batches are the source's own. With `pin_device` (a GPU), each batch is
-copied to page-locked memory in the thread, so the host-to-device copy can run asynchronously.
+`Prefetcher`: any source's iterator, on one thread `depth` items ahead: the training thread then
+only takes ready batches off a queue, and the source's work (synthetic generation, file reads,
+parsing) overlaps the step. The order and content of the batches are the source's own. With
+`pin_device` (a GPU), each batch is copied to page-locked memory in the thread, so the
+host-to-device copy can run asynchronously.
+
+`OrderedWorkers`: items made by index (`make(i)`) on several threads, handed over in index order:
+worker w makes items start + w, start + w + N, ..., so the sequence (and where an error is raised
+in it) is the one a single worker gives.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, TypeVar, cast
 
 if TYPE_CHECKING:
@@ -117,3 +122,73 @@ class Prefetcher(Iterator[T]):
 
     def __del__(self) -> None:  # the thread holds no reference to self: an abandoned Prefetcher stops it
         self._stop.set()
+
+
+class OrderedWorkers(Iterator[T]):
+    """Items make(start), make(start + 1), ... (up to `stop`, exclusive; None: endless), made on
+    `workers` threads, each up to `depth` items ahead, and handed over in index order.
+
+    `make` is called from several threads at once: it must be safe for that (pyarrow's decoding and
+    numpy's and torch's larger kernels release the GIL, so the threads overlap). An exception raised
+    by make(i) is re-raised by the i-th `next`, after the items before it, as one worker would.
+    `close()` (also at the end of a `with` block or on garbage collection) stops every thread.
+    """
+
+    def __init__(self, make: Callable[[int], T], start: int, stop: int | None, workers: int, depth: int = 2) -> None:
+        if workers < 1 or depth < 1:
+            raise ValueError(f"workers and depth must be >= 1, got {workers} and {depth}")
+        self._stop = threading.Event()
+        self._queues: list[queue.Queue[object]] = [queue.Queue(maxsize=depth) for _ in range(workers)]
+        self._start, self._next, self._end, self._done = start, start, stop, False
+        self._threads = [
+            threading.Thread(
+                target=_produce,
+                args=(_indexed(make, start + w, stop, workers), q, self._stop, None),
+                name=f"dlrm-reader-{w}",
+                daemon=True,
+            )
+            for w, q in enumerate(self._queues)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def __iter__(self) -> OrderedWorkers[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._done or (self._end is not None and self._next >= self._end):
+            self._done = True
+            raise StopIteration
+        item = self._queues[(self._next - self._start) % len(self._queues)].get()
+        self._next += 1
+        if item is _END:  # not reached: a worker's items end only at `stop`
+            self._done = True
+            raise StopIteration
+        if isinstance(item, _Raised):
+            self.close()
+            raise item.error
+        return cast(T, item)
+
+    def close(self, timeout: float | None = 5.0) -> None:
+        """Stop every worker (items not yet handed over are dropped)."""
+        self._done = True
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout)
+
+    def __enter__(self) -> OrderedWorkers[T]:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # the threads hold no reference to self: an abandoned pool stops them
+        self._stop.set()
+
+
+def _indexed(make: Callable[[int], T], first: int, stop: int | None, every: int) -> Iterator[T]:
+    """make(first), make(first + every), ... below `stop` (None: endless)."""
+    i = first
+    while stop is None or i < stop:
+        yield make(i)
+        i += every

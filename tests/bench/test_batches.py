@@ -151,7 +151,10 @@ def test_the_sources_at_the_mlperf_shape_report_against_the_target(tmp_path, cap
     printed = capsys.readouterr().out
     assert "synthetic: 64 samples per process (2 ranks), 214 ids per sample, 1 thread(s): " in printed
     assert "criteo: 64 samples per process" in printed and "of 3M" in printed
-    assert "parquet: 64 samples per process (2 ranks), 214 ids per sample" in printed
+    assert (
+        "parquet: 64 samples per process (2 ranks), 214 ids per sample, 1 thread(s), default reader worker(s)"
+        in printed
+    )
     assert result["criteo"]["bytes_on_disk"] > 0 and result["parquet"]["bytes_on_disk"] > 0
 
 
@@ -163,8 +166,16 @@ def test_the_sources_at_the_mlperf_shape_report_against_the_target(tmp_path, cap
         (["--threads", "-1"], "--threads, --warmup, --row-group-rows must be >= 0"),
         (["--row-group-rows", "-8"], "--threads, --warmup, --row-group-rows must be >= 0"),
         (["--rows", "100"], "--rows 100: at least one global batch (65536)"),
-        (["--rows", "262144"], "--rows 262144: more than 4 global batches and row groups (65536 rows) for parquet"),
-        (["--row-group-rows", "131072"], "--rows 393216: more than 4 global batches and row groups (131072 rows)"),
+        (
+            ["--rows", "262144", "--reader-workers", "1"],
+            "--rows 262144: more than 4 global batches and row groups (65536 rows) for parquet",
+        ),
+        (
+            ["--row-group-rows", "131072", "--reader-workers", "1"],
+            "--rows 393216: more than 4 global batches and row groups (131072 rows)",
+        ),
+        (["--reader-workers", "1,3"], "--rows 393216: more than 6 global batches and row groups"),  # 4 + 3 - 1 cached
+        (["--reader-workers", "1,x"], "--reader-workers '1,x': comma-separated counts >= 0"),
     ],
 )
 def test_bad_options_exit_2(args, message, capsys):

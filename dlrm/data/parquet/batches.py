@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -110,6 +111,7 @@ class BatchMaker:
         self.nonfinite_values = 0  # dense values read as missing by nonfinite=replace
         self.transform = DenseTransform(cfg.dense, cfg.dense_transforms)
         self._magnitude_checked = False
+        self._lock = threading.Lock()  # batches are made on several threads (`make_batch` is safe for that)
         scalar = [f for f, (_, s) in enumerate(self.specs) if s.kind == SparseKind.id and not s.weights]
         self._scalar_columns = [self.specs[f][1].column or self.specs[f][1].name for f in scalar]
         self._scalar_rows = np.asarray([self.table_rows[f] for f in scalar], np.int64)
@@ -127,6 +129,30 @@ class BatchMaker:
             from dlrm.data.criteo.loader import multi_hot_offsets
 
             self.multi_hot = [o.tolist() for o in multi_hot_offsets(sizes, self.table_rows)]
+
+    def _count(self, folded_ids: int = 0, nonfinite_values: int = 0) -> None:
+        with self._lock:
+            self.folded_ids += folded_ids
+            self.nonfinite_values += nonfinite_values
+
+    def prepare(self, table: pa.Table) -> pa.Table:
+        """A decoded row group with each string (strings) column replaced by its strings' hashes, int64
+        (list<int64>), for `make_batch` to take as they are: hashed once per row group, not per batch.
+        A column holding a null keeps its strings (`make_batch` names the row)."""
+        hashed = self._hashed_strings(table)
+        columns = {self.specs[f][1].column or self.specs[f][1].name: h for f, h in hashed.items()}
+        for column, hashes in columns.items():
+            arr = _array(table.column(column))
+            if pa.types.is_integer(arr.type) or pa.types.is_integer(getattr(arr.type, "value_type", pa.null())):
+                continue  # prepared already
+            if not pa.types.is_list(arr.type) and not pa.types.is_large_list(arr.type):
+                new = pa.array(hashes, pa.int64())
+            else:
+                offsets = arr.offsets.to_numpy()
+                kind = pa.LargeListArray if pa.types.is_large_list(arr.type) else pa.ListArray
+                new = kind.from_arrays(pa.array(offsets - offsets[0]), pa.array(hashes, pa.int64()))
+            table = table.set_column(table.column_names.index(column), column, new)
+        return table
 
     def make_batch(self, table: pa.Table, origin: list[tuple]) -> Batch:
         """Rows of the declared columns -> Batch; checks the values (nulls, id range, 0/1 labels). The
@@ -207,7 +233,7 @@ class BatchMaker:
                 folded += int(((column < 0) | (column >= rows)).sum())
                 column = np.mod(column, np.asarray(rows, column.dtype))  # as `_feature` folds: uint64 exact
             ids[k] = column
-        self.folded_ids += folded
+        self._count(folded_ids=folded)
         return dense, labels, ids
 
     def dense(self, table: pa.Table, origin: list[tuple]) -> np.ndarray:
@@ -237,13 +263,16 @@ class BatchMaker:
                     f"dense column {c!r} holds {value} at {_where(origin, row)}: not a finite float32; fix the "
                     "value, or set data.parquet.nonfinite=replace to read it as missing (counted)"
                 )
-            self.nonfinite_values += int(bad.sum())
+            self._count(nonfinite_values=int(bad.sum()))
             raw[k][bad] = np.nan
         if self.raw_dense:  # for a program that transforms them itself (a bundle)
             return np.ascontiguousarray(raw.T)
         out = self.transform.apply(np.ascontiguousarray(raw.T))
         if not self._magnitude_checked and out.size:
-            self._magnitude_checked = True
+            with self._lock:
+                first, self._magnitude_checked = not self._magnitude_checked, True
+            if not first:
+                return out
             top = np.abs(out[:, : len(self.cfg.dense)]).max(axis=0)
             loud = [(c, float(v)) for c, v in zip(self.cfg.dense, top, strict=True) if v >= 1e4]
             if loud:
@@ -353,6 +382,7 @@ class BatchMaker:
         (the others are hashed, or refused, by `_feature`): one `hash_strings` call for all of them,
         whose passes over the byte positions then cost the same for 26 columns as for one."""
         flats: dict[int, pa.Array] = {}
+        done: dict[int, np.ndarray] = {}
         for f, (_, s) in enumerate(self.specs):
             if s.kind not in (SparseKind.string, SparseKind.strings):
                 continue
@@ -360,13 +390,15 @@ class BatchMaker:
             if arr.null_count:
                 continue
             flat = arr if s.kind == SparseKind.string else arr.values.slice(arr.offsets[0].as_py(), _list_size(arr))
-            if not flat.null_count:
+            if pa.types.is_integer(flat.type):  # hashed already (`prepare`)
+                done[f] = flat.to_numpy(zero_copy_only=False)
+            elif not flat.null_count:
                 flats[f] = flat.cast(pa.large_string())
         if not flats:
-            return {}
+            return done
         hashes = hash_strings(pa.concat_arrays(list(flats.values())))
         ends = np.cumsum([len(a) for a in flats.values()])
-        return dict(zip(flats, np.split(hashes, ends[:-1]), strict=True))
+        return done | dict(zip(flats, np.split(hashes, ends[:-1]), strict=True))
 
     # long: one sparse feature of every kind (id, ids, string, strings, weights) in one place
     def _feature(
@@ -406,7 +438,9 @@ class BatchMaker:
                 "remove it"
             )
         if spec.kind in (SparseKind.string, SparseKind.strings):
-            ids = (hash_strings(flat) if hashed is None else hashed) % rows
+            if hashed is None:  # hashed already (`prepare`: int64), else here
+                hashed = flat.to_numpy(zero_copy_only=False) if pa.types.is_integer(flat.type) else hash_strings(flat)
+            ids = hashed % rows
         else:
             ids = flat.to_numpy(zero_copy_only=False)  # integers checked as they are, no copy
             if ids.dtype.kind != "i" and ids.dtype != np.uint64:  # uint64 kept: ids beyond int64 stay exact
@@ -421,7 +455,7 @@ class BatchMaker:
                         f"outside its table's [0, {rows}); enlarge the table, remap the ids, or set "
                         "data.parquet.id_policy=modulo"
                     )
-                self.folded_ids += int(bad.sum())
+                self._count(folded_ids=int(bad.sum()))
                 ids = np.mod(ids, np.asarray(rows, ids.dtype)).astype(np.int64, copy=False)
         weights = None
         if spec.weights:

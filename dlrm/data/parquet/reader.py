@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -24,35 +26,67 @@ class Split:
 
 
 class RowGroupReader:
-    """Reads rows of a split's ordered row groups, keeping the last few row groups decoded (one per
-    generator: a ParquetFile is not shared between threads)."""
+    """Reads rows of a split's ordered row groups, keeping the last few row groups decoded, each
+    passed once through `prepare` (table -> table: work done once per row group rather than per
+    batch). Safe to share between threads: each thread opens its own file handles (a ParquetFile is
+    not shared between threads), and a row group another thread is decoding is waited for, not
+    decoded twice."""
 
-    def __init__(self, dataset: Dataset, columns: list[str]):
-        self.dataset, self.columns = dataset, columns
-        self.files: dict[int, pq.ParquetFile] = {}
+    def __init__(self, dataset: Dataset, columns: list[str], prepare: Callable[[pa.Table], pa.Table] | None = None):
+        self.dataset, self.columns, self.prepare = dataset, columns, prepare
         self.cache: OrderedDict[int, pa.Table] = OrderedDict()
+        self.capacity = CACHED_ROW_GROUPS
+        self._local = threading.local()  # per thread: {file index: ParquetFile}
+        self._lock = threading.Lock()
+        self._decoding: dict[int, threading.Event] = {}
+
+    def share(self, threads: int) -> RowGroupReader:
+        """This reader, its cache widened for `threads` threads reading neighbouring batches."""
+        self.capacity = CACHED_ROW_GROUPS + max(0, threads - 1)
+        return self
 
     def group(self, g: int) -> pa.Table:
-        if g in self.cache:
-            self.cache.move_to_end(g)
-            return self.cache[g]
+        """Row group `g` of the dataset, decoded (and prepared)."""
+        while True:
+            with self._lock:
+                if g in self.cache:
+                    self.cache.move_to_end(g)
+                    return self.cache[g]
+                pending = self._decoding.get(g)
+                if pending is None:
+                    self._decoding[g] = threading.Event()
+            if pending is None:
+                break
+            pending.wait()  # another thread decodes it; then taken from the cache (or decoded again if evicted)
+        try:
+            table = self._decode(g)
+            with self._lock:
+                self.cache[g] = table
+                while len(self.cache) > self.capacity:
+                    self.cache.popitem(last=False)
+        finally:
+            with self._lock:
+                self._decoding.pop(g).set()
+        return table
+
+    def _decode(self, g: int) -> pa.Table:
         rg = self.dataset.row_groups[g]
-        if rg.file not in self.files:
+        files = getattr(self._local, "files", None)
+        if files is None:
+            files = self._local.files = {}
+        if rg.file not in files:
             path = self.dataset.paths[rg.file]
             local = isinstance(self.dataset.fs, pafs.LocalFileSystem)  # memory-mapped: no copy out of the page cache
             handle = pa.memory_map(path) if local else self.dataset.fs.open_input_file(path)
-            self.files[rg.file] = pq.ParquetFile(handle, metadata=self.dataset.metadata[rg.file])
+            files[rg.file] = pq.ParquetFile(handle, metadata=self.dataset.metadata[rg.file])
         try:
-            table = self.files[rg.file].read_row_group(rg.index, columns=self.columns)
+            table = files[rg.file].read_row_group(rg.index, columns=self.columns)
         except (pa.ArrowException, OSError) as e:
             raise ParquetValueError(
                 f"{self.dataset.paths[rg.file]}: row group {rg.index} cannot be read ({str(e).splitlines()[0]}); "
                 "rewrite or remove the file"
             ) from None
-        self.cache[g] = table
-        while len(self.cache) > CACHED_ROW_GROUPS:
-            self.cache.popitem(last=False)
-        return table
+        return self.prepare(table) if self.prepare is not None else table
 
     def read(self, order: list[int], starts: np.ndarray, start: int, count: int) -> tuple[pa.Table, list[tuple]]:
         """Rows [start, start + count) of the row groups `order` (starts: their first rows), and where

@@ -21,6 +21,12 @@ most b + G rows per step for the b it uses ((b + G) / b), and about once each ov
 steps. With G much larger than B every rank decodes every row group (amplification W): write row
 groups of about B / W rows or less (`python -m dlrm.data.convert --row-group-size`).
 
+A rank's batches are made by `data.parquet.reader_workers` threads (`reader_workers`): worker w of
+N makes global batches start + w, start + w + N, ... from one shared reader (a row group decoded
+once, by the first thread that needs it) and they are handed over in step order
+(`dlrm.data.prefetch.OrderedWorkers`), so every count gives the batches, data position and errors
+of one worker.
+
 Sparse columns (`data.parquet.sparse[*].kind`): id (an integer column), ids (list<integer>: any
 number per sample, empty allowed), string and strings (string / list<string>, hashed:
 `hash_strings`). The KeyedJaggedTensor's keys are the model's features in table order, its values
@@ -44,7 +50,9 @@ sample weights, also in files written without statistics). With data.parquet.wei
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -61,7 +69,7 @@ from dlrm.data.parquet.position import GroupRef, Stream, changed_files, continue
 from dlrm.data.parquet.reader import RowGroupReader, Split
 from dlrm.data.parquet.sample_weights import sample_weights
 from dlrm.data.parquet.schema import Dataset
-from dlrm.data.prefetch import Prefetcher
+from dlrm.data.prefetch import OrderedWorkers
 
 if TYPE_CHECKING:
     import torch
@@ -79,7 +87,7 @@ class ParquetSource:
     feature_names: the model's sparse features in KJT key order; table_rows: the rows of each one's
     table. raw_dense: dense values as read (NaN where missing), not transformed.
     expand_on: with data.parquet.multi_hot_sizes, batches are `BaseIdBatch`es whose ids expand
-    when moved to this device (give the GPU); None expands them on the host, in the reader thread.
+    when moved to this device (give the GPU); None expands them on the host, in the reader workers.
     Example: `ParquetSource(cfg.data.parquet, names, rows, 2048, seed=0).batches("train", rank, world)`.
     """
 
@@ -140,6 +148,8 @@ class ParquetSource:
             self._check_statistics(dataset)
         self.stream = Stream(self._window_refs(), self.global_batch_size, self.seed, cfg.shuffle, keyed=bool(self.key))
         self._identities: dict[str, dict] = {}
+        evals = self.splits["eval"]
+        self._eval_starts = np.concatenate([[0], np.cumsum([evals.dataset.row_groups[g].rows for g in evals.groups])])
 
     # time-ordered datasets and the recorded data position (dlrm.data.parquet.partitions, .position)
 
@@ -186,7 +196,7 @@ class ParquetSource:
         """This rank's slices of the global batches of evaluated period `period`, in order, one pass."""
         split = self.period_splits[period]
         b = self.global_batch_size // world_size
-        reader = RowGroupReader(split.dataset, self.columns)
+        reader = self._reader(split.dataset)
         starts = np.concatenate([[0], np.cumsum([split.dataset.row_groups[g].rows for g in split.groups])])
         for j in range(split.rows // self.global_batch_size):
             yield self.make_batch(*reader.read(split.groups, starts, j * self.global_batch_size + rank * b, b))
@@ -260,7 +270,7 @@ class ParquetSource:
         if self.cfg.weight:  # nulls and negative sample weights
             bounds[self.cfg.weight] = (0, float("inf"))
             checked.add(self.cfg.weight)
-        reader = RowGroupReader(dataset, self.columns)
+        reader = self._reader(dataset)
         for g, rg in enumerate(dataset.row_groups):
             meta = dataset.metadata[rg.file].row_group(rg.index)
             for j in range(meta.num_columns):
@@ -287,60 +297,59 @@ class ParquetSource:
             return [ref.group for ref in self.stream.order(epoch)]
         return list(self.splits[split].groups)
 
-    def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Prefetcher[Batch]:
+    def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> OrderedWorkers[Batch]:
         """This rank's slices of global batches start_step, start_step + 1, ... (train: endless; eval: one
-        pass), made on a background thread."""
-        self.num_batches(split)  # checks the split's name
+        pass), made on `reader_workers` background threads and handed over in order."""
+        n = self.num_batches(split)  # checks the split's name
         if self.global_batch_size % world_size or not 0 <= rank < world_size:
             raise ValueError(
                 f"rank {rank} of world size {world_size}: data.global_batch_size={self.global_batch_size} "
                 f"must be divisible by the world size, and 0 <= rank < world size"
             )
-        return Prefetcher(self._produce(split, rank, world_size, start_step), max(1, self.cfg.prefetch_batches))
+        b, workers = self.global_batch_size // world_size, self.reader_workers(world_size)
+        reader = self._reader(self.splits[split].dataset).share(workers)
+        stop = None if split == "train" else n
+        make = functools.partial(self._batch_at, split, reader, rank * b, b)
+        return OrderedWorkers(make, start_step, stop, workers, max(1, self.cfg.prefetch_batches))
+
+    def reader_workers(self, world_size: int) -> int:
+        """Threads making one rank's batches: data.parquet.reader_workers, or for 0 min(4, the cores per
+        rank of this node (LOCAL_WORLD_SIZE ranks, else `world_size`))."""
+        if self.cfg.reader_workers > 0:
+            return int(self.cfg.reader_workers)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        return max(1, min(4, cores // max(1, local)))
 
     def rows_in_order(self, batch_size: int, max_rows: int | None = None) -> Iterator[Batch]:
         """Every row of the train split (or its first `max_rows`) in file order, `batch_size` at a time,
         the last batch partial; checked as training's batches are (the scorer's read: dlrm.predict)."""
         split = self.splits["train"]
         n = split.rows if max_rows is None else min(max_rows, split.rows)
-        reader = RowGroupReader(split.dataset, self.columns)
+        reader = self._reader(split.dataset)
         starts = np.concatenate([[0], np.cumsum([split.dataset.row_groups[g].rows for g in split.groups])])
         for start in range(0, n, batch_size):
             yield self.make_batch(*reader.read(split.groups, starts, start, min(batch_size, n - start)))
 
-    # long: one global batch per pass: its row groups, the slice, the checks, the KJT
-    def _produce(self, split: str, rank: int, world_size: int, start_step: int) -> Iterator[Batch]:
-        n = self.num_batches(split)
-        if n == 0:
-            return
-        b = self.global_batch_size // world_size
-        reader = RowGroupReader(self.splits[split].dataset, self.columns)
-        if split == "train":
-            yield from self._produce_train(reader, rank * b, b, start_step)
-            return
-        step, epoch = start_step, -1
-        order, starts = [], np.zeros(1, np.int64)
-        while split == "train" or step < n:
-            e, j = divmod(step, n)
-            if e != epoch:
-                epoch, order = e, self.group_order(split, e)
-                rows = [self.splits[split].dataset.row_groups[g].rows for g in order]
-                starts = np.concatenate([[0], np.cumsum(rows)])
-            yield self.make_batch(*reader.read(order, starts, j * self.global_batch_size + rank * b, b))
-            step += 1
+    def _reader(self, dataset: Dataset) -> RowGroupReader:
+        """A reader of `dataset`'s declared columns, each row group prepared once (`BatchMaker.prepare`)."""
+        return RowGroupReader(dataset, self.columns, self.maker.prepare)
 
-    def _produce_train(self, reader: RowGroupReader, offset: int, count: int, start_step: int) -> Iterator[Batch]:
-        """Rows [offset, offset + count) of each global batch of the stream from `start_step` on."""
-        dataset, step = self.splits["train"].dataset, start_step
-        while True:
-            pieces, origin, at = [], [], 0
-            for g, a, n in self.stream.slices(step, offset, count):
-                rg = dataset.row_groups[g]
-                pieces.append(reader.group(g).slice(a, n))
-                origin.append((at, dataset.paths[rg.file], rg.first_row + a))
-                at += n
-            yield self.make_batch(pa.concat_tables(pieces).combine_chunks(), origin)
-            step += 1
+    def _batch_at(self, split: str, reader: RowGroupReader, offset: int, count: int, step: int) -> Batch:
+        """Rows [offset, offset + count) of global batch `step` of `split` (train: of the stream)."""
+        if split == "eval":
+            groups = self.splits["eval"].groups
+            return self.make_batch(
+                *reader.read(groups, self._eval_starts, step * self.global_batch_size + offset, count)
+            )
+        dataset = self.splits["train"].dataset
+        pieces, origin, at = [], [], 0
+        for g, a, n in self.stream.slices(step, offset, count):
+            rg = dataset.row_groups[g]
+            pieces.append(reader.group(g).slice(a, n))
+            origin.append((at, dataset.paths[rg.file], rg.first_row + a))
+            at += n
+        return self.make_batch(pa.concat_tables(pieces).combine_chunks(), origin)
 
     def make_batch(self, table, origin: list[tuple]) -> Batch:
         """`BatchMaker.make_batch` of this source's declaration; with data.parquet.weight a
