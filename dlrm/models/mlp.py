@@ -4,7 +4,8 @@ Same parameters, state-dict keys and results as `torchrec.modules.mlp.MLP(activa
 work. Eager autograd runs a layer as `addmm`, then `relu` into a new [B, out] tensor (a pass that
 misses the cache), and in the backward computes the weight's gradient as the transpose of x^T g,
 which is then copied, strided, into the contiguous `.grad`. Here the ReLU overwrites the product and
-the backward computes g^T x [out, in] directly.
+the backward computes the weight's gradient [out, in] contiguous, by the product MKL runs faster on
+the CPU in fp32 (`weight_grad`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,20 @@ class _LinearReLU(torch.autograd.Function):
         x, weight, out = ctx.saved_tensors
         grad = torch.ops.aten.threshold_backward(grad.to(out.dtype), out, 0)  # ReLU's: grad where out > 0, else 0
         grad_x = grad.mm(weight) if ctx.needs_input_grad[0] else None
-        return grad_x, grad.t().mm(x), grad.sum(0)
+        return grad_x, weight_grad(grad, x), grad.sum(0)
+
+
+def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """g^T x [out, in], contiguous, of g [B, out] and x [B, in].
+
+    On the CPU in fp32 (MKL's sgemm), a layer wider out than in (the bottom MLP's first, the top
+    MLP's first) gets it as (x^T g)^T and one copy of the small result: MKL computes the [in, out]
+    product about twice as fast for 13 -> 512 and ~10% faster for 367 -> 512 at 1,024 rows, and g^T x
+    faster for the narrowing layers. Elsewhere (bf16, CUDA) g^T x. The same sums in another order.
+    """
+    if grad.device.type == "cpu" and grad.dtype == torch.float32 and x.shape[1] < grad.shape[1]:
+        return x.t().mm(grad).t().contiguous()
+    return grad.t().mm(x)
 
 
 @torch.fx.wrap  # a leaf for torch.fx (TorchRec's pipeline traces the model)

@@ -6,7 +6,7 @@ from torchrec.models.dlrm import DLRM, DLRM_DCN
 from torchrec.modules.mlp import MLP
 
 from dlrm.models.dlrm import build_model
-from dlrm.models.mlp import ReLUMLP
+from dlrm.models.mlp import ReLUMLP, weight_grad
 
 
 def _pair(in_size: int, sizes: list[int]) -> tuple[MLP, ReLUMLP]:
@@ -81,3 +81,12 @@ def test_models_use_it_with_torchrecs_keys(make_config, model):
         torchrecs = DLRM(**common)
     want = {k: v.shape for k, v in torchrecs.state_dict().items()}
     assert {k: v.shape for k, v in net.state_dict().items()} == want
+
+
+@pytest.mark.parametrize("in_size,out_size", [(13, 64), (64, 13)])  # widening: (x^T g)^T; narrowing: g^T x
+def test_weight_grad_is_g_transpose_x_contiguous(in_size, out_size):
+    torch.manual_seed(0)
+    g, x = torch.randn(40, out_size), torch.randn(40, in_size)
+    got = weight_grad(g, x)
+    assert got.shape == (out_size, in_size) and got.is_contiguous()
+    torch.testing.assert_close(got, (g.double().t() @ x.double()).float(), rtol=1e-5, atol=1e-5)
