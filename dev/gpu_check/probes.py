@@ -42,14 +42,14 @@ def trainer_for(overrides: list[str], steps: int):
     from dlrm.config import validate, validate_world
     from dlrm.config.compose import compose
     from dlrm.distributed.world import World
-    from dlrm.trainer.trainer import Trainer
+    from dlrm.trainer.build import build
 
     cfg = compose(overrides)
     cfg.trainer.max_steps = steps
     validate(cfg)
     world = World.from_env()
     validate_world(cfg, world.world_size, world.local_world_size)
-    return Trainer(cfg, world, None)
+    return build(cfg, world, None)
 
 
 def throughput(overrides: list[str], warmup: int, windows: int, window: int) -> dict:
@@ -111,6 +111,7 @@ def _plan(trainer) -> list[dict]:
 
 def uvm(overrides: list[str], steps: int) -> dict:
     from dlrm.distributed.cache_locks import embedding_kernels
+    from dlrm.trainer.loop import train
 
     trainer = trainer_for([*overrides, f"trainer.eval_every_steps={max(1, steps // 2)}"], steps)
     cached = [t for t in embedding_kernels(trainer.model) if t.lxu_cache_weights.numel()]
@@ -137,7 +138,7 @@ def uvm(overrides: list[str], steps: int) -> dict:
         return figures
 
     trainer.evaluate = evaluate_and_look
-    summary = trainer.train()
+    summary = train(trainer)
     return {
         "cached_tables_kernels": len(cached),
         "cache_lines": sum(int(t.lxu_cache_weights.shape[0]) for t in cached),

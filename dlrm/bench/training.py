@@ -225,11 +225,11 @@ def _measure(trainer, args: argparse.Namespace, steps: int) -> tuple[list[float]
 def run(args: argparse.Namespace, cfg: Config) -> dict:
     world = World.from_env()
     validate_world(cfg, world.world_size, world.local_world_size)
-    from dlrm.trainer.trainer import Trainer  # imports TorchRec (seconds): only once the config is valid
+    from dlrm.trainer.build import build  # imports TorchRec (seconds): only once the config is valid
 
     steps = args.warmup + args.windows * args.window + args.profile
     cfg.trainer.max_steps = steps
-    trainer = Trainer(cfg, world, None)
+    trainer = build(cfg, world, None)
     device = trainer.device
     loader_speed = source_speed(trainer.source, world.rank, world.world_size)
     if args.cache_batches:

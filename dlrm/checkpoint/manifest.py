@@ -25,7 +25,8 @@ def model_signature(cfg: ModelConfig) -> dict:
 
 def data_signature(cfg: DataConfig) -> dict:
     """How the model's inputs are read: {"source"} and, for Parquet, {"parquet": its columns (dense,
-    sparse with kinds and weights, labels), id_policy and multi_hot_sizes where set}, what turns rows
+    sparse with kinds and weights, labels), id_policy, and the sample-weight column and multi_hot_sizes
+    where set}, what turns rows
     into the model's inputs; not the paths, split or order, which belong to one dataset."""
     signature: dict[str, Any] = {"source": str(cfg.source)}
     if cfg.source == DataSource.parquet:
@@ -35,6 +36,8 @@ def data_signature(cfg: DataConfig) -> dict:
             signature["parquet"]["dense_transforms"] = p["dense_transforms"]
         if cfg.parquet.nonfinite != "refuse":
             signature["parquet"]["nonfinite"] = str(cfg.parquet.nonfinite)
+        if cfg.parquet.weight is not None:  # recorded where set: the scorer weights its metrics by it
+            signature["parquet"]["weight"] = cfg.parquet.weight
         if cfg.parquet.multi_hot_sizes is not None:  # recorded where set: older records read as before
             signature["parquet"]["multi_hot_sizes"] = list(cfg.parquet.multi_hot_sizes)
     return json.loads(json.dumps(signature))  # plain str for the enums

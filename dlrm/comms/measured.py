@@ -9,7 +9,6 @@ out). This module models the same plan and puts that own time beside the model
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 
 from dlrm.comms.costmodel import CommsError
@@ -19,6 +18,7 @@ from dlrm.comms.report import load_bench
 from dlrm.comms.traffic import comm_summary
 from dlrm.config import Config
 from dlrm.distributed.sharding import table_plans
+from dlrm.distributed.world import World
 
 
 def fitted_topology(topology, bench: dict, collective: str, ranks_per_node: int):
@@ -153,10 +153,8 @@ def placeholder_links(topology, local_world_size: int) -> list[str]:
     return [key for key, crossed in used if crossed and getattr(topology, key).placeholder]
 
 
-def summary_extras(cfg: Config, local_world_size: int) -> Callable[..., dict]:
-    """What the trainer adds to its summary: comm_vs_model, when the run measured a step breakdown.
-
-    A trainer.comms_bench file is read and fitted here, before any training.
+def checked_bench(cfg: Config, local_world_size: int) -> dict | None:
+    """The trainer.comms_bench file, read and fitted before any training (None without one).
 
     Raises:
         CommsError: the comms bench file is unusable.
@@ -164,19 +162,34 @@ def summary_extras(cfg: Config, local_world_size: int) -> Callable[..., dict]:
     bench = load_bench(cfg.trainer.comms_bench) if cfg.trainer.comms_bench else None
     if bench is not None:
         fitted_topology(cfg.topology, bench, "alltoall", local_world_size)  # fails now, not after the run
+    return bench
 
-    def extras(trainer, summary: dict) -> dict:
+
+class CommVsModel:
+    """The summary's comm_vs_model: a run's measured communication beside the cost model's (`summary_fields`).
+
+    Args:
+        cfg: the run's config (its model, topology and trainer.comms_bench).
+        world: this rank and the launcher's sizes.
+        plan: the sharding plan trained.
+        dense_params: the dense parameters the allreduce carries.
+        bench: `checked_bench`'s result.
+    """
+
+    def __init__(self, cfg: Config, world: World, plan, dense_params: int, bench: dict | None) -> None:
+        self.cfg, self.world, self.plan, self.dense_params, self.bench = cfg, world, plan, dense_params, bench
+
+    def summary_fields(self, summary: dict) -> dict:
+        """{"comm_vs_model": ...} when the summary holds a step breakdown; else {}."""
         breakdown = summary.get("step_breakdown")
         if breakdown is None:
             return {}
-        world = trainer.world
-        tables = table_plans(trainer.plan, cfg.model, world.world_size)
+        world = self.world
+        tables = table_plans(self.plan, self.cfg.model, world.world_size)
         measured = comm_vs_model(
-            cfg, tables, world.world_size, world.local_world_size, trainer.dense_params, bench,
+            self.cfg, tables, world.world_size, world.local_world_size, self.dense_params, self.bench,
             breakdown["comm_s"], breakdown.get("comm_wait_s"), breakdown.get("comm_behind_s"),
             breakdown.get("comm_critical_s"),
         )  # fmt: skip
         measured["slowest_rank"] = breakdown.get("slowest_rank")
         return {"comm_vs_model": measured}
-
-    return extras

@@ -20,10 +20,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict, read_write
 
 from dlrm.common.errors import UsageError
-from dlrm.config import Config, ConfigError, register_configs, to_config
+from dlrm.config import Config, ConfigError, register_configs, to_config, typed_dict_overrides
 from dlrm.config.hydra_internals import args_parser, prepend_config_dir
 
 
@@ -214,10 +214,16 @@ def compose_job(
             raise ConfigError("give either -cd/--config-dir or hydra.searchpath, not both: -cd DIR adds DIR")
         prepend_config_dir(dirs[-1])
     register_configs()
+    overrides, entries = typed_dict_overrides.split(overrides)
     try:
         composed = hydra_compose(config_name=config_name, overrides=overrides, return_hydra_config=with_hydra)
     except (HydraException, OmegaConfBaseException) as e:
         raise _composition_error(e) from None
+    if entries:  # after Hydra's, in the order given among themselves; recorded with Hydra's
+        typed_dict_overrides.apply(composed, entries)
+        if with_hydra:
+            with open_dict(composed), read_write(composed):
+                composed.hydra.overrides.task.extend([e.text for e in entries])
     if with_hydra and composed.hydra.job.chdir:  # the run's relative paths are read from where it starts
         raise ConfigError(
             "hydra.job.chdir=true is not supported: dlrm.train reads relative paths (data, "

@@ -102,6 +102,10 @@ class ParquetConfig:
     """The sparse features, one per model table feature."""
     labels: list[str] = field(default_factory=lambda: ["label"])
     """0/1 label columns: one gives labels [B / W], T give [B / W, T]."""
+    weight: str | None = None
+    """A sample-weight column (finite numbers >= 0; not a feature): each row's loss and its share of
+    the evaluation's AUC, log loss, NE and calibration are weighted by it, the loss normalised by the
+    global batch's weight sum. None: every row weighs 1 (the unweighted figures)."""
     eval_path: str | None = None
     """The eval files (as `path`); None: hold out eval_fraction of the train row groups."""
     eval_fraction: float = 0.0
@@ -156,6 +160,8 @@ class ParquetConfig:
                 f"with {key}.periods.key the evaluated periods are {key}.periods.eval: set {name} to null/0",
             )
         self._check_columns(key)
+        if self.multi_hot_sizes is not None and self.weight is not None:
+            _fail(f"{key}.weight", self.weight, f"not with {key}.multi_hot_sizes: set one of them to null")
         if self.multi_hot_sizes is not None:
             if min(self.multi_hot_sizes, default=0) < 1:
                 _fail(f"{key}.multi_hot_sizes", self.multi_hot_sizes, "give one size >= 1 per feature, or null")
@@ -186,12 +192,18 @@ class ParquetConfig:
             if label in seen_labels:
                 _fail(f"{key}.labels[{i}]", label, "one label column feeds one task: name each label column once")
             seen_labels.add(label)
+            if label == self.weight:
+                _fail(f"{key}.weight", self.weight, f"it is also a label ({key}.labels[{i}]); name another column")
             if label in inputs:
                 _fail(
                     f"{key}.labels[{i}]",
                     label,
                     f"it is also an input ({inputs[label]}): the model would read its answer; remove it there",
                 )
+        if self.weight is not None and self.weight in inputs:
+            _fail(
+                f"{key}.weight", self.weight, f"it is also an input ({inputs[self.weight]}); a weight is not a feature"
+            )
         for column, t in self.dense_transforms.items():
             where = f"{key}.dense_transforms.{column}"
             if column not in self.dense:

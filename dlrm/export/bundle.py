@@ -29,6 +29,7 @@ import torch
 from dlrm.common.errors import UserError
 from dlrm.common.io import publish_dir, refuse_alias
 from dlrm.config import ModelConfig, ParquetConfig
+from dlrm.data.progress import Step
 from dlrm.export.file import data_of, model_config_of, read_checkpoint
 from dlrm.export.serving import ServingModel, feature_names, hooks_of
 from dlrm.export.spec import PROGRAM_FILE, SPEC_FILE, build_spec
@@ -151,9 +152,11 @@ def bundle(checkpoint: Path, out: Path, int8: bool = False, verify: bool = True)
     spec = build_spec(cfg, data, payload["data"], payload["step"], payload["sha256"], int8)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp", dir=out.parent))
     try:
-        compile_package(program, work / PROGRAM_FILE)
+        with Step("export", "compiling the program (AOTInductor: a minute or more)"):
+            compile_package(program, work / PROGRAM_FILE)
         (work / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
-        _check_compiled(work / PROGRAM_FILE, module, cfg)
+        with Step("export", "checking the compiled program against the eager model"):
+            _check_compiled(work / PROGRAM_FILE, module, cfg)
         os.chmod(work, 0o755)
         _publish_dir(work, out)
     except OSError as e:

@@ -38,6 +38,7 @@ from dlrm.checkpoint import CheckpointError, load_checkpoint, read_manifest, ste
 from dlrm.common.errors import UserError
 from dlrm.common.io import atomic_path, refuse_alias
 from dlrm.config import ModelConfig, ParquetConfig
+from dlrm.data.progress import Progress, Step
 from dlrm.models.dlrm import build_model
 
 FORMAT, VERSION = "dlrm-export", 2
@@ -71,17 +72,27 @@ def table_metadata(cfg: ModelConfig) -> list:
     return [{"name": t.name, "rows": int(t.rows), "dim": int(t.dim), "features": list(t.features)} for t in cfg.tables]
 
 
-def content_sha256(payload: dict) -> str:
-    """sha256 of an export's metadata (canonical JSON) and every tensor (name, dtype, shape, bytes), in name order."""
+def content_sha256(payload: dict, progress: Progress | None = None) -> str:
+    """sha256 of an export's metadata (canonical JSON) and every tensor (name, dtype, shape, bytes), in
+    name order; `progress`: updated after each tensor (bytes hashed of its total, tensors so far)."""
     h = hashlib.sha256()
     keys = ("format", "version", "step", "model", "tables") + (("data",) if payload.get("version") != 1 else ())
     meta = {k: payload.get(k) for k in keys}
     h.update(json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
-    for name in sorted(payload["state_dict"]):
+    done = 0
+    for k, name in enumerate(sorted(payload["state_dict"])):
         t = payload["state_dict"][name].detach().contiguous().cpu()
         h.update(f"\n{name}:{t.dtype}:{list(t.shape)}\n".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().data)
+        done += t.numel() * t.element_size()
+        if progress is not None:
+            progress.update(done, k + 1)
     return h.hexdigest()
+
+
+def _mib(state: dict) -> float:
+    """The MiB a state dict's tensors hold."""
+    return sum(t.numel() * t.element_size() for t in state.values()) / 2**20
 
 
 def read_checkpoint(checkpoint: Path, verify: bool = True) -> dict:
@@ -91,7 +102,10 @@ def read_checkpoint(checkpoint: Path, verify: bool = True) -> dict:
     cfg = model_config_of(checkpoint)
     model = build_model(cfg, torch.device("cpu"))
     state = {"model": model.state_dict(), "progress": {"step": step_tensor(-1)}}
-    load_checkpoint(checkpoint, state, verify)
+    mib = _mib(state["model"])
+    doing = f"{'verifying and ' if verify else ''}loading {len(cfg.tables)} tables ({mib:,.1f} MiB) from {checkpoint}"
+    with Step("export", doing, mib):
+        load_checkpoint(checkpoint, state, verify)
     payload = {
         "format": FORMAT,
         "version": VERSION,
@@ -101,7 +115,9 @@ def read_checkpoint(checkpoint: Path, verify: bool = True) -> dict:
         "data": read_manifest(checkpoint).get("data"),
         "state_dict": state["model"],
     }
-    payload["sha256"] = content_sha256(payload)
+    tensors = len(state["model"])
+    with Step("export", f"hashing {tensors} tensors ({mib:,.1f} MiB)", mib):
+        payload["sha256"] = content_sha256(payload, Progress("export: hashing", mib * 2**20, unit="tensors"))
     return payload
 
 
@@ -114,8 +130,9 @@ def export(checkpoint: Path, out: Path, verify: bool = True) -> dict:
             "give a file path in an existing directory"
         )
     payload = read_checkpoint(checkpoint, verify)
+    mib = _mib(payload["state_dict"])
     try:
-        with atomic_path(out) as tmp:
+        with Step("export", f"writing {out} ({mib:,.1f} MiB)", mib), atomic_path(out) as tmp:
             torch.save(payload, tmp)
     except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError
         raise UserError(f"cannot write {out}: {e}; free space or choose another path") from None

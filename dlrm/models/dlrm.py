@@ -14,6 +14,7 @@ import math
 from typing import Any, cast
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.tensor import DTensor
@@ -97,7 +98,11 @@ class MultiTaskDLRMTrain(DLRMTrain):
     def forward(self, batch: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         logits = self.model(batch.dense_features, batch.sparse_features)
         labels = batch.labels.float()
-        if len(self.weights) == 1:
+        sample_weights = getattr(batch, "weights", None)  # a WeightedBatch's (data.parquet.weight)
+        if sample_weights is not None:
+            logits = logits.squeeze(-1) if len(self.weights) == 1 else logits
+            loss = weighted_task_loss(logits, labels, sample_weights, self.weights, self.training)
+        elif len(self.weights) == 1:
             logits = logits.squeeze(-1)
             loss = self.loss_fn(logits, labels)
             if self.weights[0] != 1.0:
@@ -115,6 +120,33 @@ def task_loss(logits: torch.Tensor, labels: torch.Tensor, weights: list[float]) 
             f"labels {tuple(labels.shape)} do not match the {len(weights)} tasks' logits {tuple(logits.shape)}"
         )
     per_task = F.binary_cross_entropy_with_logits(logits.float(), labels, reduction="none").mean(0)  # [T]
+    loss = per_task[0] * weights[0]
+    for t in range(1, len(weights)):
+        loss = loss + per_task[t] * weights[t]
+    return loss
+
+
+@torch.fx.wrap  # a leaf for torch.fx, as task_loss: it may all-reduce
+def weighted_task_loss(
+    logits: torch.Tensor, labels: torch.Tensor, sample_weights: torch.Tensor, weights: list[float], training: bool
+) -> torch.Tensor:
+    """sum_t weights[t] * sum_b w_b BCE(logits[b, t], labels[b, t]) / (S / W): logits, labels [B] or
+    [B, T], sample weights w [B] -> [] fp32. S is the sum of w over the global batch (all W ranks'
+    slices, one all-reduce when `training` in a process group of W > 1; this slice's otherwise), so
+    the ranks' mean loss, and DDP's mean gradient, are one process's on the global batch: the
+    weighted mean of the rows' losses. A batch whose weights are all 0 has loss 0."""
+    if labels.shape != logits.shape:
+        raise ValueError(
+            f"labels {tuple(labels.shape)} do not match the {len(weights)} tasks' logits {tuple(logits.shape)}"
+        )
+    w = sample_weights.float().reshape(-1, 1)
+    per_row = F.binary_cross_entropy_with_logits(logits.float(), labels, reduction="none").reshape(len(w), -1)
+    total = w.sum()
+    world = dist.get_world_size() if training and dist.is_available() and dist.is_initialized() else 1
+    if world > 1:
+        total = total.detach().clone()
+        dist.all_reduce(total)
+    per_task = (per_row * w).sum(0) * world / total.clamp_min(torch.finfo(torch.float32).tiny)  # [T]
     loss = per_task[0] * weights[0]
     for t in range(1, len(weights)):
         loss = loss + per_task[t] * weights[t]

@@ -19,7 +19,8 @@ and for a model trained on Parquet (data.source=parquet)
 `data.eval_batches * data.global_batch_size` rows (the last partial batch is dropped).
 Writes the click probabilities, float32 [N] in row order ([N, T] for a model of T tasks, one column
 per task of model.tasks), to `--out` (atomically); prints AUC and log loss when the rows have labels,
-per task when they have one per task (AUC is missing when they hold one class; Criteo rows have one
+per task when they have one per task, weighted when the model was trained with a sample-weight column
+(data.parquet.weight) that the files have (AUC is missing when they hold one class; Criteo rows have one
 label, so a model of several tasks scoring them gets its scores only).
 """
 
@@ -48,7 +49,7 @@ from dlrm.predict.criteo import directory_batches, feature_layout, tsv_batches, 
 from dlrm.predict.parquet import check_source, is_parquet, parquet_batches
 from dlrm.predict.score import QUANTIZE, save_atomic, score
 from dlrm.run.logs import QUIET_LOGGERS
-from dlrm.trainer.metrics import auc_and_logloss
+from dlrm.trainer.metrics import auc_and_logloss, weighted_auc_and_logloss
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -177,22 +178,32 @@ def _criteo_batches(a: argparse.Namespace, names: list[str], rows: list[int], co
     return tsv_batches(a.data, opts, vocabs, names, rows, a.batch_size, counts, a.max_rows)
 
 
-def _run(a: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, torch.Tensor, dict[str, int], float]:
-    """Score --data with the model: (its config, logits, labels, counts, seconds); writes --out."""
+def _keeping_weights(batches: Iterator, kept: list[torch.Tensor]) -> Iterator:
+    """`batches`, each one's sample weights (a WeightedBatch's: data.parquet.weight) appended to `kept`."""
+    for batch in batches:
+        if getattr(batch, "weights", None) is not None:
+            kept.append(batch.weights.float())
+        yield batch
+
+
+def _run(a: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, torch.Tensor, torch.Tensor | None, dict, float]:
+    """Score --data with the model: (its config, logits, labels, the rows' sample weights or None,
+    counts, seconds); writes --out."""
     _check_args(a)
     counts: dict[str, int] = {"labeled": 1}
+    kept: list[torch.Tensor] = []
     if is_bundle(a.model):
         if a.quantize != "none":
             raise UserError(f"--quantize {a.quantize}: a bundle's tables are as exported; export it with --int8")
         cfg, data, runner = read_bundle(a.model)
         in_program = data.parquet is not None and bool(data.parquet.dense_transforms)  # the program transforms
-        batches = _batches(a, cfg, data, counts, raw_dense=in_program)
+        batches = _keeping_weights(_batches(a, cfg, data, counts, raw_dense=in_program), kept)
         t0 = time.perf_counter()
         logits, labels = bundle_logits(runner, cfg, batches)
         seconds = time.perf_counter() - t0
     else:
         cfg, state, data = read_exported(a.model)
-        batches = _batches(a, cfg, data, counts)
+        batches = _keeping_weights(_batches(a, cfg, data, counts), kept)
         model = build_model(cfg)
         model.load_state_dict(state, assign=True)
         if a.quantize != "none":  # TorchRec's serving tables: row-wise quantized weights, fbgemm's inference kernels
@@ -213,18 +224,22 @@ def _run(a: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, torch.Tensor
         )
     if a.out is not None:
         save_atomic(a.out, torch.sigmoid(logits).numpy().astype(np.float32))
-    return cfg, logits, labels, counts, seconds
+    return cfg, logits, labels, torch.cat(kept) if kept else None, counts, seconds
 
 
-def _print_metrics(cfg: ModelConfig, logits: torch.Tensor, labels: torch.Tensor) -> None:
-    """AUC and log loss: of the one task, or of each task when the rows have a label per task."""
+def _print_metrics(cfg: ModelConfig, logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None) -> None:
+    """AUC and log loss: of the one task, or of each task when the rows have a label per task;
+    weighted by the rows' sample weights where given (`weighted_auc_and_logloss`)."""
     tasks = [t.name for t in cfg.tasks]
     if len(tasks) > 1 and labels.dim() == 1:
         print(f"no auc: the rows have one label, the model {len(tasks)} tasks; the scores have a column each")
         return
     for t, task in enumerate(tasks):
-        auc, logloss = auc_and_logloss(*((logits, labels) if len(tasks) == 1 else (logits[:, t], labels[:, t])))
-        figures = f"auc {'n/a (one class)' if auc is None else f'{auc:.6f}'} logloss {logloss:.6f}"
+        pair = (logits, labels) if len(tasks) == 1 else (logits[:, t], labels[:, t])
+        auc, logloss = auc_and_logloss(*pair) if weights is None else weighted_auc_and_logloss(*pair, weights)
+        figures = (
+            "weighted " if weights is not None else ""
+        ) + f"auc {'n/a (one class)' if auc is None else f'{auc:.6f}'} logloss {logloss:.6f}"
         print(figures if len(tasks) == 1 else f"{task}: {figures}")
 
 
@@ -234,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(name).setLevel(level)
     try:
         a = ap.parse_args(argv)
-        cfg, logits, labels, counts, seconds = _run(a)
+        cfg, logits, labels, weights, counts, seconds = _run(a)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -244,5 +259,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         line += f", {counts['skipped']:,} bad lines skipped"
     print(line + (f"; wrote {a.out}" if a.out else ""))
     if counts["labeled"]:
-        _print_metrics(cfg, logits, labels)
+        _print_metrics(cfg, logits, labels, weights)
     return 0

@@ -4,8 +4,10 @@ directory, glob or URI (as `data.parquet.path` takes them), read by the trainer'
 `data.parquet`: dense, sparse, labels, id_policy, multi_hot_sizes), every row in file order.
 
 Label columns are optional: all of them present gives labels [N] (one task) or [N, T]; none of them
-present (rows to score, not to evaluate) gives none. Columns the model reads that the files lack, and
-some but not all label columns, are one-line errors naming the file and the column.
+present (rows to score, not to evaluate) gives none. With labels, the recorded sample-weight column
+(data.parquet.weight), where the files have it, weights the metrics (the batches carry it). Columns
+the model reads that the files lack, and some but not all label columns, are one-line errors naming
+the file and the column.
 """
 
 from __future__ import annotations
@@ -95,18 +97,24 @@ def input_columns(columns: ParquetConfig) -> dict[str, tuple[str, str]]:
     return found
 
 
-def present_labels(data: str, columns: ParquetConfig) -> list[str]:
-    """The label columns to read: all of them, or [] when the files have none (unlabeled rows);
-    refuses a first file that lacks a column the model reads or holds it as another type, or has
-    some labels but not all (the reader checks every file's schema against the first's)."""
+def _first_schema(data: str) -> pa.Schema:
+    """The schema of the first file of `data` (--data); refuses an unreadable one."""
     fs, paths = list_files(data, "--data")
     try:
         with fs.open_input_file(paths[0]) as f:
-            schema = pq.read_schema(f)
+            return pq.read_schema(f)
     except (pa.ArrowException, OSError) as e:
         raise ParquetDataError(
             f"{paths[0]} is not a readable Parquet file ({str(e).splitlines()[0]}); rewrite or remove it"
         ) from None
+
+
+def present_labels(data: str, columns: ParquetConfig) -> list[str]:
+    """The label columns to read: all of them, or [] when the files have none (unlabeled rows);
+    refuses a first file that lacks a column the model reads or holds it as another type, or has
+    some labels but not all (the reader checks every file's schema against the first's)."""
+    _, paths = list_files(data, "--data")
+    schema = _first_schema(data)
     names = set(schema.names)
     for column, (kind, role) in input_columns(columns).items():
         if column not in names:
@@ -142,7 +150,10 @@ def parquet_batches(
     (counts['labeled'] = 0 when not); raw_dense: dense values as read, NaN where missing."""
     labels = present_labels(data, columns)
     counts["labeled"] = int(bool(labels))
-    recorded = replace(columns, path=data, labels=labels, eval_path=None, eval_fraction=0.0, shuffle=False)
+    weight = columns.weight if labels and columns.weight in _first_schema(data).names else None
+    recorded = replace(
+        columns, path=data, labels=labels, weight=weight, eval_path=None, eval_fraction=0.0, shuffle=False
+    )
     names = [f for t in cfg.tables for f in t.features]
     rows = [RAW_ID_BOUND if t.vocabulary.managed else int(t.rows) for t in cfg.tables for _ in t.features]
     try:

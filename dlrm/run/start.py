@@ -15,7 +15,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from dlrm.common.io import output_dir_problem
-from dlrm.config import Config, ConfigError
+from dlrm.config import Config, ConfigError, TopologyConfig
 from dlrm.distributed.world import World
 from dlrm.run.records import (
     check_continuation,
@@ -127,7 +127,7 @@ def _check_and_record(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: boo
         )
         if done is not None:
             if is_main:
-                kept = _kept(cfg, run_dir, checkpoints[-1])
+                kept = _kept(cfg.topology, cfg.data.global_batch_size, run_dir, checkpoints[-1])
                 print(f"already finished at step {done} ({checkpoints[-1]}); nothing to train, {kept}")
             return False
     continuing = bool(checkpoints) and bool(tr.resume)
@@ -137,7 +137,7 @@ def _check_and_record(cfg: Config, dcfg: DictConfig, run_dir: Path, is_main: boo
     return True
 
 
-def _kept(cfg: Config, run_dir: Path, checkpoint: Path) -> str:
+def _kept(topology: TopologyConfig, global_batch_size: int, run_dir: Path, checkpoint: Path) -> str:
     """What a finished run's re-run did to its records: nothing, or rebuild a summary.json gone missing."""
     from dlrm.distributed.topology import backend_for
     from dlrm.run.rebuild import rebuild_summary
@@ -145,7 +145,5 @@ def _kept(cfg: Config, run_dir: Path, checkpoint: Path) -> str:
     hint = "raise trainer.max_steps to train on, or evaluate it with trainer.eval_only=true"
     if (run_dir / "summary.json").exists() or not (run_dir / "config.yaml").exists():  # kept, or not this run's
         return f"nothing changed: {hint}"
-    sources = rebuild_summary(
-        run_dir, checkpoint, backend_for(cfg.topology), cfg.topology.name, cfg.data.global_batch_size
-    )
+    sources = rebuild_summary(run_dir, checkpoint, backend_for(topology), topology.name, global_batch_size)
     return f"summary.json was missing: rebuilt from {sources}; nothing else changed: {hint}"

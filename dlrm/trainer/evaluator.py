@@ -3,21 +3,21 @@ stop at a target AUC."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 import torch
 import torch.distributed as dist
 
 from dlrm.common.cadence import Every
-from dlrm.config import Config
+from dlrm.config import TrainerConfig
 from dlrm.trainer.metrics import score_on_rank0
 
 
-def eval_batch_count(cfg: Config, available: int | None) -> int:
-    """The batches an evaluation scores: data.eval_batches, or fewer if the eval split holds fewer
-    (`available`; None: unbounded; 0: no eval split)."""
-    n = cfg.data.eval_batches
-    return n if available is None else min(n, available)
+def eval_batch_count(eval_batches: int, available: int | None) -> int:
+    """The batches an evaluation scores: `eval_batches` (data.eval_batches), or fewer if the eval split
+    holds fewer (`available`; None: unbounded; 0: no eval split)."""
+    return eval_batches if available is None else min(eval_batches, available)
 
 
 class Evaluator:
@@ -25,14 +25,17 @@ class Evaluator:
     tells when an evaluation first reaches trainer.target_auc.
 
     Args:
-        cfg: the run's config (trainer.eval_every_steps, trainer.target_auc, trainer.dense_precision,
-            model.tasks).
+        tr: the trainer section (eval_every_steps, target_auc, select_metric, patience, dense_precision).
+        tasks: the model's task names, in its order.
+        global_batch_size: the samples of a step (data.global_batch_size), for samples_to_target.
         device, pg: where the scores are computed, and the training process group.
     """
 
-    def __init__(self, cfg: Config, device: torch.device, pg: dist.ProcessGroup) -> None:
-        self.cfg, self.device, self.pg = cfg, device, pg
-        self.every = Every(cfg.trainer.eval_every_steps)
+    def __init__(
+        self, tr: TrainerConfig, tasks: list[str], global_batch_size: int, device: torch.device, pg: dist.ProcessGroup
+    ) -> None:
+        self.tr, self.tasks, self.global_batch_size, self.device, self.pg = tr, tasks, global_batch_size, device, pg
+        self.every = Every(tr.eval_every_steps)
         self.target_step: int | None = None  # the step whose evaluation first reached trainer.target_auc
         self.best: tuple[int, float] | None = None  # (step, value) of the best trainer.select_metric so far
         self.stale = 0  # evaluations since the best
@@ -48,9 +51,8 @@ class Evaluator:
         its own figures}} added: a dataset partitioned by time scores each period apart (the same
         periods, each at least one batch, on every rank)."""
         scored = {p: self._scores(model, batches) for p, batches in periods.items()}
-        tasks = [task.name for task in self.cfg.model.tasks]
-        figures = score_on_rank0(torch.cat(list(scored.values()), dim=2), self.pg, tasks)
-        figures["periods"] = {p: score_on_rank0(local, self.pg, tasks) for p, local in scored.items()}
+        figures = score_on_rank0(torch.cat(list(scored.values()), dim=2), self.pg, self.tasks)
+        figures["periods"] = {p: score_on_rank0(local, self.pg, self.tasks) for p, local in scored.items()}
         return figures
 
     @torch.no_grad()
@@ -59,26 +61,33 @@ class Evaluator:
         least one batch on every rank): `model(batch)` -> (loss, (loss, logits, labels)), logits and labels [B] for
         one task, [B, T] for T, under bf16 autocast as in training. Rank 0 computes the figures on the
         training device; every rank returns them. `model` is back in train mode after."""
-        return score_on_rank0(self._scores(model, batches), self.pg, [task.name for task in self.cfg.model.tasks])
+        return score_on_rank0(self._scores(model, batches), self.pg, self.tasks)
 
     def _scores(self, model: torch.nn.Module, batches: Iterable) -> torch.Tensor:
-        """This rank's logits and labels over `batches`: [2, T, N]."""
-        bf16 = self.cfg.trainer.dense_precision == "bf16"
+        """This rank's logits and labels over `batches`: [2, T, N]; [3, T, N] with the rows' sample
+        weights (batches that carry them: data.parquet.weight)."""
+        bf16 = self.tr.dense_precision == "bf16"
         model.eval()
-        logits, labels = [], []
+        logits, labels, weights = [], [], []
         for batch in batches:
+            batch = batch.to(self.device, non_blocking=True)
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
-                _, (_, batch_logits, batch_labels) = model(batch.to(self.device, non_blocking=True))
+                _, (_, batch_logits, batch_labels) = model(batch)
             logits.append(batch_logits.reshape(batch_logits.shape[0], -1))  # [B, T]
             labels.append(batch_labels.reshape(batch_labels.shape[0], -1))
+            if getattr(batch, "weights", None) is not None:
+                weights.append(batch.weights.reshape(-1, 1).expand_as(logits[-1]))
         model.train()
-        return torch.stack((torch.cat(logits).float(), torch.cat(labels).float())).transpose(1, 2)  # [2, T, N]
+        rows = [torch.cat(logits).float(), torch.cat(labels).float()]
+        if weights:
+            rows.append(torch.cat(weights).float())
+        return torch.stack(rows).transpose(1, 2)  # [2 or 3, T, N]
 
     def reached_target(self, evaluation: dict, step: int) -> bool:
         """Whether `evaluation` (at `step`) is the first to reach trainer.target_auc (its "auc": the
         first task's); every rank holds rank 0's figures (see `evaluate`), so all stop at the same
         step. Records the step."""
-        target = self.cfg.trainer.target_auc
+        target = self.tr.target_auc
         auc = evaluation.get("auc")
         if target is None or self.target_step is not None or auc is None or auc < target:
             return False
@@ -88,7 +97,7 @@ class Evaluator:
     def stalled(self, evaluation: dict, step: int) -> bool:
         """Note `evaluation` (at `step`) for trainer.select_metric; True when trainer.patience
         evaluations in a row have not improved on the best (every rank holds the same figures)."""
-        tr, metric = self.cfg.trainer, self.cfg.trainer.select_metric
+        tr, metric = self.tr, self.tr.select_metric
         value = evaluation.get(metric) if metric else None
         if metric is None or value is None:
             return False
@@ -100,17 +109,40 @@ class Evaluator:
         self.stopped_early = bool(tr.patience) and self.stale >= tr.patience
         return self.stopped_early
 
-    def target_record(self) -> dict:
-        """The summary's target entries ({} without trainer.target_auc)."""
+    def steps_to_next(self, step: int, total_steps: int) -> int:
+        """The steps from `step` to the next evaluation's (or to `total_steps`, if that comes first)."""
+        n = self.every.n
+        return (min(total_steps, (step // n + 1) * n) if n > 0 else total_steps) - step
+
+    def stop_reason(self, evaluation: dict, step: int) -> str | None:
+        """Why the run ends at this evaluation (at `step`), or None: trainer.patience evaluations without
+        a better trainer.select_metric (`stalled`), or trainer.target_auc first reached (`reached_target`)."""
+        if self.stalled(evaluation, step):
+            best_step, best = self.best or (0, math.nan)
+            return (
+                f"{self.tr.select_metric} has not improved on {best:.5f} (step {best_step}) in "
+                f"{self.tr.patience} evaluation(s): stopping at step {step}"
+            )
+        if not self.reached_target(evaluation, step):
+            return None
+        samples = step * self.global_batch_size
+        return (
+            f"target AUC {self.tr.target_auc} reached at step {step} ({samples:,} samples): "
+            f"auc {evaluation['auc']:.5f}; stopping"
+        )
+
+    def summary_fields(self, summary: dict) -> dict:
+        """The summary's selection entries (with trainer.select_metric) and target entries (with
+        trainer.target_auc); {} with neither."""
         selection = {}
-        if self.cfg.trainer.select_metric is not None:
+        if self.tr.select_metric is not None:
             selection = {
-                "select_metric": self.cfg.trainer.select_metric,
+                "select_metric": self.tr.select_metric,
                 "best_step": self.best[0] if self.best else None,
                 "best_value": self.best[1] if self.best else None,
                 "stopped_early": self.stopped_early,
             }
-        target = self.cfg.trainer.target_auc
+        target = self.tr.target_auc
         if target is None:
             return selection
         step = self.target_step
@@ -119,5 +151,5 @@ class Evaluator:
             "target_auc": target,
             "reached_target": step is not None,
             "steps_to_target": step,
-            "samples_to_target": step * self.cfg.data.global_batch_size if step is not None else None,
+            "samples_to_target": step * self.global_batch_size if step is not None else None,
         }

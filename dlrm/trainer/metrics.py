@@ -9,7 +9,9 @@ BinaryAUROC, the tests' cross-check, sums its ROC trapezoids in float32). Log lo
 BCE-with-logits from the logits. NE and calibration follow TorchRec's NEMetric and CalibrationMetric
 (`torchrec.metrics.ne`, `.calibration`, the tests' oracles): NE = cross-entropy of the predicted
 probabilities / entropy of the base rate (the label mean), both clamped at 1e-12 as TorchRec does;
-calibration = sum of predicted probabilities / sum of labels.
+calibration = sum of predicted probabilities / sum of labels. With sample weights
+(data.parquet.weight) each row counts its weight's times in all four (`weighted_auc`: with integer
+weights, the AUC of the rows repeated).
 """
 
 from __future__ import annotations
@@ -45,6 +47,35 @@ def exact_auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return (rank_sum - p * (p + 1) / 2) / (p * negatives)  # 0/0 = NaN with one class
 
 
+def weighted_auc(scores: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """ROC AUC of scores [N] against 0/1 labels [N], each row counted `weights` [N] (>= 0) times: the
+    weighted share of (positive, negative) pairs ordered right, ties counted half; a 0-dim float64
+    tensor (NaN when either class weighs 0). With integer weights, `exact_auc` of the rows repeated.
+
+    One sort: per tie group, its positive weight times (the negative weight below it + half its own)."""
+    sorted_scores, order = torch.sort(scores.reshape(-1))
+    y = labels.reshape(-1)[order].to(torch.float64)
+    w = weights.reshape(-1)[order].to(torch.float64)
+    _, counts = torch.unique_consecutive(sorted_scores, return_counts=True)
+    group = torch.repeat_interleave(torch.arange(counts.numel(), device=scores.device), counts)
+    positive = torch.zeros(counts.numel(), dtype=torch.float64, device=scores.device).index_add_(0, group, w * y)
+    negative = torch.zeros_like(positive).index_add_(0, group, w * (1 - y))
+    below = torch.cumsum(negative, 0) - negative
+    return (positive * (below + negative / 2)).sum() / (positive.sum() * negative.sum())
+
+
+def weighted_auc_and_logloss(
+    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor
+) -> tuple[float | None, float]:
+    """`auc_and_logloss` with each row counted `weights` [N] times: `weighted_auc`, and the log loss
+    sum_i w_i BCE_i / sum_i w_i (float64; NaN when the weights sum to 0)."""
+    auc = weighted_auc(logits.float(), labels, weights).item() if labels.numel() else math.nan
+    w = weights.reshape(-1).double()
+    bce = F.binary_cross_entropy_with_logits(logits.reshape(-1).double(), labels.reshape(-1).double(), reduction="none")
+    logloss = ((bce * w).sum() / w.sum()).item()
+    return (None if math.isnan(auc) else auc), logloss
+
+
 def auc_and_logloss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float | None, float]:
     """ROC AUC (`exact_auc` of the logits) and mean binary log loss of logits [N] against 0/1
     labels [N], computed where the tensors are; the AUC is None when the labels hold one class only."""
@@ -57,20 +88,29 @@ NE_ETA = 1e-12  # TorchRec's NEMetric clamp of probabilities and of the base rat
 METRICS = ("auc", "logloss", "ne", "calibration")  # per task, in this order
 
 
-def task_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float | None]:
+def _sum(x: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    return x.sum() if weights is None else (x * weights).sum()
+
+
+def task_metrics(
+    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None
+) -> dict[str, float | None]:
     """{"auc", "logloss", "ne", "calibration"} of one task's logits [N] against 0/1 labels [N],
-    computed where the tensors are. AUC and NE are None when the labels hold one class only,
-    calibration when they hold no positive (undefined then)."""
-    auc, logloss = auc_and_logloss(logits, labels)
+    computed where the tensors are; with sample `weights` [N], each row counted that many times
+    (`weighted_auc_and_logloss`, and weighted sums in NE and calibration). AUC and NE are None when
+    the labels hold one class only, calibration when they hold no positive (undefined then)."""
+    w = None if weights is None else weights.reshape(-1).double()
+    auc, logloss = auc_and_logloss(logits, labels) if w is None else weighted_auc_and_logloss(logits, labels, w)
     y = labels.reshape(-1).double()
     p = torch.sigmoid(logits.reshape(-1).double())
-    n, positives = y.numel(), y.sum().item()
+    n = y.numel() if w is None else w.sum().item()
+    positives = _sum(y, w).item()
     q = p.clamp(NE_ETA, 1 - NE_ETA)
-    cross_entropy = -(y * q.log() + (1 - y) * (1 - q).log()).sum()  # nats: the ratio is base-free
+    cross_entropy = -_sum(y * q.log() + (1 - y) * (1 - q).log(), w)  # nats: the ratio is base-free
     base = min(max(positives / n, NE_ETA), 1 - NE_ETA) if n else 0.5
     entropy = -(positives * math.log(base) + (n - positives) * math.log(1 - base))
     ne = (cross_entropy / entropy).item() if 0 < positives < n else None
-    calibration = (p.sum() / positives).item() if positives > 0 else None
+    calibration = (_sum(p, w) / positives).item() if positives > 0 else None
     return {"auc": auc, "logloss": logloss, "ne": ne, "calibration": calibration}
 
 
@@ -88,7 +128,8 @@ def evaluation_record(per_task: dict[str, dict[str, float | None]]) -> dict[str,
 
 def score_on_rank0(local: torch.Tensor, group: dist.ProcessGroup, tasks: list[str] | None = None) -> dict:
     """`evaluation_record` of every rank's slice, local [2, N] (row 0 logits, row 1 0/1 labels) or
-    [2, T, N] for T tasks (N equal on all ranks), computed on rank 0 where the tensors are (the
+    [2, T, N] for T tasks (N equal on all ranks), or [3, ...] with row 2 the sample weights (the
+    weighted figures), computed on rank 0 where the tensors are (the
     training device): one gather of the slices to rank 0, `task_metrics` there, one broadcast of
     the figures, so every rank returns the same dict, with "samples" added (None where undefined).
     `tasks`: the T names (default ["label"])."""
@@ -103,7 +144,8 @@ def score_on_rank0(local: torch.Tensor, group: dist.ProcessGroup, tasks: list[st
     if parts is not None:
         everything = torch.cat(parts, dim=2)
         for t in range(n_tasks):
-            figures = task_metrics(everything[0, t], everything[1, t])
+            weights = everything[2, t] if len(everything) == 3 else None
+            figures = task_metrics(everything[0, t], everything[1, t], weights)
             values = [math.nan if figures[k] is None else figures[k] for k in METRICS]
             result[t] = torch.tensor(values, dtype=torch.float64)
     dist.broadcast(result, group_src=0, group=group)

@@ -6,14 +6,15 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from dlrm.common.cadence import Every
+from dlrm.common.errors import UserError
 from dlrm.common.io import disk_full_is_user_error, write_json_atomic
 from dlrm.config import Config
 from dlrm.distributed.topology import backend_for
@@ -44,6 +45,23 @@ def global_mean_and_signal(
 _STOP_ORDER = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)  # the stop signals, the one reported first
 
 
+class NonFiniteLossError(UserError, RuntimeError):
+    """Training produced a NaN or infinite loss; the message names the steps and the last checkpoint."""
+
+    same_on_all_ranks = True  # the loss is the global mean
+
+    @classmethod
+    def of_window(cls, loss: float, first: int, last: int, checkpoint: Path | None) -> NonFiniteLossError:
+        """The error of a log window of steps `first`..`last` whose mean loss is `loss`; `checkpoint`:
+        the last one saved (None: none)."""
+        return cls(
+            f"loss is {loss} in steps {first}..{last}; last good checkpoint: {checkpoint or 'none'}. Either "
+            "the training diverged (lower optim.embedding.lr / optim.dense.lr and resume from it with "
+            "trainer.resume=auto) or the input holds NaN/inf values (check the data files; a Criteo loader "
+            "refuses them when it verifies them); trainer.log_every_steps=1 stops sooner"
+        )
+
+
 def gathered(value: float, device: torch.device, pg: dist.ProcessGroup, world_size: int) -> list[float]:
     """`value` of every rank, in rank order (one all-gather on the training device)."""
     mine = torch.tensor([value], dtype=torch.float64, device=device)
@@ -57,6 +75,14 @@ def samples_per_s(steps: int, batch: int, seconds: float) -> float | None:
     return steps * batch / seconds if steps and seconds else None
 
 
+class SummaryPart(Protocol):
+    """A component that adds entries to the run's summary."""
+
+    def summary_fields(self, summary: dict) -> dict:
+        """The entries to add, given the summary so far."""
+        ...
+
+
 class Reporter:
     """What one `Trainer.train` call reports: `open` starts the records (a `start` event first: a
     continuation repeats the steps after its checkpoint), `window` and `evaluation` add to them,
@@ -65,12 +91,20 @@ class Reporter:
     Args:
         cfg, world, device, pg: the run's config, this rank, the training device and process group.
         run_dir: where rank 0 writes (None off rank 0, or for no files).
+        sync: waits for the device's queued work (the throughput clock's, when it stops).
     """
 
     def __init__(
-        self, cfg: Config, world: World, device: torch.device, pg: dist.ProcessGroup, run_dir: Path | None
+        self,
+        cfg: Config,
+        world: World,
+        device: torch.device,
+        pg: dist.ProcessGroup,
+        run_dir: Path | None,
+        sync: Callable[[], None] = lambda: None,
     ) -> None:
         self.cfg, self.world, self.device, self.pg, self.run_dir = cfg, world, device, pg, run_dir
+        self.sync = sync
         self.losses: list[float] = []  # the global mean loss of every logged window; summary's final_loss
         self.log = MetricsLog(None)
         self.progress = Progress(0, "none", False)
@@ -104,8 +138,8 @@ class Reporter:
         for line in lines + console.plan_lines(plan, world.world_size, backend):
             log.info(line)
 
-    def open(self, step: int, total_steps: int, sync: Callable[[], None]) -> None:
-        """Start the records of an invocation at `step`; `sync` waits for the device (the clock's)."""
+    def open(self, step: int, total_steps: int) -> None:
+        """Start the records of an invocation at `step` of `total_steps`."""
         tr = self.cfg.trainer
         run_dir = self.run_dir
         self.log = MetricsLog(
@@ -114,13 +148,16 @@ class Reporter:
         )
         self.log.write("run", step=step, event="start", resumed=step > 0)
         self.progress = Progress(total_steps, tr.progress, self.world.is_main, first_step=step)
-        self.window = ThroughputWindow(sync=sync)
+        self.window = ThroughputWindow(sync=self.sync)
         self.run_time.open(step, self.window)
         self.first_step, self.started = step, time.perf_counter()
 
-    def window_record(self, step: int, mean_loss: float, steps: int, seconds: float, lr: float, phases: dict) -> None:
+    def window_record(
+        self, step: int, mean_loss: float, steps: int, seconds: float, lr: float, phases: dict, vocabulary: dict
+    ) -> None:
         """A closed log window of `steps` steps in `seconds` ending at `step`: to metrics.jsonl,
-        TensorBoard and the progress display; `phases` the profiler's window record."""
+        TensorBoard and the progress display; `phases` the profiler's window record, `vocabulary` the
+        tables' vocabulary figures (vocab_<table>_*)."""
         self.losses.append(mean_loss)
         samples_per_s = steps * self.cfg.data.global_batch_size / seconds
         record: dict[str, Any] = dict(
@@ -134,6 +171,7 @@ class Reporter:
         if self.device.type == "cuda":
             record["peak_gpu_mem_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         record.update(phases)
+        record.update(vocabulary)
         self.log.write(**record)
         self.progress.update(step, steps, loss=mean_loss, lr=lr, samples_per_s=samples_per_s)
 
@@ -159,10 +197,13 @@ class Reporter:
             self.log.write("run", step=step, **{f"run_{k}": v for k, v in breakdown.items()})
         self.log.close()
 
-    def summary(self, step: int, evaluation: dict, skipped_steps: list[int], extras: Callable[[dict], dict]) -> dict:
+    def summary(
+        self, step: int, evaluation: dict, skipped_steps: list[int], fields: dict, parts: Sequence[SummaryPart] = ()
+    ) -> dict:
         """The run's summary.json (written on rank 0) and its closing console lines; a collective
         (the ranks' peak memory). Throughput and wall time cover the whole run, every invocation
-        (`this_invocation`: this one's). `extras`: more entries computed outside the core."""
+        (`this_invocation`: this one's). `fields`: the trainer's own further entries; then each of
+        `parts` adds its `summary_fields`, in order."""
         batch = self.cfg.data.global_batch_size
         steps, seconds = step - self.first_step, self.window.train_seconds
         run = self.run_time.record(step)
@@ -197,7 +238,9 @@ class Reporter:
         if self.device.type == "cuda":
             peak_gpu = torch.cuda.max_memory_allocated(self.device) / 2**20
             summary["peak_gpu_mem_mb_per_rank"] = gathered(peak_gpu, self.device, self.pg, self.world.world_size)
-        summary.update(extras(summary))
+        summary.update(fields)
+        for part in parts:
+            summary.update(part.summary_fields(summary))
         if self.run_dir is not None:
             with disk_full_is_user_error(self.run_dir / "summary.json", "the run's summary"):
                 write_json_atomic(self.run_dir / "summary.json", summary)

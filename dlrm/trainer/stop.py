@@ -19,7 +19,9 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from pathlib import Path
 from types import FrameType
+from typing import Protocol
 
 from dlrm.common.errors import UserError
 
@@ -38,8 +40,27 @@ class TrainingStopped(UserError):
         self.signum = signum
         self.exit_code = 128 + signum
 
+    @classmethod
+    def at_log_step(
+        cls, signum: int, step: int, total_steps: int, checkpoint: Path | None, on_signal: bool, where: str
+    ) -> TrainingStopped:
+        """The stop of every rank at log step `step` of `total_steps`; `checkpoint`: the last one (None:
+        none), `on_signal`: checkpoint.on_signal, `where`: the overrides that find the run again."""
+        hint = "" if checkpoint or on_signal else " (checkpoint.on_signal=true saves one at a stop)"
+        return cls(
+            f"by {signal.Signals(signum).name} at step {step} of {total_steps}; last checkpoint: "
+            f"{checkpoint or 'none'}{hint}; continue with the same command and{where} trainer.resume=auto",
+            signum,
+        )
+
     def __reduce__(self):  # pickled (e.g. gathered by a collective) and rebuilt with both arguments
         return type(self), (str(self), self.signum)
+
+
+class Progress(Protocol):
+    """What a stop reads the current step from (the train state)."""
+
+    step: int
 
 
 class StopRequest:
@@ -56,13 +77,13 @@ class StopRequest:
         self.is_main = is_main
         self._exit = exit
         self._previous: dict[int, object] = {}
-        self._step = lambda: 0
+        self._progress: Progress | None = None
 
-    def install(self, step=lambda: 0) -> StopRequest:
-        """Handle the signals (main thread only; elsewhere signals keep their handlers). `step()`:
-        the current step, for the line of a second signal."""
+    def install(self, progress: Progress | None = None) -> StopRequest:
+        """Handle the signals (main thread only; elsewhere signals keep their handlers). `progress.step`:
+        the current step, for the line of a second signal (None: step 0)."""
         global _installed
-        self._step = step
+        self._progress = progress
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
             _installed = self
@@ -89,11 +110,16 @@ class StopRequest:
         self.stopping = True  # a second signal: the user does not want to wait
         if self.is_main:
             line = (
-                f"stopped: by a second {signal.Signals(signum).name} during step {self._step() + 1}, without a "
+                f"stopped: by a second {signal.Signals(signum).name} during step {self.step + 1}, without a "
                 "checkpoint; continue from the last one with the same command and trainer.resume=auto\n"
             )
             os.write(2, line.encode())  # not print: the main thread may be inside a write to stderr
         self._exit(128 + signum)
+
+    @property
+    def step(self) -> int:
+        """The current step of the installed progress (0 without one)."""
+        return self._progress.step if self._progress is not None else 0
 
     @property
     def flag(self) -> float:
@@ -112,7 +138,7 @@ def stopped_meanwhile() -> TrainingStopped | None:
         return None
     stop.stopping = True
     return TrainingStopped(
-        f"by {signal.Signals(stop.signum).name} during step {stop._step() + 1}, without a checkpoint (a second "
+        f"by {signal.Signals(stop.signum).name} during step {stop.step + 1}, without a checkpoint (a second "
         "signal ended another rank at once); continue from the last one with the same command and "
         "trainer.resume=auto",
         stop.signum,

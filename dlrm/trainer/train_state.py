@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 
 import torch
 
 from dlrm.checkpoint import data_signature, model_signature, step_tensor
 from dlrm.config import Config
+from dlrm.data.source import PositionedSource
 from dlrm.distributed.sharding import describe_plan
 from dlrm.trainer.clock import RunTime
 
@@ -34,12 +34,13 @@ class TrainState:
         plan,
         run_config_sha256: str | None = None,
         run_time: RunTime | None = None,
+        positioned: PositionedSource | None = None,
     ) -> None:
         self.cfg, self.model, self.optimizer, self.world_size, self.plan = cfg, model, optimizer, world_size, plan
         self.run_config_sha256 = run_config_sha256  # the run directory's config.yaml as recorded (rank 0)
         self.run_time = run_time  # the run's time so far, recorded in the manifest
         self.step = 0
-        self.data_position: Callable[[int], dict] | None = None  # the source's record of the rows read by a step
+        self.positioned = positioned  # a source whose position a checkpoint records (Parquet's), or None
 
     def state_dict(self, weights_only: bool = False) -> dict:
         """{"model", "progress": {"step"}, "optim"}: optim left out with `weights_only` or when no
@@ -75,5 +76,5 @@ class TrainState:
             **({"run_config_sha256": self.run_config_sha256} if self.run_config_sha256 else {}),
             **({"run_time": self.run_time.record(self.step)} if self.run_time is not None else {}),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            **({"data_position": self.data_position(self.step)} if self.data_position is not None else {}),
+            **({"data_position": self.positioned.position(self.step)} if self.positioned is not None else {}),
         }

@@ -5,10 +5,12 @@ runs, nothing is written, and the previous checkpoint stays intact."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import json
 import os
 import pickle
+import re
 import shutil
 from pathlib import Path
 
@@ -155,7 +157,20 @@ def test_an_export_into_its_own_checkpoint_is_refused(ckpts, capsys, into):
 def test_the_intact_checkpoint_exports(ckpts, tmp_path, capsys):
     rc, err = run_export(ckpts / NEW, tmp_path / "model.pt", capsys)
     assert rc == 0, err
+    assert err == ""  # a small model's steps are too short to report
     assert torch.load(tmp_path / "model.pt", weights_only=True)
+
+
+def test_a_long_export_reports_its_steps_and_rates(ckpts, tmp_path, capsys, monkeypatch):
+    from dlrm.data.progress import Progress, Step
+
+    monkeypatch.setattr(Step, "LONG_MIB", 0.0)  # every step counts as long
+    monkeypatch.setattr(Progress, "__init__", functools.partialmethod(Progress.__init__, every=0.0))
+    rc, err = run_export(ckpts / NEW, tmp_path / "model.pt", capsys)
+    assert rc == 0, err
+    for doing in ("verifying and loading", "hashing", "writing"):
+        assert re.search(rf"^export: {doing} .*: done in [0-9.]+s \([0-9,]+ MiB/s\)$", err, re.M), err
+    assert re.search(r"^export: hashing: 100% \([0-9]+ tensors, [0-9,]+ tensors/s, ETA 0s\)$", err, re.M), err
 
 
 class _EnumByName(pickle.Pickler):

@@ -31,11 +31,11 @@ RUN = [
 
 def resume_error(cfg: Config) -> str:
     """On each rank: build a trainer that resumes (cfg.trainer.resume); the CheckpointError it raises."""
-    from dlrm.trainer.trainer import Trainer
+    from dlrm.trainer.build import build
 
     validate(cfg)
     try:
-        Trainer(cfg, World.from_env())
+        build(cfg, World.from_env())
     except CheckpointError as e:
         return str(e)
     raise AssertionError("the checkpoint was loaded")

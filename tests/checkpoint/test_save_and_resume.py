@@ -59,9 +59,11 @@ class _NaNInjector:
 def train_with_a_nan_batch(cfg, index: int, rank: int) -> dict:
     """On each rank: train, with a NaN in rank `rank`'s slice of global batch `index` (the trainer's
     source replaced); the losses, this rank's pieces of the weights and the skipped steps."""
+    from dlrm.trainer.loop import train
+
     trainer = build_trainer(cfg)
     trainer.source = _NaNInjector(trainer.source, index, rank)
-    trainer.train()
+    train(trainer)
     return {"losses": trainer.losses, "pieces": pieces_of(trainer.model), "skipped": trainer.skipped_steps}
 
 

@@ -125,14 +125,14 @@ def measured_traffic(steps: int, *cfgs: Config) -> list[dict]:
     """On each rank, for each config in turn: train `steps` steps without the pipeline on uniform ids; the bytes
     this rank sent per step to each rank (by kind), the plan (dlrm.distributed.sharding.table_plans) and
     the batch's id/length dtypes."""
-    from dlrm.trainer.trainer import Trainer
+    from dlrm.trainer.build import build
 
     world = World.from_env()
     results = []
     for cfg in cfgs:
         validate(cfg)
         validate_world(cfg, world.world_size, world.local_world_size)
-        results.append(_sent_per_step(Trainer(cfg, world), cfg, world, steps))
+        results.append(_sent_per_step(build(cfg, world), cfg, world, steps))
         gc.collect()
     return results
 

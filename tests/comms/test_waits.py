@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from dlrm.comms.measured import summary_extras
+from dlrm.comms.measured import CommVsModel, checked_bench
 from dlrm.config import validate, validate_world
 from dlrm.distributed.world import World
 from tests.helpers.families import PAIR, Overrides, runs
@@ -16,12 +16,15 @@ SLEEP_S = 1.0  # far above a tiny step (and the noise of a loaded 2-core machine
 def slow_rank_summary(cfg, slow_rank: int, sleep_s: float) -> dict:
     """Train with `slow_rank` sleeping `sleep_s` before each step (inside the profiled step, before
     its first collective); the summary, with comm_vs_model as `dlrm.train` adds it."""
-    from dlrm.trainer.trainer import Trainer
+    from dlrm.trainer.build import build
+    from dlrm.trainer.loop import train
 
     validate(cfg)
     world = World.from_env()
     validate_world(cfg, world.world_size, world.local_world_size)
-    trainer = Trainer(cfg, world, summary_extras=summary_extras(cfg, world.local_world_size))
+    bench = checked_bench(cfg, world.local_world_size)
+    trainer = build(cfg, world)
+    trainer.summary_parts.append(CommVsModel(cfg, world, trainer.plan, trainer.dense_params, bench))
     if trainer.world.rank == slow_rank:
         step_once = trainer.step_once
 
@@ -30,7 +33,7 @@ def slow_rank_summary(cfg, slow_rank: int, sleep_s: float) -> dict:
             return step_once(batches)
 
         trainer.step_once = slow  # the profiler's step calls trainer.step_once
-    return trainer.train()
+    return train(trainer)
 
 
 RUN = Overrides(

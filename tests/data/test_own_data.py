@@ -456,6 +456,7 @@ def test_public_shaped_samples_train_and_score_with_defaults(tmp_path, capsys, m
     assert export.main([str(tmp_path / "outputs" / "r" / "checkpoints" / "step_00000012"), str(tmp_path / "m.pt")]) == 0
     rc, out, err = predict_in_process(capsys, tmp_path / "m.pt", "--data", tmp_path / "pq", "--out", tmp_path / "s.npy")
     assert rc == 0, out + err
+    assert out.count("weighted auc") == (2 if name == "census" else 0), out  # census: data.parquet.weight
     scores = np.load(tmp_path / "s.npy")
     assert len(scores) == 600 and np.isfinite(scores).all() and ((scores > 0) & (scores < 1)).all()
 

@@ -1,5 +1,6 @@
 """Training on Parquet data with jagged (variable-length), hashed-string and one-id features, unweighted
-and weighted: 2 sharded ranks equal the unsharded model on the same global batches."""
+and weighted (per-id weights and sample weights): 2 sharded ranks equal the unsharded model on the same
+global batches."""
 
 import pytest
 import torch
@@ -26,12 +27,14 @@ def write_parquet_then_train(cfg: Config) -> dict:
 
 
 PARQUET = tiny("sharding=row_wise", *overrides(PAIR.dir("parquet_data")))
-# per-id weights on the jagged feature (model.weighted): table-wise, and each table's kernel as planned
+# per-id weights on the jagged feature (model.weighted) and sample weights (data.parquet.weight: 0 to 3,
+# so the ranks' slices weigh differently): table-wise, and each table's kernel as planned
 WEIGHTED = tiny(
     "sharding=table_wise",
     *overrides(PAIR.dir("parquet_weighted")),
     "model.weighted=true",
     "data.parquet.sparse=[{name:user,kind:id},{name:items,kind:ids,weights:items_w},{name:city,kind:string}]",
+    "data.parquet.weight=w",
 )
 
 
@@ -56,3 +59,7 @@ def test_two_ranks_on_weighted_parquet_features_equal_one_process(results):
     change = (plain[items] - ref_weights[items]).abs().max().item()
     # 100x the equivalence's atol: a side that ignored the weights could not pass the comparison above
     assert change > 2e-4, f"the weights must change the trained table ({change})"
+    _, unweighted = train_unsharded(compose([*WEIGHTED, "data.parquet.weight=null"]))
+    change = max((unweighted[k] - ref_weights[k]).abs().max().item() for k in ref_weights)
+    assert change > 2e-4, f"the sample weights must change the trained model ({change})"
+    assert results[0]["summary"]["eval_logloss"] > 0

@@ -26,7 +26,8 @@ def days_then_train(cfg: Config, run_dir: str) -> dict:
     rank trains in `run_dir`: losses, this rank's weights, summary, rank 0's metrics.jsonl records."""
     from dlrm.config import validate, validate_world
     from dlrm.distributed.world import World
-    from dlrm.trainer.trainer import Trainer
+    from dlrm.trainer.build import build
+    from dlrm.trainer.loop import train
     from tests.helpers.harness import default_group
     from tests.helpers.workers import pieces_of
 
@@ -39,8 +40,8 @@ def days_then_train(cfg: Config, run_dir: str) -> dict:
     validate(cfg)
     validate_world(cfg, world.world_size, world.local_world_size)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(cfg, world, Path(run_dir))
-    summary = trainer.train()
+    trainer = build(cfg, world, Path(run_dir))
+    summary = train(trainer)
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if world.is_main else []
     return {
         "losses": trainer.losses,

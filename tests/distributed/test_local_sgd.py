@@ -56,6 +56,8 @@ def test_period_one_equals_synchronous_training(results):
 def dense_after_each_step(cfg: Config) -> dict:
     """On each rank: train, the optimizer's step wrapped to copy the replicated weights right after
     each step (the pipeline's steps too); those copies, the final ones and the losses."""
+    from dlrm.trainer.loop import train
+
     trainer = build_trainer(cfg)
     snapshots, params, step = [], _replicated_params(trainer), trainer.optimizer.step
 
@@ -64,7 +66,7 @@ def dense_after_each_step(cfg: Config) -> dict:
         snapshots.append(_flat(params))
 
     trainer.optimizer.step = step_and_snapshot  # the pipeline calls the instance's step
-    trainer.train()
+    train(trainer)
     return {"steps": snapshots, "final": _flat(_replicated_params(trainer)), "losses": trainer.losses}
 
 
@@ -98,9 +100,11 @@ def test_warmup_steps_are_synchronous(ranks):
 def count_allreduces(cfg: Config) -> dict:
     """On each rank: train under torch.profiler; how many allreduces ran (c10d's dispatched op: DDP's,
     the averager's, the trainer's own), and the final replicated weights."""
+    from dlrm.trainer.loop import train
+
     trainer = build_trainer(cfg)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        trainer.train()
+        train(trainer)
     names = [e.name for e in prof.events() or []]
     return {
         "allreduces": sum(1 for n in names if n == "c10d::allreduce_"),

@@ -15,7 +15,8 @@ TABLES = {"user": 100, "items": 50, "city": 64}  # feature -> table rows
 
 def table(rows: int = ROWS, seed: int = 0, first: int = 0) -> pa.Table:
     """Rows `first`.. of the dataset: pos (= row / ROWS, a dense feature that names the row), x,
-    user (an id), items (0..5 ids, weights items_w), city (a string), label, label2."""
+    user (an id), items (0..5 ids, weights items_w), city (a string), label, label2, w (a sample
+    weight: 0, 1, 2 or 3)."""
     rng = np.random.default_rng([seed, first])
     lengths = rng.integers(0, 6, rows)
     offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32))
@@ -30,6 +31,7 @@ def table(rows: int = ROWS, seed: int = 0, first: int = 0) -> pa.Table:
             "city": pa.array([f"city-{k}" for k in rng.integers(0, 30, rows)]),
             "label": rng.integers(0, 2, rows),
             "label2": rng.integers(0, 2, rows).astype(np.int8),
+            "w": rng.integers(0, 4, rows).astype(np.float32),
         }
     )
 

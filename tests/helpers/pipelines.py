@@ -41,10 +41,11 @@ class NoAutoAttachPipeline(TrainPipelineSparseDist):
 
 def train_with_stand_in_pipeline(cfg) -> dict:
     """train_and_report with NoAutoAttachPipeline as the trainer's pipeline; adds its `calls`."""
+    from dlrm.trainer.loop import train
     from tests.helpers.workers import build_trainer, pieces_of
 
     trainer = build_trainer(cfg)
-    pipeline = NoAutoAttachPipeline(trainer.model, trainer.optimizer, trainer.device, custom_model_fwd=trainer._forward)
+    pipeline = NoAutoAttachPipeline(trainer.model, trainer.optimizer, trainer.device, custom_model_fwd=trainer.forward)
     trainer.pipeline = pipeline
-    trainer.train()
+    train(trainer)
     return {"losses": trainer.losses, "pieces": pieces_of(trainer.detached_model()), "calls": pipeline.calls}

@@ -235,16 +235,17 @@ def train_counting_syncs(cfg) -> dict:
     """Train on this rank under a SyncCounter: {"syncs": [Sync as dict...], "steps": steps trained,
     "losses": the logged losses}. The trainer's sync function is counted too; the model's weights
     are device tensors; the batches are made on the host (`HostSource`)."""
-    import dlrm.trainer.trainer as trainer_module
+    import dlrm.trainer.build as build_module
+    from dlrm.trainer.loop import train
     from tests.helpers.workers import build_trainer
 
     counter = SyncCounter()
-    synchronizer = trainer_module.synchronizer
-    trainer_module.synchronizer = lambda device: counter.counting_synchronizer(synchronizer(device))
+    synchronizer = build_module.synchronizer
+    build_module.synchronizer = lambda device: counter.counting_synchronizer(synchronizer(device))
     try:
         trainer = build_trainer(cfg)
     finally:
-        trainer_module.synchronizer = synchronizer
+        build_module.synchronizer = synchronizer
     assert not cfg.data.synthetic.on_device, "the batches must come from the host, as a GPU run's do"
     trainer.source = HostSource(trainer.source, counter)
     model = trainer.model
@@ -261,7 +262,7 @@ def train_counting_syncs(cfg) -> dict:
 
     trainer.step_once = counted_step  # type: ignore[method-assign]
     with counter:
-        summary = trainer.train()
+        summary = train(trainer)
     return {
         "syncs": [dataclasses.asdict(s) for s in counter.syncs],
         "steps": summary["steps"],

@@ -20,12 +20,12 @@ from dlrm.models.dlrm import local_pieces
 
 def build_trainer(cfg: Config):
     """A validated Trainer for this rank (the world from the launcher's environment)."""
-    from dlrm.trainer.trainer import Trainer
+    from dlrm.trainer.build import build
 
     validate(cfg)
     world = World.from_env()
     validate_world(cfg, world.world_size, world.local_world_size)
-    return Trainer(cfg, world)
+    return build(cfg, world)
 
 
 def pieces_of(model: torch.nn.Module) -> dict:
@@ -39,8 +39,10 @@ def pieces_of(model: torch.nn.Module) -> dict:
 def train_and_report(cfg: Config) -> dict:
     """Train on this rank; the logged losses, this rank's pieces of the final weights (`pieces_of`),
     the plan (dlrm.distributed.sharding.describe_plan) and the summary."""
+    from dlrm.trainer.loop import train
+
     trainer = build_trainer(cfg)
-    summary = trainer.train()
+    summary = train(trainer)
     return {
         "losses": trainer.losses,
         "pieces": pieces_of(trainer.detached_model()),
@@ -51,25 +53,30 @@ def train_and_report(cfg: Config) -> dict:
 
 def train_summary(cfg: Config) -> dict:
     """Train (or evaluate, with trainer.eval_only) on this rank and return the run summary."""
-    return build_trainer(cfg).train()
+    from dlrm.trainer.loop import train
+
+    return train(build_trainer(cfg))
 
 
 def summary_and_records(cfg: Config, run_dir) -> dict:
     """Train (or evaluate) on this rank in `run_dir` (rank 0 writes there): {"summary", "records"}
     with rank 0's metrics.jsonl records ([] on other ranks)."""
-    from dlrm.trainer.trainer import Trainer
+    from dlrm.trainer.build import build
+    from dlrm.trainer.loop import train
 
     validate(cfg)
     world = World.from_env()
     validate_world(cfg, world.world_size, world.local_world_size)
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    summary = Trainer(cfg, world, Path(run_dir)).train()
+    summary = train(build(cfg, world, Path(run_dir)))
     lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if world.is_main else []
     return {"summary": summary, "records": [json.loads(line) for line in lines]}
 
 
 def train_losses(cfg: Config) -> list[float]:
     """Train on this rank; the logged losses."""
+    from dlrm.trainer.loop import train
+
     trainer = build_trainer(cfg)
-    trainer.train()
+    train(trainer)
     return trainer.losses

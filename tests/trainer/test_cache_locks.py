@@ -77,10 +77,12 @@ def test_mid_run_evaluations_leave_no_cache_line_locked(stand_in_caches, pipelin
     """8 steps with evaluations after steps 3 and 6 and at the end: every line the training locked is
     unlocked by its backward, and the evaluations' lookups lock none (before the fix, each left its
     batches' lines locked for the rest of the run)."""
+    from dlrm.trainer.loop import train
+
     trainer = build_trainer(config("trainer.eval_every_steps=3", "data.eval_batches=2", f"trainer.pipeline={pipeline}"))
     caches = stand_in_caches(trainer.model)
     assert caches, "no fbgemm TBE found: has TorchRec moved its lookups (ShardedEmbeddingBagCollection._lookups)?"
-    trainer.train()
+    train(trainer)
     for cache in caches.values():
         assert not cache.held and int(cache.locked.abs().sum()) == 0, f"lines left locked: {cache.locked.tolist()}"
         assert cache.locked_lookups == 8 and cache.unlocked_lookups == 3 * 2  # 8 steps, 3 evaluations of 2 batches

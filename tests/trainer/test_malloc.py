@@ -41,8 +41,8 @@ KEEP = "from dlrm.trainer.malloc import keep_freed_memory; kept = keep_freed_mem
 # A 1-rank trainer (in-process group): it applies the settings itself.
 TRAINER = (
     "from dlrm.config.compose import compose; from dlrm.distributed.world import World; "
-    "from dlrm.trainer.trainer import Trainer; "
-    "Trainer(compose(['model=tiny', 'data.global_batch_size=8']), World()); kept = True"
+    "from dlrm.trainer.build import build; "
+    "build(compose(['model=tiny', 'data.global_batch_size=8']), World()); kept = True"
 )
 
 

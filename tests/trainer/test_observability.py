@@ -416,7 +416,7 @@ def test_console_names_the_eval_batches_that_run(available, expected):
 
     cfg = Config()
     cfg.data.eval_batches = 1600
-    n = eval_batch_count(cfg, available)
+    n = eval_batch_count(cfg.data.eval_batches, available)
     assert n == expected
     line = console.config_lines(cfg, 1, 2, "gloo", "cpu", 1000, 10, n)[1]
     assert f"eval {expected} batches" in line if expected else "no eval (the data has no eval split" in line

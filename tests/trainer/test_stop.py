@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+from types import SimpleNamespace
 
 import pytest
 
@@ -41,7 +42,7 @@ def _request(is_main: bool = True) -> tuple[StopRequest, list[int]]:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_only_sets_the_flag(signum):
     stop, codes = _request()
-    stop.install(lambda: 7)
+    stop.install(SimpleNamespace(step=7))
     try:
         os.kill(os.getpid(), signum)  # the handler runs here, in the main thread; it must not raise
         assert stop.signum == signum and stop.flag == 1.0 and codes == []
@@ -51,7 +52,7 @@ def test_a_signal_only_sets_the_flag(signum):
 
 def test_a_second_signal_exits_at_once_with_one_line_on_rank_0(capfd):
     stop, codes = _request()
-    stop.install(lambda: 7)
+    stop.install(SimpleNamespace(step=7))
     try:
         os.kill(os.getpid(), signal.SIGHUP)
         with pytest.raises(_Exited):
@@ -93,7 +94,7 @@ def test_training_stopped_survives_a_pickle_round_trip():
 
 def test_a_lost_peer_after_a_signal_is_reported_as_the_stop():
     stop, codes = _request()
-    stop.install(lambda: 3)
+    stop.install(SimpleNamespace(step=3))
     try:
         os.kill(os.getpid(), signal.SIGTERM)
         e = stopped_meanwhile()

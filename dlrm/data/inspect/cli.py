@@ -90,6 +90,7 @@ def configs(
     sparse = [c for c in columns if c.role in SPARSE]
     dense = [c for c in columns if c.role == "dense"]
     labels = [c.name for c in columns if c.role == "label"]
+    weights = [c.name for c in columns if c.role == "weight"]
     if not labels:
         raise ParquetDataError("no label column: name the 0/1 label column(s) with --label COL")
     if not sparse:
@@ -125,6 +126,7 @@ def configs(
                 for c in sparse
             ],
             "labels": labels,
+            **({"weight": weights[0]} if weights else {}),  # --weight: the loss and the metrics' weights
             "eval_fraction": fraction,
             "id_policy": "modulo" if folds else "refuse",
         },
@@ -259,8 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"left out {c.name!r}: {c.reason}")
         if c.role == "weight":
             print(
-                f"note: {c.name!r} is a sample weight: left out of the features; training does not weight "
-                "the loss by it yet"
+                f"note: {c.name!r} is a sample weight: not a feature; it weights the loss and the evaluation's "
+                f"metrics (data.parquet.weight: {c.name})"
             )
         for line in c.notices:
             print(f"note: {line}")

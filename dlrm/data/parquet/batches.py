@@ -101,6 +101,8 @@ class BatchMaker:
                 columns[s.weights] = ("weights" if list_kind else "weight", f"data.parquet.sparse[{i}].weights")
         for i, c in enumerate(cfg.labels):
             columns[c] = ("label", f"data.parquet.labels[{i}]")
+        if cfg.weight:  # read with the batch's rows (`dlrm.data.parquet.sample_weights`)
+            columns[cfg.weight] = ("weight", "data.parquet.weight")
         self.columns = columns  # {column: (kind, the config key that declares it)}
         self.weighted = any(s.weights for _, s in self.specs)
         self.id_dtype = np.int32 if max(self.table_rows) <= _INT32_MAX else np.int64

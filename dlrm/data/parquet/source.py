@@ -34,9 +34,11 @@ source expands its files' (`dlrm.data.multihot`, `multi_hot_offsets`).
 Checks: the schemas of every file from Parquet metadata at start-up (missing column, wrong type, a
 list where a scalar is declared or the reverse, schemas differing between files, an empty or
 unreadable file); then, from the row groups' statistics in the same metadata, nulls, ids out of
-range and labels below 0 or above 1 in one-id and label columns (a row group the statistics flag is
-read to name the row); each batch's values as it is read (all of these, in list columns too, and
-labels other than 0 and 1, also in files written without statistics). Each failure is a
+range and labels below 0 or above 1 in one-id and label columns, nulls and negative values in the
+sample-weight column (a row group the statistics flag is read to name the row); each batch's values
+as it is read (all of these, in list columns too, labels other than 0 and 1 and NaN or infinite
+sample weights, also in files written without statistics). With data.parquet.weight, batches are
+`WeightedBatch`es: each row's sample weight travels with it (`dlrm.data.weighted_batch`). Each failure is a
 `ParquetDataError`: one line, exit 2. Files are untrusted: reading Parquet runs no code from them.
 """
 
@@ -57,6 +59,7 @@ from dlrm.data.parquet.files import ParquetDataError
 from dlrm.data.parquet.partitions import ordered, row_group_periods, window_groups
 from dlrm.data.parquet.position import GroupRef, Stream, changed_files, continued_stream, file_identity
 from dlrm.data.parquet.reader import RowGroupReader, Split
+from dlrm.data.parquet.sample_weights import sample_weights
 from dlrm.data.parquet.schema import Dataset
 from dlrm.data.prefetch import Prefetcher
 
@@ -246,13 +249,17 @@ class ParquetSource:
 
     def _check_statistics(self, dataset: Dataset) -> None:
         """Read (and check as a batch, `make_batch`) each row group whose Parquet statistics show nulls,
-        ids outside [0, rows) (id_policy=refuse) or labels outside [0, 1] in a one-id or label column."""
-        bounds = {c: (0, 1) for c in self.cfg.labels}
+        ids outside [0, rows) (id_policy=refuse) or labels outside [0, 1] in a one-id or label column,
+        or nulls or negative values in the sample-weight column."""
+        bounds: dict[str, tuple[float, float]] = {c: (0, 1) for c in self.cfg.labels}
         if self.cfg.id_policy == IdPolicy.refuse:
             bounds |= {
                 s.column or s.name: (0, r - 1) for (_, s), r in zip(self.maker.specs, self.table_rows, strict=True)
             }
         checked = {s.column or s.name for _, s in self.maker.specs if s.kind == SparseKind.id} | set(self.cfg.labels)
+        if self.cfg.weight:  # nulls and negative sample weights
+            bounds[self.cfg.weight] = (0, float("inf"))
+            checked.add(self.cfg.weight)
         reader = RowGroupReader(dataset, self.columns)
         for g, rg in enumerate(dataset.row_groups):
             meta = dataset.metadata[rg.file].row_group(rg.index)
@@ -336,8 +343,16 @@ class ParquetSource:
             step += 1
 
     def make_batch(self, table, origin: list[tuple]) -> Batch:
-        """`BatchMaker.make_batch` of this source's declaration."""
-        return self.maker.make_batch(table, origin)
+        """`BatchMaker.make_batch` of this source's declaration; with data.parquet.weight a
+        `WeightedBatch` (its rows' sample weights, checked: `sample_weights`)."""
+        batch = self.maker.make_batch(table, origin)
+        if not self.cfg.weight:
+            return batch
+        import torch
+
+        from dlrm.data.weighted_batch import with_weights
+
+        return with_weights(batch, torch.from_numpy(sample_weights(table, self.cfg.weight, origin)))
 
     def data_counts(self) -> dict[str, int]:
         """Values this process's reads changed: ids folded by id_policy=modulo, dense values read as

@@ -282,14 +282,14 @@ def train_config(directory, *extra):
 
 def test_train_refuses_before_building_tables(data, monkeypatch):
     """Too few rows (and any data error) stops dlrm.train before a process group or a table exists."""
-    import dlrm.trainer.trainer
+    import dlrm.trainer.build
     from dlrm.train import run
 
     def never(*a, **k):
         raise AssertionError("built before the data were checked")
 
-    monkeypatch.setattr(dlrm.trainer.trainer, "build_model", never)
-    monkeypatch.setattr(dlrm.trainer.trainer, "init_distributed", never)
+    monkeypatch.setattr(dlrm.trainer.build, "build_model", never)
+    monkeypatch.setattr(dlrm.trainer.build, "init_distributed", never)
     for k, v in {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(CriteoDataError, match="less than one global batch of 512"):
