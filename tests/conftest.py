@@ -24,11 +24,29 @@ def make_config():
     return lambda *overrides: compose(overrides)
 
 
+_WORKERS_TIMING_LINES: list[str] = []  # the families' timing lines that xdist workers sent back
+
+
+def pytest_sessionfinish(session):
+    """An xdist worker hands its families' timing lines to the controller (xdist's workeroutput)."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        from tests.helpers.families import timing_lines
+
+        workeroutput["dlrm_family_timings"] = timing_lines()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller keeps what a finished xdist worker sent (pytest_sessionfinish above)."""
+    _WORKERS_TIMING_LINES.extend(getattr(node, "workeroutput", {}).get("dlrm_family_timings", []))
+
+
 def pytest_terminal_summary(terminalreporter):
     """How long each scenario family's one launch took, and its slowest jobs (tests/helpers/families.py)."""
     from tests.helpers.families import timing_lines
 
-    lines = timing_lines()
+    lines = timing_lines() + _WORKERS_TIMING_LINES
     if lines:
         terminalreporter.section("scenario families")
         for line in lines:
