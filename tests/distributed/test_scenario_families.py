@@ -7,7 +7,7 @@ import inspect
 import pytest
 import torch
 
-from tests.helpers.families import Family, Overrides, families_of, runs
+from tests.helpers.families import Family, Overrides, families_of, reads_a_family, runs
 
 
 def rank_function(x):
@@ -67,3 +67,26 @@ def test_collection_declares_the_selected_tests_jobs_unless_skipped():
     assert families_of(_Item(test, {"sharding": "row_wise"}, (skipped,))) == [] and not family.jobs
     assert families_of(_Item(test, {"sharding": "row_wise"})) == [family]
     assert [j.args for j in family.jobs.values()] == [("row_wise",)]
+
+
+PLAIN_FAMILY = Family("plain", nproc=2)
+PLAIN_SCENARIO = PLAIN_FAMILY.add("plain/job", rank_function, 1)
+
+
+def test_a_reader_is_known_without_declaring_its_jobs():
+    """What conftest groups by under xdist: `runs` and named scenarios read a family, a plain test not."""
+    family = Family("test", nproc=2)
+
+    @runs(results=family.job(rank_function, 1))
+    def with_runs(results):
+        pass
+
+    def naming_a_scenario():
+        return PLAIN_SCENARIO.results()
+
+    def plain():
+        return 1
+
+    assert reads_a_family(_Item(with_runs)) and not family.jobs
+    assert reads_a_family(_Item(naming_a_scenario))
+    assert not reads_a_family(_Item(plain))

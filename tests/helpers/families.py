@@ -228,6 +228,17 @@ def families_of(item) -> list[Family]:
     return list(dict.fromkeys(found))
 
 
+def reads_a_family(item) -> bool:
+    """Whether a collected test reads a family (its `runs`, the scenarios its code names, or a fixture
+    in FIXTURE_READS), without declaring anything."""
+    function = getattr(item, "function", None)
+    if function is None:
+        return False
+    if getattr(function, "runs", None) is not None or _families_named_by(function):
+        return True
+    return any(fixture in FIXTURE_READS for fixture in getattr(item, "fixturenames", ()))
+
+
 def _skipped(item) -> bool:
     """Whether the test is marked skip, or skipif with a condition that is True (not a string)."""
     if any(True for _ in item.iter_markers("skip")):
