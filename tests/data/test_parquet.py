@@ -28,22 +28,7 @@ from dlrm.data.parquet.source import ParquetSource
 from tests.helpers import REPO_ROOT as ROOT
 from tests.helpers.cli import assert_one_error
 from tests.helpers.parquet_data import ROWS, TABLES, overrides, table, write_dataset
-
-NAMES, ROWS_OF = list(TABLES), list(TABLES.values())
-B = 96
-
-
-def config(path, **kw) -> ParquetConfig:
-    sparse = [
-        SparseColumnConfig(name="user", kind=SparseKind.id),
-        SparseColumnConfig(name="items", kind=SparseKind.ids, weights=kw.pop("weights", None)),
-        SparseColumnConfig(name="city", kind=SparseKind.string),
-    ]
-    return ParquetConfig(path=str(path), dense=["pos", "x"], sparse=kw.pop("sparse", sparse), **kw)
-
-
-def source(path, batch=B, seed=0, names=NAMES, rows=ROWS_OF, **kw) -> ParquetSource:
-    return ParquetSource(config(path, **kw), names, rows, batch, seed)
+from tests.helpers.parquet_source import NAMES, ROWS_OF, B, assert_batches_equal, rows_of, source
 
 
 @pytest.fixture(scope="module")
@@ -58,22 +43,6 @@ def take(src: ParquetSource, split: str, rank: int, world: int, steps: int, star
     out = [next(it) for _ in range(steps)]
     it.close()
     return out
-
-
-def rows_of(batch) -> np.ndarray:
-    """The dataset rows a batch holds (its pos feature names them)."""
-    return np.rint(batch.dense_features[:, 0].double().numpy() * ROWS).astype(np.int64)
-
-
-def assert_batches_equal(a, b) -> None:
-    torch.testing.assert_close(a.dense_features, b.dense_features, rtol=0, atol=0)
-    torch.testing.assert_close(a.labels, b.labels, rtol=0, atol=0)
-    assert a.sparse_features.keys() == b.sparse_features.keys()
-    for key, x in a.sparse_features.to_dict().items():
-        y = b.sparse_features.to_dict()[key]
-        assert torch.equal(x.lengths(), y.lengths()) and torch.equal(x.values(), y.values()), key
-        if x.weights_or_none() is not None:
-            assert torch.equal(x.weights(), y.weights()), key
 
 
 def concat(slices: list) -> object:

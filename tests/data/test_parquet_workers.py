@@ -19,8 +19,8 @@ from dlrm.config.compose import compose
 from dlrm.data.parquet.files import ParquetValueError
 from dlrm.data.parquet.reader import RowGroupReader
 from dlrm.data.prefetch import OrderedWorkers
-from tests.data.test_parquet import B, assert_batches_equal, config, rows_of, source
 from tests.helpers.parquet_data import overrides, table, write_dataset
+from tests.helpers.parquet_source import B, assert_batches_equal, config, rows_of, source
 
 
 @pytest.fixture(scope="module")
