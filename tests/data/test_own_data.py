@@ -269,7 +269,7 @@ def test_inspect_decides_each_column_kind(team, tmp_path, capsys):
     assert cols["n_views"].role == "dense" and cols["n_views"].transform["log1p"]
     price = cols["price"].transform
     assert cols["price"].role == "dense" and not price["log1p"] and abs(price["mean"] - 1e6) < 2e4
-    assert cols["hour"].role == "id" and cols["hour"].rows <= 32 and "YYMMDDHH" in cols["hour"].reason
+    assert cols["hour"].role == "ignore" and "YYMMDDHH" in cols["hour"].reason and "--keep hour" in cols["hour"].reason
     assert cols["item"].role == "string" and 600 <= cols["item"].rows <= 3000  # from the distinct count
     assert "--multi genres:string" in out and "left out 'row_id'" in out and "left out 'day'" in out
     data = (tmp_path / "conf" / "data" / "mydata.yaml").read_text()
@@ -303,7 +303,7 @@ def test_inspect_configs_train_and_transform(team, tmp_path, capsys):
 
 def test_inspect_vocabulary_manages_strings_and_sparse_ids_and_trains(team, tmp_path, capsys):
     """--vocabulary lfu: the 63-bit user ids and the item strings get managed vocabularies sized from
-    their distinct counts (not folded), as the YYMMDDHH hours; the config trains."""
+    their distinct counts (not folded); the config trains."""
     out = tmp_path / "conf"
     args = [str(team), "--out", str(out), "--label", "click", "--batch-size", "256", "--vocabulary", "lfu"]
     assert inspect.main(args) == 0
@@ -319,7 +319,7 @@ def test_inspect_vocabulary_manages_strings_and_sparse_ids_and_trains(team, tmp_
     validate(cfg)
     tables = {t.features[0]: t for t in cfg.model.tables}
     assert str(tables["user"].vocabulary.policy) == "lfu" and str(tables["item"].vocabulary.policy) == "lfu"
-    assert tables["item"].rows < 3000 and tables["hour"].rows <= 16  # YYMMDDHH: a row per hour seen
+    assert tables["item"].rows < 3000 and "hour" not in tables  # YYMMDDHH: left out
     model = build_model(cfg.model, torch.device("cpu"))
     initialize(model, cfg.model, seed=0)
     batches = make_source(cfg).batches("train", 0, 1)

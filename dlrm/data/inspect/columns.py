@@ -152,6 +152,12 @@ def _decide(
         c.reason = f"a time or day column ({t}): training on it does not carry to later days (--keep {name} keeps it)"
         return
     integer, floating = pa.types.is_integer(t), pa.types.is_floating(t)
+    if not kept and integer and not is_list and _looks_yymmddhh(col.drop_null().to_numpy(zero_copy_only=False)):
+        c.reason = (
+            "a YYMMDDHH time code: the hours of later days never occur in training "
+            f"(--keep {name} keeps it as a small table)"
+        )
+        return
     strings = pa.types.is_string(t) or pa.types.is_large_string(t)
     if not kept and (integer or strings) and n >= 100 and c.distinct >= 0.9 * n:
         c.reason = f"a row id: {c.distinct:,} distinct in {n:,} rows, it names rows (--keep {name} keeps it as an id)"
