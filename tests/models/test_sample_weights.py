@@ -12,8 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
-from torchrec.metrics.calibration import compute_calibration, get_calibration_states
-from torchrec.metrics.ne import compute_ne, get_ne_states
 
 from dlrm.config import ConfigError, ParquetConfig, SparseColumnConfig
 from dlrm.config.compose import compose
@@ -24,6 +22,7 @@ from dlrm.data.source import make_source
 from dlrm.data.weighted_batch import WeightedBatch, with_weights
 from dlrm.models.dlrm import build_model, initialize
 from dlrm.trainer.metrics import exact_auc, task_metrics, weighted_auc
+from tests.helpers.scoring import torchrec_ne_and_calibration
 
 TWO_TASKS = ("model.tasks=[{name:click,weight:1.0},{name:like,weight:0.25}]", "model.top_mlp=[16,2]")
 
@@ -87,16 +86,9 @@ def test_integer_weights_equal_the_rows_repeated():
     for key in ("logloss", "ne", "calibration"):
         assert weighted[key] == pytest.approx(plain[key], rel=1e-6), key  # the plain log loss is fp32 BCE
     # NE and calibration as TorchRec's weighted NEMetric and CalibrationMetric compute them
-    p, w = torch.sigmoid(logits.double()), counts.double()
-    states = get_ne_states(labels.double(), p.clone(), w, 1e-12)
-    ne = compute_ne(
-        states["cross_entropy_sum"], states["weighted_num_samples"], states["pos_labels"], states["neg_labels"], 1e-12
-    ).item()
-    cal = get_calibration_states(labels.double(), p, w)
+    ne, calibration = torchrec_ne_and_calibration(logits, labels, counts)
     assert weighted["ne"] == pytest.approx(ne, rel=1e-10)
-    assert weighted["calibration"] == pytest.approx(
-        compute_calibration(cal["calibration_num"], cal["calibration_denom"]).item(), rel=1e-12
-    )
+    assert weighted["calibration"] == pytest.approx(calibration, rel=1e-12)
 
 
 def test_weights_of_one_give_the_unweighted_figures():

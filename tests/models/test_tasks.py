@@ -10,8 +10,6 @@ import pytest
 import torch
 from torchmetrics.functional.classification import binary_auroc
 from torchrec.datasets.utils import Batch
-from torchrec.metrics.calibration import compute_calibration, get_calibration_states
-from torchrec.metrics.ne import compute_ne, get_ne_states
 from torchrec.models.dlrm import DLRMTrain
 
 from dlrm.config.compose import compose
@@ -21,6 +19,7 @@ from dlrm.predict.score import score
 from dlrm.trainer import console
 from dlrm.trainer.metrics import auc_and_logloss, evaluation_record, exact_auc, score_on_rank0, task_metrics
 from tests.helpers.reference import train_unsharded
+from tests.helpers.scoring import torchrec_ne_and_calibration
 
 TWO_TASKS = ("model.tasks=[{name:click,weight:1.0},{name:like,weight:0.25}]", "model.top_mlp=[16,2]")
 DCN_DIMS = ("model.interaction=dcn", "model.dcn_num_layers=2", "model.dcn_low_rank_dim=4", "model.tables.1.dim=4")
@@ -116,16 +115,9 @@ def test_metrics_equal_torchrec_and_torchmetrics():
     labels = (torch.rand(5000, generator=gen) < 0.2).float()
     logits = torch.randn(5000, generator=gen) + 1.5 * labels - 1.0
     figures = task_metrics(logits, labels)
-    p, ones = torch.sigmoid(logits.double()), torch.ones(5000, dtype=torch.float64)
-    states = get_ne_states(labels.double(), p.clone(), ones, 1e-12)
-    ne = compute_ne(
-        states["cross_entropy_sum"], states["weighted_num_samples"], states["pos_labels"], states["neg_labels"], 1e-12
-    ).item()
-    cal = get_calibration_states(labels.double(), p, ones)
+    ne, calibration = torchrec_ne_and_calibration(logits, labels, torch.ones(5000))
     assert figures["ne"] == pytest.approx(ne, rel=1e-10)
-    assert figures["calibration"] == pytest.approx(
-        compute_calibration(cal["calibration_num"], cal["calibration_denom"]).item(), rel=1e-12
-    )
+    assert figures["calibration"] == pytest.approx(calibration, rel=1e-12)
     assert figures["auc"] == pytest.approx(binary_auroc(logits, labels.long()).item(), abs=1e-6)
 
 
