@@ -89,7 +89,8 @@ class Reporter:
     `close` ends them, `summary` writes summary.json and the closing lines.
 
     Args:
-        cfg, world, device, pg: the run's config, this rank, the training device and process group.
+        cfg: the whole config: `announce` describes the job's sections (`console.config_lines`).
+        world, device, pg: this rank, the training device and process group.
         run_dir: where rank 0 writes (None off rank 0, or for no files).
         sync: waits for the device's queued work (the throughput clock's, when it stops).
     """
