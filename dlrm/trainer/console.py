@@ -39,6 +39,7 @@ def config_lines(
 
 
 def _eval_text(batches: int, asked: int) -> str:
+    """The data line's evaluation part: `batches` an evaluation scores, of `asked` (data.eval_batches)."""
     if not batches:
         return "no eval" + (f" (the data has no eval split; data.eval_batches={asked})" if asked else "")
     held = f" (all the eval split holds; data.eval_batches={asked})" if batches < asked else ""

@@ -189,6 +189,7 @@ class Reporter:
             self.progress.message(f"  period {p}: {console.eval_text(f)} ({f.get('samples')} samples)")
 
     def message(self, text: str) -> None:
+        """Log `text` for the console and train.log (rank 0)."""
         self.progress.message(text)
 
     def close(self, step: int, breakdown: dict | None) -> None:
