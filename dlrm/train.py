@@ -29,7 +29,7 @@ from dlrm.config.compose import (
 from dlrm.distributed.world import World
 from dlrm.run.job import resolved_run_dir, run_in_hydra_job
 from dlrm.run.logs import setup_logging
-from dlrm.run.start import check_output_places, placement, taken_run
+from dlrm.run.start import StartSettings, check_output_places, placement, taken_run
 
 register_configs()
 
@@ -50,7 +50,7 @@ def main() -> None:
             run_dir_given = override_value(args.overrides, "hydra.run.dir")
             validate(cfg)
             validate_world(cfg, world.world_size, world.local_world_size)
-            check_output_places(cfg, run_dir_given)
+            check_output_places(StartSettings.of(cfg), run_dir_given)
             for key, value in placement(world, cfg.run.name, run_dir_given).items():
                 OmegaConf.update(composed, key, value, force_add=True)
             if args.cfg:
@@ -67,7 +67,7 @@ def start(composed: DictConfig, cfg: Config, world: World) -> None:
     run_dir = resolved_run_dir(composed)
     setup_logging(world.rank, run_dir if world.is_main else None)
     overrides = list(composed.hydra.overrides.task)
-    with taken_run(cfg, task_part(composed), run_dir, world.is_main, overrides) as to_train:
+    with taken_run(StartSettings.of(cfg), task_part(composed), run_dir, world.is_main, overrides) as to_train:
         if to_train:
             summary = run_in_hydra_job(composed, lambda: run(cfg, run_dir, world))
             if world.is_main:

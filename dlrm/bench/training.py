@@ -172,7 +172,7 @@ def _measure(trainer, args: argparse.Namespace, steps: int) -> tuple[list[float]
     process's CPU seconds over the windows, and with --profile: the profile table, and the mean ms per
     step of each phase on the training thread (`dlrm.trainer.phases.step_breakdown`) and, on CUDA, of
     device time (`device_breakdown`)."""
-    device, batch = trainer.device, trainer.cfg.data.global_batch_size
+    device, batch = trainer.device, trainer.settings.global_batch_size
     batches = trainer.batches("train", 0, steps)
     trainer.model.train()
 

@@ -11,7 +11,9 @@ group exists. The package imports neither torch nor torchrec: the command line's
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
 from typing import cast
 
 from hydra.core.config_store import ConfigStore
@@ -103,6 +105,10 @@ class Config:
     seed: int = 0
     """Seeds the initial weights (per parameter name, the same on any topology), the synthetic data and
     Criteo's train order."""
+
+    def sha256(self) -> str:
+        """The SHA-256 hex digest of the whole config (its fields as JSON, keys sorted)."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
 
     def check(self) -> None:
         """Each section's own checks, then those across sections; ConfigError on the first problem."""

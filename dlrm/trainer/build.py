@@ -40,8 +40,8 @@ from dlrm.trainer.profiler import StepProfiler
 from dlrm.trainer.reporter import Reporter
 from dlrm.trainer.stop import StopRequest
 from dlrm.trainer.threads import apply_intra_op_threads
-from dlrm.trainer.train_state import TrainState
-from dlrm.trainer.trainer import Trainer, forward
+from dlrm.trainer.train_state import RecordedConfig, TrainState
+from dlrm.trainer.trainer import Trainer, TrainerSettings, forward
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,8 @@ class Sharded(NamedTuple):
 
 
 def build(cfg: Config, world: World, run_dir: Path | None = None, model: DLRMTrain | None = None) -> Trainer:
-    """One rank's trainer, resumed if trainer.resume says so.
+    """One rank's trainer, resumed if trainer.resume says so. Takes the whole Config: it hands each
+    component its section.
 
     Args:
         cfg: a validated config (`dlrm.config.validate`, `validate_world`).
@@ -82,7 +83,7 @@ def build(cfg: Config, world: World, run_dir: Path | None = None, model: DLRMTra
     main_dir = run_dir if world.is_main else None
     reporter = Reporter(cfg, world, device, pg, main_dir, sync)
     state = TrainState(
-        cfg,
+        RecordedConfig(cfg.model, cfg.data, cfg.optim, cfg.sha256()),
         sharded.model,
         sharded.optimizer,
         world.world_size,
@@ -93,8 +94,11 @@ def build(cfg: Config, world: World, run_dir: Path | None = None, model: DLRMTra
     )
     trace_dir = main_dir / "profile" if main_dir is not None else None  # rank 0 traces
     tasks = [task.name for task in cfg.model.tasks]
+    settings = TrainerSettings(
+        cfg.trainer, cfg.optim, cfg.data.global_batch_size, cfg.data.eval_batches, cfg.checkpoint, cfg.run.name
+    )
     trainer = Trainer(
-        cfg=cfg,
+        settings=settings,
         world=world,
         run_dir=main_dir,
         device=device,
@@ -118,7 +122,7 @@ def build(cfg: Config, world: World, run_dir: Path | None = None, model: DLRMTra
 
 def shard(cfg: Config, world: World, device: torch.device, pg: dist.ProcessGroup, model: DLRMTrain) -> Sharded:
     """Shard `model` by the plan, hook the dense synchronisation, initialise, make the optimizers and
-    the pipeline."""
+    the pipeline. Takes the whole Config: the plan is composed from the model, sharding and topology."""
     tr = cfg.trainer
     if tr.compile_dense:
         compile_dense(model)
@@ -183,11 +187,11 @@ def resume(trainer: Trainer, where: str) -> None:
             return
     else:
         path = Path(where)
-    loader = t.checkpointer or Checkpointer(path.parent, t.cfg.checkpoint.keep, t.pg, t.world.is_main)
+    loader = t.checkpointer or Checkpointer(path.parent, t.settings.checkpoint.keep, t.pg, t.world.is_main)
     t.optimizer.init_state()  # lazily created state (Adam's) must exist to be loaded into
-    weights_only = t.cfg.trainer.eval_only
+    weights_only = t.settings.trainer.eval_only
     state = t.state.state_dict(weights_only)
-    manifest = loader.load(path, state, t.state.expected(weights_only), verify=t.cfg.checkpoint.verify)
+    manifest = loader.load(path, state, t.state.expected(weights_only), verify=t.settings.checkpoint.verify)
     t.state.load_state_dict(state)
     t.reporter.run_time.carry(manifest.get("run_time"), t.step)
     if isinstance(t.source, PositionedSource) and not weights_only:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from dlrm.config import Config
+from dlrm.config import Config, ModelConfig, ShardingConfig, TrainerConfig
 
 
 def config_lines(
@@ -18,7 +18,8 @@ def config_lines(
     total_steps: int,
     eval_batches: int,
 ) -> list[str]:
-    """The run's configuration in a few console lines; `eval_batches`: those an evaluation scores."""
+    """The run's configuration in a few console lines; `eval_batches`: those an evaluation scores. Takes
+    the whole Config: the lines describe the job's model, data, optimizers, topology and precisions."""
     m, tables, o = cfg.model, cfg.model.tables, cfg.optim
     rows = sum(t.rows for t in tables)
     dims = sorted({t.dim for t in tables})
@@ -34,21 +35,22 @@ def config_lines(
         f"optim: embedding {o.embedding.name} lr {o.embedding.lr:g} (fused into backward), "
         f"dense {o.dense.name} lr {o.dense.lr:g}",
         f"topology: {cfg.topology.name}, {nodes} node(s) x {ranks_per_node} rank(s), {backend} on {device}",
-    ] + precision_lines(cfg)
+    ] + precision_lines(cfg.model, cfg.sharding, cfg.trainer)
 
 
 def _eval_text(batches: int, asked: int) -> str:
+    """The data line's evaluation part: `batches` an evaluation scores, of `asked` (data.eval_batches)."""
     if not batches:
         return "no eval" + (f" (the data has no eval split; data.eval_batches={asked})" if asked else "")
     held = f" (all the eval split holds; data.eval_batches={asked})" if batches < asked else ""
     return f"eval {batches} batches{held}"
 
 
-def precision_lines(cfg: Config) -> list[str]:
-    """One line naming the storage and wire precisions that are not fp32 (none when all are)."""
-    sh, tr = cfg.sharding, cfg.trainer
+def precision_lines(model: ModelConfig, sh: ShardingConfig, tr: TrainerConfig) -> list[str]:
+    """One line naming the storage and wire precisions that are not fp32 (none when all are): the
+    tables', the embedding comms' and the dense all-reduce's."""
     parts = [
-        f"tables {cfg.model.embedding_precision}" if cfg.model.embedding_precision != "fp32" else "",
+        f"tables {model.embedding_precision}" if model.embedding_precision != "fp32" else "",
         f"embedding comms {sh.qcomms_forward} forward, {sh.qcomms_backward} backward"
         if "fp32" != sh.qcomms_forward or "fp32" != sh.qcomms_backward
         else "",

@@ -23,7 +23,7 @@ def train(t: Trainer) -> dict:
     With trainer.eval_only, evaluate the resumed model instead. Returns the summary."""
     t.reporter.announce(describe_plan(t.plan), t.dense_params, t.total_steps, t.eval_batches())
     t.reporter.open(t.step, t.total_steps)
-    if t.cfg.trainer.eval_only:
+    if t.settings.trainer.eval_only:
         evaluation = t.evaluate()
         t.reporter.evaluation(t.step, evaluation)
         return _end(t, evaluation, None)
@@ -98,8 +98,8 @@ def _log_window(t: Trainer, last: bool, first_step: int) -> None:
     if not math.isfinite(mean_loss):
         latest = latest_checkpoint(t.checkpointer.root) if t.checkpointer else None
         raise NonFiniteLossError.of_window(mean_loss, t.step - len(losses) + 1, t.step, latest)
-    lr = lr_factor(t.step - 1 - t.schedule_origin, t.cfg.optim.schedule) * t.cfg.optim.dense.lr
-    warm_up = t.step - first_step <= t.cfg.trainer.log_every_steps
+    lr = lr_factor(t.step - 1 - t.schedule_origin, t.settings.optim.schedule) * t.settings.optim.dense.lr
+    warm_up = t.step - first_step <= t.settings.trainer.log_every_steps
     phases, vocabulary = t.profiler.window_record(warm_up, last), vocabulary_metrics(t.model)
     t.reporter.window_record(t.step, mean_loss, len(losses), seconds, lr, phases, vocabulary)
     if signum is not None:
@@ -111,7 +111,7 @@ def _stop(t: Trainer, signum: int) -> None:
     here at the same step. Save a checkpoint with checkpoint.on_signal (or where one is due), close
     the logs, raise TrainingStopped naming the step, the last checkpoint and how to continue."""
     t.stop.stopping = True
-    on_signal = t.cfg.checkpoint.on_signal
+    on_signal = t.settings.checkpoint.on_signal
     if t.checkpointer is not None and (on_signal or t.checkpointer.due(t.step, False)):
         t.reporter.message(f"checkpoint: {t.save_checkpoint()}")
     if t.checkpointer is not None:
@@ -119,7 +119,7 @@ def _stop(t: Trainer, signum: int) -> None:
     t.profiler.stop_trace()
     t.reporter.close(t.step, None)
     latest = latest_checkpoint(t.checkpointer.root) if t.checkpointer is not None else None
-    where = f" run.name={t.cfg.run.name}" if t.cfg.run.name else ""
+    where = f" run.name={t.settings.run_name}" if t.settings.run_name else ""
     if not where and t.run_dir is not None:
         where = f" hydra.run.dir={t.run_dir}"
     raise TrainingStopped.at_log_step(signum, t.step, t.total_steps, latest, on_signal, where)

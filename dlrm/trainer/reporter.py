@@ -89,7 +89,8 @@ class Reporter:
     `close` ends them, `summary` writes summary.json and the closing lines.
 
     Args:
-        cfg, world, device, pg: the run's config, this rank, the training device and process group.
+        cfg: the whole config: `announce` describes the job's sections (`console.config_lines`).
+        world, device, pg: this rank, the training device and process group.
         run_dir: where rank 0 writes (None off rank 0, or for no files).
         sync: waits for the device's queued work (the throughput clock's, when it stops).
     """
@@ -188,6 +189,7 @@ class Reporter:
             self.progress.message(f"  period {p}: {console.eval_text(f)} ({f.get('samples')} samples)")
 
     def message(self, text: str) -> None:
+        """Log `text` for the console and train.log (rank 0)."""
         self.progress.message(text)
 
     def close(self, step: int, breakdown: dict | None) -> None:

@@ -2,18 +2,30 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
-from dataclasses import asdict
+from dataclasses import dataclass
 
 import torch
 
 from dlrm.checkpoint import data_signature, model_signature, step_tensor
-from dlrm.config import Config
+from dlrm.config import DataConfig, ModelConfig, OptimConfig
 from dlrm.data.source import PositionedSource
 from dlrm.distributed.sharding import describe_plan
 from dlrm.trainer.clock import RunTime
+
+
+@dataclass(frozen=True)
+class RecordedConfig:
+    """What a checkpoint's manifest records of the config, and a resume compares with its own."""
+
+    model: ModelConfig
+    """The model section (its signature: the tables and layers a checkpoint's tensors fit)."""
+    data: DataConfig
+    """The data section (its signature: how the model reads rows)."""
+    optim: OptimConfig
+    """The optimizers (their names: a resume with other ones is refused)."""
+    sha256: str
+    """The whole config's `Config.sha256()`."""
 
 
 class TrainState:
@@ -23,11 +35,19 @@ class TrainState:
     Optimizer hyper-parameters are not saved: they come from the config, the lr from the step. The
     manifest names the optimizers, so a resume with other ones is refused. DCP saves the live tensors
     and loads into them in place.
+
+    Args:
+        config: the config's values the manifest records.
+        model, optimizer: the sharded model and its combined optimizer, whose live tensors are the state.
+        world_size, plan: the ranks and the sharding plan the manifest describes.
+        run_config_sha256: the run directory's recorded config.yaml hash (rank 0), or None.
+        run_time: the run's time so far, recorded in the manifest; None: not recorded.
+        positioned: a source whose position a checkpoint records (Parquet's), or None.
     """
 
     def __init__(
         self,
-        cfg: Config,
+        config: RecordedConfig,
         model: torch.nn.Module,
         optimizer,
         world_size: int,
@@ -36,11 +56,9 @@ class TrainState:
         run_time: RunTime | None = None,
         positioned: PositionedSource | None = None,
     ) -> None:
-        self.cfg, self.model, self.optimizer, self.world_size, self.plan = cfg, model, optimizer, world_size, plan
-        self.run_config_sha256 = run_config_sha256  # the run directory's config.yaml as recorded (rank 0)
-        self.run_time = run_time  # the run's time so far, recorded in the manifest
+        self.config, self.model, self.optimizer, self.world_size, self.plan = config, model, optimizer, world_size, plan
+        self.run_config_sha256, self.run_time, self.positioned = run_config_sha256, run_time, positioned
         self.step = 0
-        self.positioned = positioned  # a source whose position a checkpoint records (Parquet's), or None
 
     def state_dict(self, weights_only: bool = False) -> dict:
         """{"model", "progress": {"step"}, "optim"}: optim left out with `weights_only` or when no
@@ -56,23 +74,25 @@ class TrainState:
         self.step = int(state["progress"]["step"].item())
 
     def optimizer_names(self) -> dict:
-        return {"embedding": self.cfg.optim.embedding.name, "dense": self.cfg.optim.dense.name}
+        """{"embedding", "dense"}: the optimizers' names, as the manifest records them."""
+        return {"embedding": self.config.optim.embedding.name, "dense": self.config.optim.dense.name}
 
     def expected(self, weights_only: bool = False) -> dict:
         """What a checkpoint must match to load into this state (the optimizers only with their state)."""
-        expected = {"model": model_signature(self.cfg.model), "optim": self.optimizer_names()}
+        expected = {"model": model_signature(self.config.model), "optim": self.optimizer_names()}
         if weights_only:
             expected.pop("optim")
         return expected
 
     def manifest(self) -> dict:
+        """The checkpoint's manifest: sizes, plan, signatures, optimizers, config hashes, run time, data position."""
         return {
             "world_size": self.world_size,
             "sharding_plan": describe_plan(self.plan),
-            "model": model_signature(self.cfg.model),
-            "data": data_signature(self.cfg.data),  # how the model reads rows: dlrm.export records it
+            "model": model_signature(self.config.model),
+            "data": data_signature(self.config.data),  # how the model reads rows: dlrm.export records it
             "optim": self.optimizer_names(),
-            "config_sha256": hashlib.sha256(json.dumps(asdict(self.cfg), sort_keys=True).encode()).hexdigest(),
+            "config_sha256": self.config.sha256,
             **({"run_config_sha256": self.run_config_sha256} if self.run_config_sha256 else {}),
             **({"run_time": self.run_time.record(self.step)} if self.run_time is not None else {}),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -20,7 +20,7 @@ from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import CombinedOptimizer
 
 from dlrm.checkpoint import Checkpointer, CheckpointError
-from dlrm.config import Config
+from dlrm.config import CheckpointConfig, OptimConfig, TrainerConfig
 from dlrm.data.prefetch import Prefetcher, prefetch_pays
 from dlrm.data.source import BatchSource, PositionedSource, batches_on
 from dlrm.deltas.publish import Publisher
@@ -45,11 +45,29 @@ def forward(model: torch.nn.Module, device: torch.device, bf16: bool, batch):
         return model(batch)
 
 
+@dataclass(frozen=True)
+class TrainerSettings:
+    """The config's values that the trainer, its loop and its resume read (`build` takes them from the Config)."""
+
+    trainer: TrainerConfig
+    """The training loop's section."""
+    optim: OptimConfig
+    """The optimizers: the lr schedule and the dense lr the log reports."""
+    global_batch_size: int
+    """Samples per step, over all ranks (data.global_batch_size)."""
+    eval_batches: int
+    """The eval batches an evaluation scores at most (data.eval_batches)."""
+    checkpoint: CheckpointConfig
+    """Checkpoints: kept, verified, saved on a stop signal."""
+    run_name: str | None
+    """The run's name (run.name), which a stopped run's message repeats; None: unnamed."""
+
+
 @dataclass(eq=False)
 class Trainer:
     """One rank's share of a DLRM training job, as `build` makes it.
 
-    Fields: the config and this rank (`world`); `run_dir` where rank 0 writes (None elsewhere or for no
+    Fields: the config's `settings` and this rank (`world`); `run_dir` where rank 0 writes (None elsewhere or for no
     files); the training `device`, its `sync` (waits for the device's queued work) and process group
     `pg`; the batch `source` (replaceable before training: the bench caches it, tests inject faults
     into it); the sharding `plan`, the sharded `model` and its `dense_params`; the `optimizer`, the lr
@@ -59,7 +77,7 @@ class Trainer:
     request of a signal; `summary_parts`, more components whose `summary_fields` the summary takes.
     """
 
-    cfg: Config
+    settings: TrainerSettings
     world: World
     run_dir: Path | None
     device: torch.device
@@ -101,7 +119,7 @@ class Trainer:
     def schedule_origin(self) -> int:
         """The step the lr schedule's clock starts at: 0, or with optim.schedule.on_new_data=restart
         the first step of the continuation over new data that this run's stream began at."""
-        if self.cfg.optim.schedule.on_new_data == "restart" and isinstance(self.source, PositionedSource):
+        if self.settings.optim.schedule.on_new_data == "restart" and isinstance(self.source, PositionedSource):
             return self.source.stream_start
         return 0
 
@@ -109,10 +127,10 @@ class Trainer:
     def total_steps(self) -> int:
         """Steps to train: trainer.max_steps, or fewer if trainer.max_samples comes first; with
         trainer.max_epochs, the step where that many passes over the training window end."""
-        tr = self.cfg.trainer
+        tr = self.settings.trainer
         if tr.max_epochs is not None and isinstance(self.source, PositionedSource):  # validated: Parquet
             return self.source.steps_for_passes(tr.max_epochs)
-        return planned_steps(tr.max_steps, tr.max_samples, self.cfg.data.global_batch_size)
+        return planned_steps(tr.max_steps, tr.max_samples, self.settings.global_batch_size)
 
     def summary_fields(self) -> dict:
         """The trainer's own summary entries: the sharding plan, the evaluator's (select_metric,
@@ -146,7 +164,7 @@ class Trainer:
 
     def forward(self, batch):
         """model(batch) -> (loss, (loss, logits, labels)), under bf16 autocast if configured."""
-        return forward(self.model, self.device, self.cfg.trainer.dense_precision == "bf16", batch)
+        return forward(self.model, self.device, self.settings.trainer.dense_precision == "bf16", batch)
 
     def train_step(self, batch) -> torch.Tensor | None:
         """One step without the pipeline: forward, backward (fused embedding update), dense step.
@@ -167,7 +185,7 @@ class Trainer:
             batch = batch.to(self.device, non_blocking=True)
         with record_function("## forward ##"):
             loss, _ = self.forward(batch)
-        if self.cfg.trainer.on_nonfinite == "skip":
+        if self.settings.trainer.on_nonfinite == "skip":
             finite = torch.isfinite(loss.detach()).float().reshape(1)
             dist.all_reduce(finite, op=dist.ReduceOp.MIN, group=self.pg)
             if finite.item() == 0.0:
@@ -189,7 +207,7 @@ class Trainer:
                 with record_function("## next_batch ##"):
                     batch = next(batches)
                 loss = self.train_step(batch)
-            if self.cfg.trainer.sync_every_step:
+            if self.settings.trainer.sync_every_step:
                 self.sync()
         if loss is None:  # skipped: the optimizer did not step, the schedule still moves with the step
             with warnings.catch_warnings():
@@ -206,7 +224,7 @@ class Trainer:
     def _period_batches(self) -> dict[str, Iterator] | None:
         """Each evaluated period's batches (data.eval_batches of each at most; periods under one batch
         left out); None for a source without periods."""
-        cap, source = self.cfg.data.eval_batches, self.source
+        cap, source = self.settings.eval_batches, self.source
         if not isinstance(source, PositionedSource) or not source.eval_periods:
             return None
         return {
@@ -217,7 +235,7 @@ class Trainer:
 
     def eval_batches(self) -> int:
         """The batches an evaluation scores (`eval_batch_count`: data.eval_batches, or all the eval split has)."""
-        return eval_batch_count(self.cfg.data.eval_batches, self.source.num_batches("eval"))
+        return eval_batch_count(self.settings.eval_batches, self.source.num_batches("eval"))
 
     def evaluate(self) -> dict:
         """AUC and log loss over the eval split ({} if there is none), the same on every rank. The
