@@ -57,31 +57,49 @@ def test_good_launcher_variables_describe_the_job():
     assert World.from_env({"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "[::1]"}) == World(1, 2, 0, 2)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("rank", "waits", "fails"),
-    [
-        ("0", "waiting for rank(s) 1 to join at", "rank(s) 1 of WORLD_SIZE=2 never joined at"),
-        ("1", "waiting for rank 0's store at", "nobody answered at"),
-    ],
-)
-def test_a_rank_whose_peers_never_come_says_so_then_fails_in_one_line(rank, waits, fails, tmp_path):
-    """WORLD_SIZE=2 set by hand and one rank started: it says whom it waits for and where after a few
-    seconds, not at the end, then fails in one line at trainer.collective_timeout_s, exit 2."""
+# A lone rank: (what it says while it waits, what it fails with, trainer.collective_timeout_s). Rank 0
+# says whom it misses after rendezvous.NOTICE_S (5 s) of waiting, so its timeout must pass that; rank 1
+# says at once that rank 0's store does not answer.
+LONE = {
+    "0": ("waiting for rank(s) 1 to join at", "rank(s) 1 of WORLD_SIZE=2 never joined at", 7),
+    "1": ("waiting for rank 0's store at", "nobody answered at", 2),
+}
+
+
+def _lone_rank(rank: str, timeout_s: float, tmp_path) -> tuple[subprocess.Popen, str]:
+    """`python -m dlrm.train` as rank `rank` of a hand-set WORLD_SIZE=2 whose other rank never starts."""
     from tests.helpers.harness import free_port
 
     address = f"127.0.0.1:{free_port()}"
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER}
     host, port = address.split(":")
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER}
     env |= {"WORLD_SIZE": "2", "RANK": rank, "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": host}
     env |= {"MASTER_PORT": port, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-m", "dlrm.train", "model=tiny", "topology.nodes=2", "trainer.collective_timeout_s=8",
-         f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    job = subprocess.Popen(
+        [sys.executable, "-m", "dlrm.train", "model=tiny", "topology.nodes=2",
+         f"trainer.collective_timeout_s={timeout_s}", f"hydra.run.dir={tmp_path / f'run{rank}'}"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    line = assert_one_error(done.returncode, done.stdout, done.stderr, fails, address, "trainer.collective_timeout_s")
-    notices = [x for x in done.stderr.splitlines() if waits in x]
-    assert len(notices) == 1 and f"rank {rank} of 2: " in notices[0] and address in notices[0], done.stderr
-    assert done.stderr.index(notices[0]) < done.stderr.index(line)
-    assert "[E" not in done.stderr and "[W" not in done.stderr, done.stderr  # no C++ retry logs
+    return job, address
+
+
+@pytest.mark.slow
+def test_a_rank_whose_peers_never_come_says_so_then_fails_in_one_line(tmp_path):
+    """WORLD_SIZE=2 set by hand and one rank started (rank 0 alone, and rank 1 alone, side by side): it
+    says whom it waits for and where before the end, then fails in one line at
+    trainer.collective_timeout_s, exit 2."""
+    jobs = {rank: _lone_rank(rank, timeout_s, tmp_path) for rank, (_, _, timeout_s) in LONE.items()}
+    try:
+        outputs = {rank: job.communicate(timeout=240) for rank, (job, _) in jobs.items()}
+    finally:
+        for job, _ in jobs.values():
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+    for rank, (waits, fails, _) in LONE.items():
+        (job, address), (out, err) = jobs[rank], outputs[rank]
+        line = assert_one_error(job.returncode, out, err, fails, address, "trainer.collective_timeout_s")
+        notices = [x for x in err.splitlines() if waits in x]
+        assert len(notices) == 1 and f"rank {rank} of 2: " in notices[0] and address in notices[0], err
+        assert err.index(notices[0]) < err.index(line)
+        assert "[E" not in err and "[W" not in err, err  # no C++ retry logs
