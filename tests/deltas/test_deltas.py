@@ -3,15 +3,12 @@ on a model whose tables are split across two ranks; each delta holds only the ro
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
+from dlrm.deltas.__main__ import main as deltas_main
 from dlrm.deltas.publish import read_manifest
 from dlrm.export import export
-from tests.helpers import REPO_ROOT as ROOT
 from tests.helpers.equivalence import tiny
 from tests.helpers.families import PAIR
 from tests.helpers.workers import train_summary
@@ -34,7 +31,7 @@ RUN = PAIR.add(
 
 
 @pytest.mark.slow
-def test_deltas_applied_to_an_export_equal_the_full_export(tmp_path):
+def test_deltas_applied_to_an_export_equal_the_full_export(tmp_path, capsys):
     RUN.results()
     entries = read_manifest(DELTAS)
     assert [(e["base_step"], e["step"]) for e in entries] == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10), (10, 12)]
@@ -42,13 +39,8 @@ def test_deltas_applied_to_an_export_equal_the_full_export(tmp_path):
     export(CKPT / "step_00000004", base)
     export(CKPT / "step_00000012", full)
     out = tmp_path / "applied.pt"
-    r = subprocess.run(
-        [sys.executable, "-m", "dlrm.deltas", "apply", str(base), str(DELTAS), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    assert r.returncode == 0, r.stderr
+    rc = deltas_main(["apply", str(base), str(DELTAS), "--out", str(out)])  # `python -m dlrm.deltas apply`
+    assert rc == 0, capsys.readouterr().err
     applied = torch.load(out, weights_only=True)
     expected = torch.load(full, weights_only=True)
     assert applied["step"] == 12 and applied["sha256"] == expected["sha256"]
@@ -62,8 +54,7 @@ def test_deltas_applied_to_an_export_equal_the_full_export(tmp_path):
     assert all(sum(e["rows"].values()) < total_rows for e in entries)
 
 
-def test_a_chain_that_does_not_reach_the_step_is_refused(tmp_path):
-    r = subprocess.run(
-        [sys.executable, "-m", "dlrm.deltas", "list", str(tmp_path)], capture_output=True, text=True, cwd=ROOT
-    )
-    assert r.returncode == 2 and r.stderr.startswith("error: ") and "holds no deltas" in r.stderr
+def test_a_chain_that_does_not_reach_the_step_is_refused(tmp_path, capsys):
+    rc = deltas_main(["list", str(tmp_path)])  # `python -m dlrm.deltas list DIR`
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1 and "holds no deltas" in err

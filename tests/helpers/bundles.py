@@ -5,12 +5,14 @@ criteo_job: the README's main job's model (dlrm_small, dot) trained in one proce
 sample rows (ids hashed into its 2,000-row tables), its held-out last 20 rows evaluated by the trainer.
 parquet_job: a weighted two-task model on the Parquet helper's rows (a one-id, a weighted list and a
 hashed string feature), evaluated by the trainer on a separate eval file.
+
+Training and both exports run in the test process (`dlrm.train.main`, `dlrm.export`'s functions); the
+bundle tests score the bundle in a fresh process. The tests' compile skips what only serves a
+deployed program's speed or profiling (`TEST_COMPILE`): the kernels, and so the numbers, are the same.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import pytest
 
 from dlrm.data.criteo.format import ParseOptions
 from dlrm.data.criteo.preprocess import preprocess
-from tests.helpers import REPO_ROOT as REPO
+from tests.helpers.cli import train_in_process
 from tests.helpers.criteo import SAMPLE
 from tests.helpers.parquet_data import ROWS, overrides, table, write_dataset
 
@@ -30,6 +32,12 @@ CRITEO_GBS, EVAL_FRACTION = 8, 0.2  # 80 train rows, 20 held out: the trainer sc
 PARQUET_GBS, PARQUET_EVAL_ROWS = 32, 192
 TASKS = ("click", "convert")
 STEPS = 20
+TEST_COMPILE = {  # AOTInductor options that change no arithmetic: the same generated code, the same -O3 kernels
+    "aot_inductor.compile_wrapper_opt_level": "O0",  # the wrapper only calls kernels: no arithmetic of its own
+    "aot_inductor.precompile_headers": False,  # a header built for one model's flags is not reused
+    "aot_inductor.enable_line_tables": False,  # debug line tables, for profilers
+    "aot_inductor.enable_frame_pointer": False,  # for profilers
+}
 
 
 @dataclass(frozen=True)
@@ -44,15 +52,14 @@ class Job:
     bundle: Path
 
 
-def python(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
-
-
 def _train_and_export(root: Path, data: Path, *train: str) -> Job:
+    import torch._inductor.config  # imported when a bundle test runs, not at collection
+
+    from dlrm.export.bundle import bundle
+    from dlrm.export.file import export
+
     run = root / "run"
-    r = python(
-        "-m",
-        "dlrm.train",
+    train_in_process(
         *train,
         "optim=sgd",
         f"trainer.max_steps={STEPS}",
@@ -61,12 +68,11 @@ def _train_and_export(root: Path, data: Path, *train: str) -> Job:
         "trainer.tensorboard=false",
         f"hydra.run.dir={run}",
     )
-    assert r.returncode == 0, r.stderr[-3000:]
     ckpt = run / "checkpoints" / f"step_{STEPS:08d}"
     job = Job(run, ckpt, data, root / "model.pt", root / "bundle")
-    for out, flags in ((job.file, ()), (job.bundle, ("--format", "bundle"))):
-        r = python("-m", "dlrm.export", str(ckpt), str(out), *flags)
-        assert r.returncode == 0, r.stderr[-3000:]
+    export(ckpt, job.file)
+    with torch._inductor.config.patch(TEST_COMPILE):
+        bundle(ckpt, job.bundle)
     return job
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -36,6 +37,29 @@ def main_in_process(monkeypatch, capsys, *args, env=None):
         train.main()
     out, err = capsys.readouterr()
     return exc.value.code, out, err
+
+
+def train_in_process(*args: str) -> None:
+    """`python -m dlrm.train ARGS` run to its end in this process, without the launcher's variables; fails
+    the caller on a non-zero exit. The root logger's handlers and level (which the run replaces with its
+    own console and train.log handlers) are restored after."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sys, "argv", ["dlrm.train", *args])
+            for name in TORCHRUN_VARS:
+                patch.delenv(name, raising=False)
+            train.main()
+    except SystemExit as e:
+        raise AssertionError(f"dlrm.train {' '.join(args)} exited with {e.code}") from None
+    finally:
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
+            handler.close()
+        for handler in [h for h in handlers if h not in root.handlers]:
+            root.addHandler(handler)
+        root.setLevel(level)
 
 
 def record_sleeps(monkeypatch) -> list[float]:

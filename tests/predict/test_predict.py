@@ -1,8 +1,8 @@
 """Self-contained export and the scorer (`python -m dlrm.predict`) on the real Criteo sample rows.
 
 One module fixture: the 100 sample rows preprocessed (ids hashed into 2,000 rows), a one-process
-training of dlrm_small on the first 80 with a checkpoint, and its export; the checkpoint directory is
-then deleted, so everything below runs from the export file alone.
+training of dlrm_small (in the test process) on the first 80 with a checkpoint, and its export; the
+checkpoint directory is then deleted, so everything below runs from the export file alone.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dlrm.data.criteo.preprocess import preprocess
 from dlrm.export import content_sha256, export, load_exported
 from tests.helpers import REPO_ROOT as REPO
 from tests.helpers.cli import predict_in_process as predict
+from tests.helpers.cli import train_in_process
 from tests.helpers.criteo import SAMPLE
 
 pytestmark = pytest.mark.skipif(not SAMPLE.exists(), reason=f"{SAMPLE} not found")
@@ -39,9 +40,7 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("predict")
     data, run_dir, model = root / "data", root / "run", root / "model.pt"
     preprocess([str(SAMPLE)], str(data), ParseOptions("fail", "modulo", (2000,) * 26))
-    r = run(
-        "-m",
-        "dlrm.train",
+    train_in_process(
         "data=criteo_kaggle",
         f"data.criteo.dir={data}",
         f"data.criteo.eval_fraction={EVAL_FRACTION}",
@@ -54,7 +53,6 @@ def trained(tmp_path_factory):
         "trainer.tensorboard=false",
         f"hydra.run.dir={run_dir}",
     )
-    assert r.returncode == 0, r.stderr[-3000:]
     export(run_dir / "checkpoints" / "step_00000020", model)
     shutil.rmtree(run_dir / "checkpoints")
     return data, run_dir, model
@@ -260,11 +258,13 @@ def test_bad_data_and_flags_are_refused(trained, capsys, tmp_path):
     assert (tmp_path / "keep.npy").read_bytes() == b"old"  # a failure never replaces an earlier output
 
 
-def test_the_command_line(trained, tmp_path):
-    """The real entry point: --help shows the defaults; a refusal is one line, exit 2, no traceback."""
+def test_the_command_line(trained, capsys, tmp_path):
+    """--help shows the defaults; through the real entry point, a refusal is one line, exit 2, no traceback."""
     data, _, model = trained
-    r = run("-m", "dlrm.predict", "--help", timeout=120)
-    assert r.returncode == 0 and "default: 4096" in r.stdout, r.stdout
+    with pytest.raises(SystemExit) as exited:
+        predict(capsys, "--help")
+    out = capsys.readouterr().out
+    assert exited.value.code == 0 and "default: 4096" in out, out
     r = run("-m", "dlrm.predict", str(model), "--data", str(tmp_path / "missing.tsv"), timeout=120)
     assert r.returncode == 2 and r.stdout == "" and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, (
         r.stderr

@@ -2,7 +2,7 @@
 reads rows with them, as the trainer does.
 
 One module fixture: the helper's Parquet dataset (a one-id, a jagged list<int> feature with per-id
-weights, a hashed string, two labels), a one-process training of a tiny weighted two-task model with a
+weights, a hashed string, two labels), a training (in the test process) of a tiny weighted two-task model with a
 separate eval file, and its export (the checkpoint then deleted).
 """
 
@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +20,8 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.data.parquet.hashing import hash_strings
-from dlrm.export import content_sha256, load_exported
-from tests.helpers import REPO_ROOT as REPO
-from tests.helpers.cli import assert_one_error
+from dlrm.export import content_sha256, export, load_exported
+from tests.helpers.cli import assert_one_error, train_in_process
 from tests.helpers.cli import predict_in_process as predict
 from tests.helpers.parquet_data import ROWS, TABLES, overrides, table, write_dataset
 
@@ -40,43 +37,26 @@ def trained(tmp_path_factory):
     write_dataset(train_dir)
     eval_dir.mkdir()
     pq.write_table(table(EVAL_ROWS, first=ROWS), eval_dir / "part-0.parquet", row_group_size=40)
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dlrm.train",
-            *overrides(train_dir),
-            "model.bottom_mlp=[16,8]",
-            "model.top_mlp=[16,2]",
-            f"model.tasks=[{{name:{TASKS[0]}}},{{name:{TASKS[1]}}}]",
-            "model.weighted=true",
-            "data.parquet.sparse=[{name:user,kind:id},{name:items,kind:ids,weights:items_w},{name:city,kind:string}]",
-            "data.parquet.labels=[label,label2]",
-            "data.parquet.eval_fraction=0",
-            f"data.parquet.eval_path={eval_dir}",
-            f"data.global_batch_size={GBS}",
-            f"data.eval_batches={EVAL_ROWS // GBS}",
-            "optim=sgd",
-            "trainer.max_steps=20",
-            "trainer.progress=none",
-            "trainer.breakdown=false",
-            "trainer.tensorboard=false",
-            f"hydra.run.dir={run_dir}",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    train_in_process(
+        *overrides(train_dir),
+        "model.bottom_mlp=[16,8]",
+        "model.top_mlp=[16,2]",
+        f"model.tasks=[{{name:{TASKS[0]}}},{{name:{TASKS[1]}}}]",
+        "model.weighted=true",
+        "data.parquet.sparse=[{name:user,kind:id},{name:items,kind:ids,weights:items_w},{name:city,kind:string}]",
+        "data.parquet.labels=[label,label2]",
+        "data.parquet.eval_fraction=0",
+        f"data.parquet.eval_path={eval_dir}",
+        f"data.global_batch_size={GBS}",
+        f"data.eval_batches={EVAL_ROWS // GBS}",
+        "optim=sgd",
+        "trainer.max_steps=20",
+        "trainer.progress=none",
+        "trainer.breakdown=false",
+        "trainer.tensorboard=false",
+        f"hydra.run.dir={run_dir}",
     )
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = subprocess.run(
-        [sys.executable, "-m", "dlrm.export", str(run_dir / "checkpoints" / "step_00000020"), str(model)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    export(run_dir / "checkpoints" / "step_00000020", model)
     shutil.rmtree(run_dir / "checkpoints")
     return eval_dir, run_dir, model
 
