@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 
 from dlrm.checkpoint import METADATA, Checkpointer, CheckpointError, checkpointer, safe_load, step_tensor
-from tests.helpers.harness import default_group, launch
+from tests.helpers.families import PAIR, runs
+from tests.helpers.harness import default_group
 
 
 def checkpoint_shares(root: str) -> dict:
@@ -64,10 +65,13 @@ def checkpoint_shares(root: str) -> dict:
         checkpointer.file_digest, safe_load.check_file = real_digest, real_check
 
 
+ROOT = PAIR.dir("shares")
+
+
 @pytest.mark.slow
-def test_digests_by_writer_and_load_checks_by_share(tmp_path):
-    ranks = launch(checkpoint_shares, 2, str(tmp_path))
-    files = set(json.loads((tmp_path / "step_00000001" / "manifest.json").read_text())["files"])
+@runs(ranks=PAIR.job(checkpoint_shares, str(ROOT)))
+def test_digests_by_writer_and_load_checks_by_share(ranks):
+    files = set(json.loads((ROOT / "step_00000001" / "manifest.json").read_text())["files"])
     data = files - {METADATA}
     for rank, result in enumerate(ranks):
         own = {name for name in data if name.startswith(f"__{rank}_")}  # DCP names a rank's files __RANK_*
