@@ -359,6 +359,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict] | None:
     # The trainer's device, backend and process group for this machine: NCCL on cuda, Gloo on cpu.
     machine = replace(topo or TopologyConfig(name="bench"), device="cuda" if use_cuda else "cpu", backend="auto")
     device = device_for(machine, world)
+    ours = not dist.is_initialized()  # a caller's group (tests) is left to the caller
     init_distributed(machine, world)
     try:
         rows = measure(req, world.rank, world.world_size, device, args.warmup, args.iters)
@@ -383,7 +384,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict] | None:
         print("wrote " + ", ".join(str(p) for p in paths), flush=True)
         return rows
     finally:
-        dist.destroy_process_group()
+        if ours:
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -3,19 +3,21 @@ message naming the file (or the differing optimizer) and the fix, exit 2, on eve
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from dlrm.checkpoint import CheckpointError
 from dlrm.config import Config, validate
-from dlrm.config.compose import compose
 from dlrm.distributed.world import World
 from tests.helpers import REPO_ROOT as REPO
-from tests.helpers.checkpoints import NEW, OLD, ckpts, digests, flip, saved_checkpoints
-from tests.helpers.harness import launch
+from tests.helpers.checkpoints import NEW, OLD, SAVED, ckpts, digests, flip, saved_checkpoints
+from tests.helpers.families import PAIR, Overrides, runs
+from tests.helpers.harness import default_group
 
 __all__ = ["ckpts", "saved_checkpoints"]  # fixtures
 
@@ -39,6 +41,16 @@ def resume_error(cfg: Config) -> str:
     except CheckpointError as e:
         return str(e)
     raise AssertionError("the checkpoint was loaded")
+
+
+def resume_error_of_a_flipped_copy(cfg: Config, saved: str, copy: str, file: str) -> str:
+    """On each rank: rank 0 copies the checkpoints directory `saved` to `copy` and flips one byte of
+    `file` (relative to it); then `resume_error` of cfg (which resumes from the copy)."""
+    if World.from_env().rank == 0:
+        shutil.copytree(saved, copy)
+        flip(Path(copy) / file, 100)
+    torch.distributed.barrier(group=default_group())
+    return resume_error(cfg)
 
 
 def train_cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -84,10 +96,20 @@ def test_resume_with_another_optimizer_is_refused(ckpts, tmp_path):
     )
 
 
+FLIPPED = PAIR.dir("refused_alike")  # a copy of the saved checkpoints, __1_0.distcp flipped
+
+
 @pytest.mark.slow
-def test_every_rank_refuses_alike(ckpts):
+@runs(
+    saved=SAVED,
+    messages=PAIR.job(
+        resume_error_of_a_flipped_copy,
+        Overrides(*RUN, "optim=rowwise_adagrad", f"trainer.resume={FLIPPED / NEW}"),
+        str(PAIR.dir("saved_checkpoints")),
+        str(FLIPPED),
+        f"{NEW}/__1_0.distcp",
+    ),
+)
+def test_every_rank_refuses_alike(saved, messages):
     """Rank 1 hashes __1_0.distcp; both ranks raise its error (rank 0 is the one that prints)."""
-    flip(ckpts / NEW / "__1_0.distcp", 100)
-    cfg = compose([*RUN, "optim=rowwise_adagrad", f"trainer.resume={ckpts / NEW}"])
-    messages = launch(resume_error, 2, cfg)
-    assert messages[0] == messages[1] and f"{ckpts / NEW / '__1_0.distcp'} is corrupt" in messages[0]
+    assert messages[0] == messages[1] and f"{FLIPPED / NEW / '__1_0.distcp'} is corrupt" in messages[0]

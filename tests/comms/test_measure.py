@@ -12,14 +12,16 @@ from dlrm.comms.costmodel import CommsError
 from dlrm.comms.measure import COLLECTIVES, check_request, group_layout, main, parse_size, sweep_sizes, uneven_splits
 from tests.helpers import REPO_ROOT as ROOT
 from tests.helpers.cli import TORCHRUN_VARS, assert_one_error
-from tests.helpers.harness import launch
+from tests.helpers.families import PAIR, runs
+
+BENCH = PAIR.dir("comms_bench")
+SWEEP = ["--min-bytes", "1K", "--max-bytes", "8K", "--warmup", "1", "--iters", "3", "--out", str(BENCH)]
 
 
 @pytest.mark.slow
-def test_bench_two_gloo_ranks_writes_consistent_files(tmp_path):
-    out = tmp_path / "bench"
-    argv = ["--min-bytes", "1K", "--max-bytes", "8K", "--warmup", "1", "--iters", "3", "--out", str(out)]
-    returned = launch(main, 2, argv)
+@runs(returned=PAIR.job(main, SWEEP))  # the command's main on each rank
+def test_bench_two_gloo_ranks_writes_consistent_files(returned):
+    out = BENCH
     assert returned[1] is None  # only rank 0 reports and writes
     data = json.loads((out / "bench.json").read_text())
     rows = data["results"]

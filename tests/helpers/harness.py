@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -94,9 +95,13 @@ def default_group() -> dist.ProcessGroup:
 
 def run_in_turn(jobs: list[Job]) -> list[tuple]:
     """On one rank: every job in turn, freeing each one's objects before the next; then the teardown
-    dlrm.train.run does (free cycles holding in-flight Gloo work, then the groups). Returns each
-    job's (result, wall seconds)."""
+    dlrm.train.run does (free cycles holding in-flight Gloo work, then the groups). Runs torch with
+    one intra-op thread. Returns each job's (result, wall seconds)."""
     faulthandler.enable(file=sys.__stderr__)  # a rank that aborts prints its threads' stacks (as dlrm.train's)
+    # One intra-op thread: the ranks share the cores with the test session's other processes, and
+    # OpenMP threads that wait for a descheduled sibling make tiny steps several times slower. The
+    # trainer keeps a count set before it (dlrm.trainer.threads).
+    torch.set_num_threads(1)
     results = []
     for job in jobs:
         start = time.perf_counter()
