@@ -1,8 +1,8 @@
 """Run functions on local Gloo ranks with torch's elastic launcher (spawned processes).
 
-`launch(fn, nproc, *args, nnodes=N)` runs fn(*args) on every rank of one job; `launch_jobs` runs a
-list of such jobs in turn in ONE job (one process group, one set of imports): a launch costs ~6
-CPU-seconds of imports per rank, a tiny training inside it well under one. A rank function may use
+`launch_jobs` runs a list of jobs (fn(*args) on every rank) in turn in ONE launch (one process group,
+one set of imports): a launch costs ~6 CPU-seconds of imports per rank, a tiny training inside it
+well under one. A rank function may use
 the default process group (the Trainer, or `default_group()`) but never destroys it: the harness
 tears it down once, after the last job.
 
@@ -172,7 +172,3 @@ def launch_jobs(jobs: list[Job], nproc: int, nnodes: int = 1, timeout: float = 6
     ranks = nnodes * nproc
     return [[results[r][j] for r in range(ranks)] for j in range(len(jobs))]
 
-
-def launch(fn, nproc: int, *args, nnodes: int = 1, timeout: float = 300) -> list:
-    """fn(*args) on nnodes x nproc ranks; returns every rank's return value, in rank order."""
-    return [result for result, _ in launch_jobs([Job(fn, args)], nproc, nnodes, timeout)[0]]
