@@ -164,17 +164,17 @@ def test_every_evaluation_reports_each_period(first):
 
 @pytest.mark.slow
 def test_the_training_over_time_page_runs_as_written(tmp_path, monkeypatch, capfd):
-    """docs/training-over-time.md: its commands as they are: a log written, inspected, two days
-    trained day by day with progressive validation, then one more day continued by hand."""
+    """docs/training-over-time.md: its commands as they are: a log written, inspected, day 1 trained
+    with progressive validation on day 2, then day 2 continued by hand with deltas, exported and applied."""
     outputs = run_page("training-over-time.md", tmp_path, monkeypatch, capfd)
     table = json.loads((tmp_path / "outputs" / "daily" / "progressive.json").read_text())["periods"]
-    assert [row["period"] for row in table] == [2, 3]
+    assert [row["period"] for row in table] == [2]
     assert all(row["rows_trained"] == 2048 and 0.5 < row["auc"] < 1 for row in table)
-    assert "data: continuing at step 8 on 2,048 row(s) not read yet" in outputs[3]
-    assert "period 4: auc" in outputs[3] and "done: 12 steps" in outputs[3]
-    assert "10        8" in outputs[5] and "12       10" in outputs[5]  # the deltas of day 3: 8 -> 10 -> 12
-    day3 = torch.load(tmp_path / "day3.pt", weights_only=True)
-    assert day3["step"] == 12 and "wrote" in outputs[6]
+    assert "data: continuing at step 4 on 2,048 row(s) not read yet" in outputs[3]
+    assert "period 3: auc" in outputs[3] and "done: 8 steps" in outputs[3]
+    assert "6        4" in outputs[5] and "8        6" in outputs[5]  # the deltas of day 2: 4 -> 6 -> 8
+    day2 = torch.load(tmp_path / "day2.pt", weights_only=True)
+    assert day2["step"] == 8 and "wrote" in outputs[6]
 
 
 @pytest.mark.slow
