@@ -27,6 +27,7 @@ from dlrm.data.parquet.reader import RowGroupReader
 from dlrm.data.parquet.source import ParquetSource
 from tests.helpers import REPO_ROOT as ROOT
 from tests.helpers.cli import assert_one_error
+from tests.helpers.pages import run_page
 from tests.helpers.parquet_data import ROWS, TABLES, overrides, table, write_dataset
 from tests.helpers.parquet_source import NAMES, ROWS_OF, B, assert_batches_equal, rows_of, source
 
@@ -674,12 +675,11 @@ def test_inspect_of_data_without_dense_columns_writes_a_model_without_a_bottom_m
 
 
 @pytest.mark.slow
-def test_the_your_data_page_runs_as_written(tmp_path):
+def test_the_your_data_page_runs_as_written(tmp_path, monkeypatch, capfd):
     """docs/your-data.md: its CSV's columns (its rows, then more of the kind), then its commands as they
     are: convert, inspect, train, export, predict."""
     page = (ROOT / "docs" / "your-data.md").read_text()
     csv_lines = page.split("```text\n", 1)[1].split("```", 1)[0].strip().splitlines()
-    commands = page.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
     rng = np.random.default_rng(0)
     rows = [
         f"{rng.integers(0, 2)},{rng.integers(0, 2)},{rng.random() * 5:.2f},{rng.integers(0, 40)},"
@@ -687,20 +687,7 @@ def test_the_your_data_page_runs_as_written(tmp_path):
         for _ in range(400)
     ]
     (tmp_path / "clicks.csv").write_text("\n".join(csv_lines + rows) + "\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    outputs = []
-    for command in commands:
-        argv = command.split()
-        assert argv[:2] == ["python", "-m"], command
-        r = subprocess.run(
-            [sys.executable, *argv[1:]],
-            env=env,
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-        )
-        assert r.returncode == 0, r.stdout + r.stderr
-        outputs.append(r.stdout + r.stderr)
+    outputs = run_page("your-data.md", tmp_path, monkeypatch, capfd)
     assert "items" in outputs[1] and "ids" in outputs[1]
     assert "done: 20 steps" in outputs[2] and "eval auc" in outputs[2]
     assert "exported" in outputs[3] and (tmp_path / "clicks.pt").is_file()

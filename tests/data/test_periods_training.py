@@ -5,18 +5,15 @@ ones) only, with max_epochs; every evaluation reports its figures per evaluated 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from dlrm.config import Config
-from tests.helpers import REPO_ROOT as ROOT
 from tests.helpers.equivalence import tiny
 from tests.helpers.families import PAIR, runs
+from tests.helpers.pages import run_page
 from tests.helpers.parquet_data import overrides
 from tests.helpers.periods_data import PER_DAY, write_days
 
@@ -166,27 +163,18 @@ def test_every_evaluation_reports_each_period(first):
 
 
 @pytest.mark.slow
-def test_the_training_over_time_page_runs_as_written(tmp_path):
-    """docs/training-over-time.md: its commands as they are: a log written, inspected, two days
-    trained day by day with progressive validation, then one more day continued by hand."""
-    page = (ROOT / "docs" / "training-over-time.md").read_text()
-    commands = page.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    outputs = []
-    for command in commands:
-        argv = command.split()
-        assert argv[:2] == ["python", "-m"], command
-        r = subprocess.run([sys.executable, *argv[1:]], env=env, capture_output=True, text=True, cwd=tmp_path)
-        assert r.returncode == 0, r.stdout + r.stderr
-        outputs.append(r.stdout + r.stderr)
+def test_the_training_over_time_page_runs_as_written(tmp_path, monkeypatch, capfd):
+    """docs/training-over-time.md: its commands as they are: a log written, inspected, day 1 trained
+    with progressive validation on day 2, then day 2 continued by hand with deltas, exported and applied."""
+    outputs = run_page("training-over-time.md", tmp_path, monkeypatch, capfd)
     table = json.loads((tmp_path / "outputs" / "daily" / "progressive.json").read_text())["periods"]
-    assert [row["period"] for row in table] == [2, 3]
+    assert [row["period"] for row in table] == [2]
     assert all(row["rows_trained"] == 2048 and 0.5 < row["auc"] < 1 for row in table)
-    assert "data: continuing at step 8 on 2,048 row(s) not read yet" in outputs[3]
-    assert "period 4: auc" in outputs[3] and "done: 12 steps" in outputs[3]
-    assert "10        8" in outputs[5] and "12       10" in outputs[5]  # the deltas of day 3: 8 -> 10 -> 12
-    day3 = torch.load(tmp_path / "day3.pt", weights_only=True)
-    assert day3["step"] == 12 and "wrote" in outputs[6]
+    assert "data: continuing at step 4 on 2,048 row(s) not read yet" in outputs[3]
+    assert "period 3: auc" in outputs[3] and "done: 8 steps" in outputs[3]
+    assert "6        4" in outputs[5] and "8        6" in outputs[5]  # the deltas of day 2: 4 -> 6 -> 8
+    day2 = torch.load(tmp_path / "day2.pt", weights_only=True)
+    assert day2["step"] == 8 and "wrote" in outputs[6]
 
 
 @pytest.mark.slow
