@@ -22,7 +22,7 @@ from dlrm.common import errors
 from dlrm.common.errors import UserError
 from dlrm.config import ConfigError
 from tests.helpers import REPO_ROOT as ROOT
-from tests.helpers.cli import TORCHRUN_VARS, assert_one_error, main_in_process, record_sleeps
+from tests.helpers.cli import TORCHRUN_VARS, assert_one_error, main_in_process, record_sleeps, train_in_process
 
 # (overrides, words the one error line must hold: the key or value, and the fix)
 CASES = {
@@ -459,28 +459,14 @@ def test_run_cpu_model_too_large_under_torchrun():
     assert_one_error(r.returncode, r.stdout, r.stderr, "topology.ddr_GB", "at least 14 such ranks")
 
 
-@pytest.mark.slow
-def test_non_finite_loss_names_both_causes(tmp_path):
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dlrm.train",
-            "model=tiny",
-            "optim=sgd",
-            "optim.dense.lr=1e30",
-            "optim.embedding.lr=1e30",
-            "trainer.max_steps=6",
-            "trainer.log_every_steps=1",
-            "trainer.pipeline=false",
-            f"hydra.run.dir={tmp_path}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert_one_error(r.returncode, r.stdout, r.stderr, "loss is", "optim.dense.lr", "NaN/inf values")
+def test_non_finite_loss_names_both_causes(capfd, tmp_path):
+    """A loss gone non-finite while training (the process group up) is one error line naming both learning
+    rates; run in the test process, which `process_state_kept` then restores."""
+    code, out, err = train_in_process(
+        capfd, "model=tiny", "optim=sgd", "optim.dense.lr=1e30", "optim.embedding.lr=1e30", "trainer.max_steps=6",
+        "trainer.log_every_steps=1", "trainer.pipeline=false", f"hydra.run.dir={tmp_path}", cwd=ROOT,
+    )  # fmt: skip
+    assert_one_error(code, out, err, "loss is", "optim.dense.lr", "NaN/inf values")
 
 
 def test_hydra_callbacks_get_the_primary_config_name(monkeypatch, tmp_path):

@@ -675,7 +675,7 @@ def test_inspect_of_data_without_dense_columns_writes_a_model_without_a_bottom_m
 
 
 @pytest.mark.slow
-def test_the_your_data_page_runs_as_written(tmp_path, monkeypatch, capfd):
+def test_the_your_data_page_runs_as_written(tmp_path, capfd):
     """docs/your-data.md: its CSV's columns (its rows, then more of the kind), then its commands as they
     are: convert, inspect, train, export, predict."""
     page = (ROOT / "docs" / "your-data.md").read_text()
@@ -687,7 +687,7 @@ def test_the_your_data_page_runs_as_written(tmp_path, monkeypatch, capfd):
         for _ in range(400)
     ]
     (tmp_path / "clicks.csv").write_text("\n".join(csv_lines + rows) + "\n")
-    outputs = run_page("your-data.md", tmp_path, monkeypatch, capfd)
+    outputs = run_page("your-data.md", tmp_path, capfd)
     assert "items" in outputs[1] and "ids" in outputs[1]
     assert "done: 20 steps" in outputs[2] and "eval auc" in outputs[2]
     assert "exported" in outputs[3] and (tmp_path / "clicks.pt").is_file()

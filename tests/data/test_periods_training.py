@@ -163,10 +163,10 @@ def test_every_evaluation_reports_each_period(first):
 
 
 @pytest.mark.slow
-def test_the_training_over_time_page_runs_as_written(tmp_path, monkeypatch, capfd):
+def test_the_training_over_time_page_runs_as_written(tmp_path, capfd):
     """docs/training-over-time.md: its commands as they are: a log written, inspected, day 1 trained
     with progressive validation on day 2, then day 2 continued by hand with deltas, exported and applied."""
-    outputs = run_page("training-over-time.md", tmp_path, monkeypatch, capfd)
+    outputs = run_page("training-over-time.md", tmp_path, capfd)
     table = json.loads((tmp_path / "outputs" / "daily" / "progressive.json").read_text())["periods"]
     assert [row["period"] for row in table] == [2]
     assert all(row["rows_trained"] == 2048 and 0.5 < row["auc"] < 1 for row in table)

@@ -24,7 +24,7 @@ import pytest
 
 from dlrm.data.criteo.format import ParseOptions
 from dlrm.data.criteo.preprocess import preprocess
-from tests.helpers.cli import train_in_process
+from tests.helpers.cli import train_or_fail
 from tests.helpers.criteo import SAMPLE
 from tests.helpers.parquet_data import ROWS, overrides, table, write_dataset
 
@@ -59,7 +59,7 @@ def _train_and_export(root: Path, data: Path, *train: str) -> Job:
     from dlrm.export.file import export
 
     run = root / "run"
-    train_in_process(
+    train_or_fail(
         *train,
         "optim=sgd",
         f"trainer.max_steps={STEPS}",

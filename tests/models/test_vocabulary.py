@@ -276,20 +276,18 @@ def test_an_exported_state_rebuilt_on_the_meta_device_maps_ids_as_the_trained_mo
     assert remap(probe).values().tolist()[10:] == [15, 15]
 
 
-def test_a_training_run_logs_each_vocabulary_to_metrics_and_tensorboard(tmp_path):
-    """`python -m dlrm.train` with a vocabulary: vocab_<table>_* in metrics.jsonl and TensorBoard."""
+def test_a_training_run_logs_each_vocabulary_to_metrics_and_tensorboard(capfd, tmp_path):
+    """`python -m dlrm.train` with a vocabulary (in the test process): vocab_<table>_* in metrics.jsonl and
+    TensorBoard."""
     import json
-    import subprocess
-    import sys
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from tests.helpers import REPO_ROOT
+    from tests.helpers.cli import train_in_process
 
-    command = [
-        sys.executable,
-        "-m",
-        "dlrm.train",
+    code, out, err = train_in_process(
+        capfd,
         "model=tiny",
         "model.tables.3.vocabulary.policy=lru",
         "trainer.max_steps=4",
@@ -298,9 +296,9 @@ def test_a_training_run_logs_each_vocabulary_to_metrics_and_tensorboard(tmp_path
         "data.eval_batches=1",
         "trainer.progress=none",
         f"hydra.run.dir={tmp_path}",
-    ]
-    result = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+        cwd=REPO_ROOT,
+    )
+    assert code == 0, (out + err)[-3000:]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     windows = [r for r in records if "vocab_t_C4_occupancy" in r]
     assert [r["step"] for r in windows] == [2, 4]

@@ -23,7 +23,7 @@ from dlrm.data.criteo.preprocess import preprocess
 from dlrm.export import content_sha256, export, load_exported
 from tests.helpers import REPO_ROOT as REPO
 from tests.helpers.cli import predict_in_process as predict
-from tests.helpers.cli import train_in_process
+from tests.helpers.cli import train_or_fail
 from tests.helpers.criteo import SAMPLE
 
 pytestmark = pytest.mark.skipif(not SAMPLE.exists(), reason=f"{SAMPLE} not found")
@@ -40,7 +40,7 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("predict")
     data, run_dir, model = root / "data", root / "run", root / "model.pt"
     preprocess([str(SAMPLE)], str(data), ParseOptions("fail", "modulo", (2000,) * 26))
-    train_in_process(
+    train_or_fail(
         "data=criteo_kaggle",
         f"data.criteo.dir={data}",
         f"data.criteo.eval_fraction={EVAL_FRACTION}",

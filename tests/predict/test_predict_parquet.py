@@ -21,7 +21,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.data.parquet.hashing import hash_strings
 from dlrm.export import content_sha256, export, load_exported
-from tests.helpers.cli import assert_one_error, train_in_process
+from tests.helpers.cli import assert_one_error, train_or_fail
 from tests.helpers.cli import predict_in_process as predict
 from tests.helpers.parquet_data import ROWS, TABLES, overrides, table, write_dataset
 
@@ -37,7 +37,7 @@ def trained(tmp_path_factory):
     write_dataset(train_dir)
     eval_dir.mkdir()
     pq.write_table(table(EVAL_ROWS, first=ROWS), eval_dir / "part-0.parquet", row_group_size=40)
-    train_in_process(
+    train_or_fail(
         *overrides(train_dir),
         "model.bottom_mlp=[16,8]",
         "model.top_mlp=[16,2]",

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import REPO_ROOT as REPO
+from tests.helpers.cli import train_in_process
 
 RUN = (
     "model=tiny",
@@ -24,11 +24,11 @@ RUN = (
 )
 
 
-def _train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "dlrm.train", *RUN, f"hydra.run.dir={run_dir}", *overrides],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+def _train(capfd, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """`python -m dlrm.train` from the repository, run in the test process (tests/helpers/cli.py)."""
+    args = (*RUN, f"hydra.run.dir={run_dir}", *overrides)
+    code, out, err = train_in_process(capfd, *args, cwd=REPO)
+    return subprocess.CompletedProcess(["dlrm.train", *args], code, out, err)
 
 
 def _records(run_dir: Path) -> dict[str, bytes]:
@@ -40,15 +40,15 @@ def _records(run_dir: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
-def test_a_rerun_of_a_finished_run_says_so_and_changes_nothing(tmp_path):
+def test_a_rerun_of_a_finished_run_says_so_and_changes_nothing(capfd, tmp_path):
     run_dir = tmp_path / "run"
-    first = _train(run_dir)
+    first = _train(capfd, run_dir)
     assert first.returncode == 0, first.stderr[-3000:]
     before = _records(run_dir)
     assert b'"final_loss": null' not in before["summary.json"]
     for again in (
-        _train(run_dir, "trainer.resume=auto"),
-        _train(run_dir, f"trainer.resume={run_dir}/checkpoints/step_00000002"),
+        _train(capfd, run_dir, "trainer.resume=auto"),
+        _train(capfd, run_dir, f"trainer.resume={run_dir}/checkpoints/step_00000002"),
     ):
         text = again.stdout + again.stderr
         assert again.returncode == 0, text[-3000:]
@@ -71,23 +71,23 @@ def test_only_the_newest_checkpoint_at_the_end_is_finished(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_continuation_refuses_a_config_yaml_edited_since_the_run_recorded_it(tmp_path):
+def test_a_continuation_refuses_a_config_yaml_edited_since_the_run_recorded_it(capfd, tmp_path):
     """A run's settings come from what it recorded: its checkpoints' manifest names config.yaml's
     sha256, so a hand edit (here: the table size, which an override could not change) is refused in
     one line; the restored file continues."""
     run_dir = tmp_path / "run"
-    assert _train(run_dir).returncode == 0
+    assert _train(capfd, run_dir).returncode == 0
     config = run_dir / "config.yaml"
     recorded = config.read_bytes()
     assert b"rows: 100\n" in recorded
     config.write_bytes(recorded.replace(b"rows: 100\n", b"rows: 99\n", 1))
-    edited = _train(run_dir, "trainer.resume=auto", "trainer.max_steps=4")
+    edited = _train(capfd, run_dir, "trainer.resume=auto", "trainer.max_steps=4")
     text = edited.stdout + edited.stderr
     errors = [line for line in text.splitlines() if line.startswith("error:")]
     assert edited.returncode == 2 and len(errors) == 1 and "Traceback" not in text, text[-3000:]
     assert str(config) in errors[0] and "restore it" in errors[0], errors[0]
     config.write_bytes(recorded)
-    restored = _train(run_dir, "trainer.resume=auto", "trainer.max_steps=4")
+    restored = _train(capfd, run_dir, "trainer.resume=auto", "trainer.max_steps=4")
     assert restored.returncode == 0, (restored.stdout + restored.stderr)[-3000:]
 
 
@@ -96,16 +96,16 @@ def _manifest(checkpoint: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_a_lost_summary_is_rebuilt_from_the_metrics_and_the_last_checkpoint(tmp_path):
+def test_a_lost_summary_is_rebuilt_from_the_metrics_and_the_last_checkpoint(capfd, tmp_path):
     """A kill after the last checkpoint and before summary.json: the re-run says so in its one line,
     rebuilds the summary with the run's figures (the same loss, evaluation and throughput) and
     changes nothing else."""
     run_dir = tmp_path / "run"
-    assert _train(run_dir).returncode == 0
+    assert _train(capfd, run_dir).returncode == 0
     original = json.loads((run_dir / "summary.json").read_text())
     (run_dir / "summary.json").unlink()
     before = _records(run_dir)
-    again = _train(run_dir, "trainer.resume=auto")
+    again = _train(capfd, run_dir, "trainer.resume=auto")
     text = again.stdout + again.stderr
     lines = [line for line in text.splitlines() if line.strip()]
     assert again.returncode == 0 and len(lines) == 1, text[-3000:]
@@ -125,15 +125,15 @@ def test_a_lost_summary_is_rebuilt_from_the_metrics_and_the_last_checkpoint(tmp_
 
 
 @pytest.mark.slow
-def test_a_continuations_summary_covers_the_whole_run(tmp_path):
+def test_a_continuations_summary_covers_the_whole_run(capfd, tmp_path):
     """Two invocations (steps 1..2, then 3..4): summary.json's throughput and wall time are the
     run's (the first invocation's time as its step-2 checkpoint recorded it, plus the second's), and
     the second's own figures are under this_invocation."""
     run_dir = tmp_path / "run"
-    assert _train(run_dir).returncode == 0
+    assert _train(capfd, run_dir).returncode == 0
     first = _manifest(run_dir / "checkpoints/step_00000002")["run_time"]
     assert first["timed_steps"] == 2 and first["invocations"] == 1 and first["train_seconds"] > 0
-    second = _train(run_dir, "trainer.resume=auto", "trainer.max_steps=4")
+    second = _train(capfd, run_dir, "trainer.resume=auto", "trainer.max_steps=4")
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     this = summary["this_invocation"]

@@ -1,7 +1,8 @@
 """Named runs (run.name=NAME -> outputs/NAME) continue themselves with trainer.resume=auto.
 
-Single-process `python -m dlrm.train` subprocesses in a temporary working directory: the named-run
-logic is the same on every rank (all ranks read the run's config.yaml; rank 0 writes).
+Single-process `dlrm.train` in a temporary working directory: the named-run logic is the same on
+every rank (all ranks read the run's config.yaml; rank 0 writes). The commands run in the test
+process (tests/helpers/cli.py), except the killed run's, which needs a process to kill.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from dlrm.export import main as export_main
 from tests.helpers import REPO_ROOT as REPO
+from tests.helpers.cli import train_in_process
 
 BASE = [
     "model=tiny",
@@ -37,8 +39,15 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
-def train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+def train_process(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python -m dlrm.train` in its own process."""
     return subprocess.run(_cmd(*args), cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300)
+
+
+def train(capfd, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """`python -m dlrm.train` run in the test process, its result as the process's."""
+    code, out, err = train_in_process(capfd, *BASE, *args, cwd=cwd)
+    return subprocess.CompletedProcess(_cmd(*args), code, out, err)
 
 
 def steps(run: Path) -> list[str]:
@@ -57,7 +66,7 @@ def test_a_killed_named_run_continues_to_the_uninterrupted_result(tmp_path):
     """Killed after its first checkpoint, the same command again resumes from it, keeps the run's
     config.yaml, and ends with the weights and loss of an uninterrupted run."""
     args = ("trainer.max_steps=300", "checkpoint.every_steps=5", "trainer.resume=auto")
-    ref = train(tmp_path, "run.name=ref", *args)
+    ref = train_process(tmp_path, "run.name=ref", *args)
     assert ref.returncode == 0, ref.stderr[-3000:]
 
     run = tmp_path / "outputs" / "crash"
@@ -74,7 +83,7 @@ def test_a_killed_named_run_continues_to_the_uninterrupted_result(tmp_path):
     assert killed_at != "step_00000300", "the run finished before it was killed: nothing to continue"
     config = (run / "config.yaml").read_text()
 
-    again = train(tmp_path, "run.name=crash", *args)
+    again = train_process(tmp_path, "run.name=crash", *args)
     assert again.returncode == 0, again.stderr[-3000:]
     log = (run / "train.log").read_text()
     assert f"resumed from {run / 'checkpoints' / killed_at}" in log or f"checkpoints/{killed_at} at step" in log
@@ -97,17 +106,19 @@ def test_a_killed_named_run_continues_to_the_uninterrupted_result(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_continuation_cannot_change_the_model_nor_restart_the_run(tmp_path):
-    first = train(tmp_path, "run.name=r", "trainer.max_steps=2")
+def test_a_continuation_cannot_change_the_model_nor_restart_the_run(capfd, tmp_path):
+    first = train(capfd, tmp_path, "run.name=r", "trainer.max_steps=2")
     assert first.returncode == 0, first.stderr[-3000:]
 
-    changed = train(tmp_path, "run.name=r", "trainer.max_steps=4", "trainer.resume=auto", "model.bottom_mlp=[32,8]")
+    changed = train(
+        capfd, tmp_path, "run.name=r", "trainer.max_steps=4", "trainer.resume=auto", "model.bottom_mlp=[32,8]"
+    )
     assert changed.returncode == 2
     (line,) = changed.stderr.strip().splitlines()
     assert line.startswith("error: ") and "model.bottom_mlp" in line and "another run.name" in line
     assert "trainer.max_steps" not in line  # only the keys that cannot apply
 
-    fresh = train(tmp_path, "run.name=r", "trainer.max_steps=4")  # no resume: would start over in the run
+    fresh = train(capfd, tmp_path, "run.name=r", "trainer.max_steps=4")  # no resume: would start over in the run
     assert fresh.returncode == 2
     (line,) = fresh.stderr.strip().splitlines()
     assert "trainer.resume=auto" in line and "another run.name" in line
@@ -115,16 +126,16 @@ def test_a_continuation_cannot_change_the_model_nor_restart_the_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_continuation_with_a_smaller_keep_leaves_the_runs_checkpoints(tmp_path):
+def test_a_continuation_with_a_smaller_keep_leaves_the_runs_checkpoints(capfd, tmp_path):
     """keep=1 in the continuation prunes only what the continuation wrote; the change is logged
     and recorded, config.yaml keeps the run's own settings."""
     run = tmp_path / "outputs" / "k"
-    first = train(tmp_path, "run.name=k", "trainer.max_steps=6", "checkpoint.every_steps=2", "checkpoint.keep=3")
+    first = train(capfd, tmp_path, "run.name=k", "trainer.max_steps=6", "checkpoint.every_steps=2", "checkpoint.keep=3")
     assert first.returncode == 0, first.stderr[-3000:]
     assert steps(run) == ["step_00000002", "step_00000004", "step_00000006"]
 
     more = ("trainer.max_steps=10", "checkpoint.every_steps=2", "checkpoint.keep=1", "trainer.resume=auto")
-    cont = train(tmp_path, "run.name=k", *more)
+    cont = train(capfd, tmp_path, "run.name=k", *more)
     assert cont.returncode == 0, cont.stderr[-3000:]
     assert steps(run) == ["step_00000002", "step_00000004", "step_00000006", "step_00000010"]
     log = (run / "train.log").read_text()

@@ -2,11 +2,11 @@
 
 import json
 import subprocess
-import sys
 
 import pytest
 
 from tests.helpers import REPO_ROOT as REPO
+from tests.helpers.cli import train_in_process
 from tests.helpers.families import PAIR, Overrides, runs
 from tests.helpers.workers import train_summary
 
@@ -36,14 +36,14 @@ def test_an_unreachable_target_runs_to_max_steps(summaries):
 
 
 @pytest.mark.slow
-def test_the_stop_is_recorded_in_the_run_directory(tmp_path):
-    """One process through dlrm.train: summary.json, the console line, the last log window at the stop,
-    and the trace still open then (trainer.profile up to step 1000) written."""
-    result = subprocess.run(
-        [sys.executable, "-m", "dlrm.train", *SMALL, "trainer.max_steps=200", "trainer.log_every_steps=4",
-         "trainer.target_auc=0.6", "trainer.profile=[8,1000]", "trainer.progress=lines", f"hydra.run.dir={tmp_path}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+def test_the_stop_is_recorded_in_the_run_directory(capfd, tmp_path):
+    """One process through dlrm.train (in the test process): summary.json, the console line, the last
+    log window at the stop, and the trace still open then (trainer.profile up to step 1000) written."""
+    code, out, err = train_in_process(
+        capfd, *SMALL, "trainer.max_steps=200", "trainer.log_every_steps=4", "trainer.target_auc=0.6",
+        "trainer.profile=[8,1000]", "trainer.progress=lines", f"hydra.run.dir={tmp_path}", cwd=REPO,
     )  # fmt: skip
+    result = subprocess.CompletedProcess(["dlrm.train"], code, out, err)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     stop = summary["steps_to_target"]

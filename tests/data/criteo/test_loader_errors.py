@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,6 +16,7 @@ import pytest
 from dlrm.common.errors import UserError
 from dlrm.config import CriteoConfig
 from dlrm.data.criteo.loader import CriteoDataError, CriteoSource
+from tests.helpers.cli import train_in_process
 from tests.helpers.criteo import ROOT, SAMPLE
 from tests.helpers.criteo_data import (
     GBS,
@@ -301,31 +300,24 @@ def test_train_refuses_before_building_tables(data, monkeypatch):
         run(train_config(data))
 
 
-@pytest.mark.slow  # imports torch and torchrec in a fresh process: ~10-25 s on 2 busy cores
-def test_train_cli_exits_2_with_one_line(data, tmp_path):
+def test_train_cli_exits_2_with_one_line(capfd, data, tmp_path):
+    """`python -m dlrm.train` (in the test process) over an id out of its table: one error line naming the file."""
     s = load(data, 0, "sparse")
     s[10, 0] = 5000
     p = rewrite(data, 0, "sparse", s)
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dlrm.train",
-            "data=criteo_kaggle",
-            f"data.criteo.dir={data}",
-            "data.criteo.eval_fraction=0",
-            "data.global_batch_size=8",
-            "trainer.max_steps=2",
-            "trainer.progress=none",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
+    code, out, err = train_in_process(
+        capfd,
+        "data=criteo_kaggle",
+        f"data.criteo.dir={data}",
+        "data.criteo.eval_fraction=0",
+        "data.global_batch_size=8",
+        "trainer.max_steps=2",
+        "trainer.progress=none",
+        f"hydra.run.dir={tmp_path / 'run'}",
         cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
-    assert r.returncode == 2, r.stderr
-    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and str(p) in errors[0] and "id 5000" in errors[0] and "Fix:" in errors[0], r.stderr
-    assert "Traceback" not in r.stderr
+    assert code == 2, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and str(p) in errors[0] and "id 5000" in errors[0] and "Fix:" in errors[0], err
+    assert "Traceback" not in err
     assert json.loads((data / "manifest.json").read_text())["days"][0]["rows"] == 100
