@@ -171,4 +171,3 @@ def launch_jobs(jobs: list[Job], nproc: int, nnodes: int = 1, timeout: float = 6
                     agent.kill()
     ranks = nnodes * nproc
     return [[results[r][j] for r in range(ranks)] for j in range(len(jobs))]
-
