@@ -1,7 +1,11 @@
 """Shared fixtures. Helpers shared by several test modules live in tests/helpers/."""
 
+import copy
+import functools
+
 import pytest
 
+from dlrm.config import Config
 from dlrm.config.compose import compose
 
 
@@ -18,10 +22,17 @@ def group():
         dist.destroy_process_group()
 
 
+@functools.cache
+def _composed(overrides: tuple[str, ...]) -> Config:
+    """compose(overrides), once per distinct overrides in this process (conf/ does not change during a run)."""
+    return compose(overrides)
+
+
 @pytest.fixture
 def make_config():
-    """compose(*overrides): the typed Config for these Hydra overrides (not validated)."""
-    return lambda *overrides: compose(overrides)
+    """compose(*overrides): the typed Config for these Hydra overrides (not validated), a copy of its own
+    (a test may change it); a refused composition raises its ConfigError on every call."""
+    return lambda *overrides: copy.deepcopy(_composed(tuple(overrides)))
 
 
 _WORKERS_TIMING_LINES: list[str] = []  # the families' timing lines that xdist workers sent back

@@ -11,6 +11,7 @@ group exists. The package imports neither torch nor torchrec: the command line's
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -309,16 +310,22 @@ def validate(cfg: Config) -> None:
     cfg.check()
 
 
+@functools.cache
 def register_configs() -> None:
-    """Register the schema so `conf/config.yaml` can extend it (`defaults: [base_config, ...]`)."""
+    """Register the schema so `conf/config.yaml` can extend it (`defaults: [base_config, ...]`); once per
+    process (Hydra's ConfigStore is a process-wide singleton and `Config` does not change)."""
     ConfigStore.instance().store(name="base_config", node=Config)
 
 
 def to_config(cfg: DictConfig | Config) -> Config:
-    """Turn a composed DictConfig into the plain `Config` dataclass (typed, attribute access)."""
+    """Turn a composed DictConfig into the plain `Config` dataclass (typed, attribute access).
+
+    A DictConfig already typed by the schema (Hydra's composition, which extends `base_config`) converts
+    as it is; any other (a YAML file, a masked copy) is merged onto the schema first, which types it."""
     if isinstance(cfg, Config):
         return cfg
-    return cast(Config, OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg)))
+    typed = cfg if OmegaConf.get_type(cfg) is Config else OmegaConf.merge(OmegaConf.structured(Config), cfg)
+    return cast(Config, OmegaConf.to_object(typed))
 
 
 def validate_world(cfg: Config, world_size: int, local_world_size: int) -> None:

@@ -144,14 +144,15 @@ def test_no_step_starts_past_the_budget(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_uvm_probe_sees_every_evaluation_and_no_locked_line(tmp_path):
+def test_the_uvm_probe_sees_every_evaluation_and_no_locked_line(tmp_path, capsys):
     """The uvm probe's mechanics on CPU (its cache is a GPU's: here no table is cached, so no hit rate): the
-    Trainer's evaluations are seen where the run makes them, each followed by a count of locked lines."""
+    Trainer's evaluations are seen where the run makes them, each followed by a count of locked lines.
+    The probe's main runs in this process (one rank, as the check starts it)."""
+    from dev.gpu_check import probes
+
     out = tmp_path / "uvm.json"
-    command = [sys.executable, str(DEV / "gpu_check" / "probes.py"), "uvm", "--out", str(out), "--steps", "6",
-               "model=tiny", "data.global_batch_size=32", "data.eval_batches=2"]  # fmt: skip
-    r = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
+    argv = ["uvm", "--out", str(out), "--steps", "6", "model=tiny", "data.global_batch_size=32", "data.eval_batches=2"]
+    assert probes.main(argv) == 0, capsys.readouterr().err
     m = json.loads(out.read_text())
     assert m["steps"] == 6 and m["cached_tables_kernels"] == 0 and m["plan_kernels"] == ["fused"]
     assert [e["step"] for e in m["evaluations"]] == [3, 6] and {e["locked_lines_after"] for e in m["evaluations"]} == {

@@ -225,16 +225,34 @@ def test_cli_writes_the_manifest(tmp_path):
         (["--data-pvc", "data", "--data-mount", "data", "topology=dgx_h100"], "--data-mount=data is not an absolute"),
     ],
 )
-def test_refusals_name_the_key_and_the_fix_and_write_nothing(tmp_path, argv, match):
+def test_refusals_name_the_key_and_the_fix_and_write_nothing(tmp_path, capsys, argv, match):
+    """The render's main in this process (the fresh command's output: test_cli_refusal_is_one_line_alone)."""
     out = tmp_path / "job.yaml"
     out.write_text("previous: manifest\n")  # a refused render leaves an existing file alone
-    r = run_cli(*argv, out=out)
-    assert r.returncode == 2
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    assert re.search(match, lines[0]), lines[0]
-    assert out.read_text() == "previous: manifest\n" and r.stdout == ""
+    code = render.main(["--out", str(out), *argv])
+    stdout, stderr = capsys.readouterr()
+    assert_refused(code, stdout, stderr, match)
+    assert out.read_text() == "previous: manifest\n"
     assert [p.name for p in tmp_path.iterdir()] == ["job.yaml"]  # no temporary file left behind
+
+
+def assert_refused(code: int, stdout: str, stderr: str, match: str) -> None:
+    """Exit 2, nothing on stdout, one `error:` line on stderr matching `match`."""
+    assert code == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    assert re.search(match, lines[0]), lines[0]
+    assert stdout == ""
+
+
+def test_cli_refusal_is_one_line_alone(tmp_path):
+    """A fresh `python launch/k8s/render.py` refuses with its one line: nothing else (an import's warning,
+    a traceback) reaches stderr, and the existing manifest stays."""
+    out = tmp_path / "job.yaml"
+    out.write_text("previous: manifest\n")
+    r = run_cli("--nodes", "4", "topology=dgx_h100_multinode", "topology.nodes=2", out=out)
+    assert_refused(r.returncode, r.stdout, r.stderr, "pass topology.nodes=4 or --nodes=2")
+    assert out.read_text() == "previous: manifest\n" and [p.name for p in tmp_path.iterdir()] == ["job.yaml"]
 
 
 @pytest.mark.parametrize(

@@ -145,18 +145,11 @@ def test_alltoall_bytes_row_sharded_by_hand(capsys, sharding):
     assert ids == pytest.approx(expected, rel=0.05)  # rows split unevenly: close to, not exactly, 1/shards
 
 
-def test_json_from_a_subprocess():
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [sys.executable, "-m", "dlrm.plan", "--json", "topology=dgx_h100", *MLPERF],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)
+def test_json_report_of_one_dgx_h100_node(capfd):
+    """`--json` prints the report alone on stdout (a fresh process's stdout holds it too: the string
+    hashing test below parses a real `python -m dlrm.plan --json`)."""
+    assert dplan.main(["--json", "topology=dgx_h100", *MLPERF]) == 0
+    report = json.loads(capfd.readouterr().out)
     assert report["topology"]["world_size"] == 8 and len(report["plan"]) == 26
     assert report["comms"]["alltoall_bytes_inter_mean"] == 0
 
@@ -448,7 +441,9 @@ def test_auto_plans_the_same_in_every_process_whatever_the_string_hashing():
         out = subprocess.run([sys.executable, "-m", "dlrm.plan", "--json", "--ranks-per-node", "2"], env=env,
                              capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
         assert out.returncode == 0, out.stderr[-2000:]
-        plans.add(tuple(t["sharding_type"] for t in json.loads(out.stdout)["plan"]))
+        report = json.loads(out.stdout)  # stdout holds the JSON report and nothing else
+        assert report["topology"]["world_size"] == 2 and len(report["plan"]) == 26
+        plans.add(tuple(t["sharding_type"] for t in report["plan"]))
     assert len(plans) == 1 and {kind for plan in plans for kind in plan} == {"table_wise"}, plans
     source = inspect.getsource(EmbeddingEnumerator._filter_sharding_types)
     assert "set(constrained_sharding_types) & set(allowed_sharding_types)" in source
