@@ -27,7 +27,7 @@ def test_step_once_syncs_only_when_asked_and_moves_the_schedule(sync_every_step)
         return loss
 
     stand_in = SimpleNamespace(
-        cfg=SimpleNamespace(trainer=SimpleNamespace(sync_every_step=sync_every_step)),
+        settings=SimpleNamespace(trainer=SimpleNamespace(sync_every_step=sync_every_step)),
         pipeline=None,
         train_step=train_step,
         sync=lambda: calls.append("sync"),
