@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up if needed, then run the test suite: bash launch/test.sh [pytest args...]
 #   DLRM_VENV          the venv to set up and test with (default .venv), as for launch/setup.sh
-#   DLRM_TEST_WORKERS  pytest-xdist worker processes (default 2; 0 runs the tests in this process);
+#   DLRM_TEST_WORKERS  pytest-xdist worker processes (default 3, one more than the 2 cores CI has:
+#                      the tests leave a core idle while processes start; 0 runs the tests in this process);
 #                      a `-n N` among the pytest args wins
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash launch/setup.sh
-exec "${DLRM_VENV:-.venv}/bin/python" -m pytest -q -n "${DLRM_TEST_WORKERS:-2}" --dist loadgroup "$@"
+exec "${DLRM_VENV:-.venv}/bin/python" -m pytest -q -n "${DLRM_TEST_WORKERS:-3}" --dist loadgroup "$@"

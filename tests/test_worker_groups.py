@@ -1,4 +1,4 @@
-"""launch/test.sh runs 2 pytest-xdist workers with `--dist loadgroup`: the tests of one xdist group
+"""launch/test.sh runs 3 pytest-xdist workers with `--dist loadgroup`: the tests of one xdist group
 (tests/conftest.py puts every reader of the scenario families in one) must run in one worker, or each
 worker would launch the families again. Catches a pytest or xdist release that breaks the grouping."""
 

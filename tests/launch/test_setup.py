@@ -113,15 +113,16 @@ def test_setup_that_cannot_get_torch_says_how_to_fix_it(tmp_path):
 
 
 def test_test_script_uses_the_same_venv_as_setup(tmp_path):
-    """launch/test.sh runs pytest with DLRM_VENV's python, after setting that venv up, on 2 xdist
+    """launch/test.sh runs pytest with DLRM_VENV's python, after setting that venv up, on 3 xdist
     workers unless DLRM_TEST_WORKERS says otherwise."""
     r, log = run_setup(tmp_path, report("2.13.0+cpu", MIRROR))
     env = dict(os.environ, DLRM_VENV=str(tmp_path / "venv"), DLRM_ACCEL="cpu", FAKE_LOG=str(tmp_path / "log"))
+    env.pop("DLRM_TEST_WORKERS", None)  # the default, whatever this session was started with
     r = subprocess.run(
         ["bash", str(ROOT / "launch" / "test.sh"), "-k", "nothing"], env=env, capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "log").read_text().splitlines()[-1] == "-m pytest -q -n 2 --dist loadgroup -k nothing"
+    assert (tmp_path / "log").read_text().splitlines()[-1] == "-m pytest -q -n 3 --dist loadgroup -k nothing"
     r = subprocess.run(
         ["bash", str(ROOT / "launch" / "test.sh"), "-k", "nothing"],
         env=dict(env, DLRM_TEST_WORKERS="0"),
