@@ -26,7 +26,7 @@ from dlrm.data.criteo.format import ParseOptions
 from dlrm.data.criteo.preprocess import preprocess
 from tests.helpers.cli import train_or_fail
 from tests.helpers.criteo import SAMPLE
-from tests.helpers.parquet_data import ROWS, overrides, table, write_dataset
+from tests.helpers.parquet_data import ROWS, table, two_task_overrides, write_dataset
 
 CRITEO_GBS, EVAL_FRACTION = 8, 0.2  # 80 train rows, 20 held out: the trainer scores 2 full batches (16 rows)
 PARQUET_GBS, PARQUET_EVAL_ROWS = 32, 192
@@ -121,16 +121,6 @@ def parquet_job(tmp_path_factory) -> Job:
         str(conf),
         "-cn",
         "transformed",
-        *overrides(train_dir),
+        *two_task_overrides(train_dir, eval_dir, PARQUET_GBS, PARQUET_EVAL_ROWS),
         "model.dense_in_features=3",
-        "model.bottom_mlp=[16,8]",
-        "model.top_mlp=[16,2]",
-        f"model.tasks=[{{name:{TASKS[0]}}},{{name:{TASKS[1]}}}]",
-        "model.weighted=true",
-        "data.parquet.sparse=[{name:user,kind:id},{name:items,kind:ids,weights:items_w},{name:city,kind:string}]",
-        "data.parquet.labels=[label,label2]",
-        "data.parquet.eval_fraction=0",
-        f"data.parquet.eval_path={eval_dir}",
-        f"data.global_batch_size={PARQUET_GBS}",
-        f"data.eval_batches={PARQUET_EVAL_ROWS // PARQUET_GBS}",
     )

@@ -64,3 +64,21 @@ def overrides(path: str | Path) -> tuple[str, ...]:
         "data.parquet.labels=[label]",
         "data.parquet.eval_fraction=0.2",
     )
+
+
+def two_task_overrides(train_dir: str | Path, eval_dir: str | Path, batch: int, eval_rows: int) -> tuple[str, ...]:
+    """`overrides(train_dir)` made a weighted two-task model (labels label, label2; items weighted by
+    items_w) scored on the Parquet files of `eval_dir`, `eval_rows` rows in batches of `batch`."""
+    return (
+        *overrides(train_dir),
+        "model.bottom_mlp=[16,8]",
+        "model.top_mlp=[16,2]",
+        "model.tasks=[{name:click},{name:convert}]",
+        "model.weighted=true",
+        "data.parquet.sparse=[{name:user,kind:id},{name:items,kind:ids,weights:items_w},{name:city,kind:string}]",
+        "data.parquet.labels=[label,label2]",
+        "data.parquet.eval_fraction=0",
+        f"data.parquet.eval_path={eval_dir}",
+        f"data.global_batch_size={batch}",
+        f"data.eval_batches={eval_rows // batch}",
+    )

@@ -23,7 +23,7 @@ from dlrm.data.parquet.hashing import hash_strings
 from dlrm.export import content_sha256, export, load_exported
 from tests.helpers.cli import assert_one_error, train_or_fail
 from tests.helpers.cli import predict_in_process as predict
-from tests.helpers.parquet_data import ROWS, TABLES, overrides, table, write_dataset
+from tests.helpers.parquet_data import ROWS, TABLES, table, two_task_overrides, write_dataset
 
 GBS, EVAL_ROWS = 32, 192  # the trainer's eval: 6 full batches, every row of the eval file
 TASKS = ("click", "convert")
@@ -38,17 +38,7 @@ def trained(tmp_path_factory):
     eval_dir.mkdir()
     pq.write_table(table(EVAL_ROWS, first=ROWS), eval_dir / "part-0.parquet", row_group_size=40)
     train_or_fail(
-        *overrides(train_dir),
-        "model.bottom_mlp=[16,8]",
-        "model.top_mlp=[16,2]",
-        f"model.tasks=[{{name:{TASKS[0]}}},{{name:{TASKS[1]}}}]",
-        "model.weighted=true",
-        "data.parquet.sparse=[{name:user,kind:id},{name:items,kind:ids,weights:items_w},{name:city,kind:string}]",
-        "data.parquet.labels=[label,label2]",
-        "data.parquet.eval_fraction=0",
-        f"data.parquet.eval_path={eval_dir}",
-        f"data.global_batch_size={GBS}",
-        f"data.eval_batches={EVAL_ROWS // GBS}",
+        *two_task_overrides(train_dir, eval_dir, GBS, EVAL_ROWS),
         "optim=sgd",
         "trainer.max_steps=20",
         "trainer.progress=none",
