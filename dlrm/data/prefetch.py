@@ -29,8 +29,8 @@ _END = object()
 
 def prefetch_pays(device: torch.device, local_world_size: int) -> bool:
     """Whether a producer thread can hide the source's work: always on CUDA (the host waits on the
-    GPU, and batches must be pinned); on CPU only if the ranks' compute threads leave a core free.
-    Measured on 2 cores with 2 ranks: a thread there only competes with the step (about -10%).
+    GPU, and batches must be pinned); on CPU only if the ranks' compute threads leave a core free
+    (else the thread only competes with the step).
     """
     import torch  # here only: preprocessing uses the Prefetcher and starts without torch (seconds)
 

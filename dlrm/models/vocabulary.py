@@ -1,7 +1,7 @@
 """Managed vocabularies of a model: building them in front of the tables, reading their figures, the
 serving form an export traces, and the sizing rule `inspect` can suggest.
 
-The mapping itself (TorchRec's MCH modules, the global admission) is `dlrm.models.id_remap`.
+The mapping itself (TorchRec's MCH modules, the global admission) is `RemappedEmbeddingBagCollection`.
 Notation: N = ids, R = rows of a table.
 """
 

@@ -1,6 +1,6 @@
 """Check a preprocessed Criteo directory before a long run: `python -m dlrm.data.criteo.check DIR [--no-checksums]`.
 
-Runs the trainer's start-up verification (`dlrm.data.criteo.verify`) on every day of DIR's manifest.json:
+Runs the trainer's start-up verification on every day of DIR's manifest.json:
 each .npy header, row counts, labels in {0, 1}, ids below their table's rows (the manifest's table
 sizes, or `--table-sizes` to check against a model's tables), finite dense values and each file's
 sha256. Prints one line per day, exit 0; the first problem is one `error:` line, exit 2.

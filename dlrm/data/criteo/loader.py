@@ -1,4 +1,4 @@
-"""Distributed loader of preprocessed Criteo (`dlrm.data.criteo.preprocess` output), memory-mapped.
+"""Distributed loader of preprocessed Criteo (the preprocess command's .npy days), memory-mapped.
 
 The rows of a split (its days, in order, seen as one array) are cut into global batches of
 `global_batch_size` consecutive rows; the last partial global batch is dropped. Rank r of W reads only
@@ -194,9 +194,9 @@ class CriteoSource:
 
     def make_batch(self, rows: dict[str, np.ndarray]) -> Batch:
         """Arrays of b rows -> Batch; KJT values are key-major (all of feature 0, then feature 1, ...),
-        int32 where every table fits, with the multi-hot ids expanded (`dlrm.data.multihot`) on the
-        host. With `expand_on` set (a GPU) and multi-hot sizes, the Batch is a `BaseIdBatch`: the
-        one id per feature of the file, expanded when moved to the device."""
+        int32 where every table fits, with the multi-hot ids expanded on the host. With `expand_on` set
+        (a GPU) and multi-hot sizes, the Batch is a `BaseIdBatch`: the one id per feature of the file,
+        expanded when moved to the device."""
         ids = rows["sparse"]  # [b, 26], int32 or int64
         b = ids.shape[0]
         dense = torch.from_numpy(np.ascontiguousarray(rows["dense"], np.float32).reshape(b, NUM_DENSE))

@@ -8,7 +8,7 @@ Ids: `modulo` hashes int(hex, 16) into --table-sizes; `none` keeps raw ids (chec
 if given); `contiguous` maps ids seen >= --min-count times over all files to rows 1..K (0 = rare), as
 MLPerf does, with one vocab_C{c}.npy per column, in a second pass over the written days.
 
-Input file i becomes day_{i}_{dense,sparse,labels}.npy (see `dlrm.data.criteo.format`). Files are processed in
+Input file i becomes day_{i}_{dense,sparse,labels}.npy. Files are processed in
 parallel, and a plain file is also split into byte ranges when there are fewer files than workers.
 Outputs are written under temporary names and renamed at the end of each day; a day's `day_{i}.json`
 is written last, so a killed run leaves nothing that looks complete. A re-run skips days whose

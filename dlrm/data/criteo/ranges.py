@@ -1,8 +1,8 @@
 """Converting one byte range of a Criteo TSV file (plain or gzip) into part `.npy` files.
 
 `convert_range` reads blocks of whole lines (a range starts at the first line beginning inside it
-and ends with the line that crosses its end), parses them with `dlrm.data.criteo.format.parse_block` and
-appends them to part files; it records bad lines instead of raising, so the caller applies the
+and ends with the line that crosses its end), parses them with `parse_block` and appends them to part
+files; it records bad lines instead of raising, so the caller applies the
 policy. Progress is counted in a shared array set by `set_progress_counter` (worker processes).
 """
 

@@ -149,7 +149,7 @@ def load_manifest(directory: str) -> dict:
 
 # ---------------------------------------------------------------- one day's three files
 def _col_max(x: np.ndarray, k: int = 64) -> np.ndarray:
-    """Max of each column of x [n, c]; rows are folded k at a time into wide rows (3x faster than max(0))."""
+    """Max of each column of x [n, c]; rows are folded k at a time into wide rows (faster than max(0))."""
     n, c = x.shape
     m = n - n % k
     out = x[:m].reshape(-1, c * k).max(0).reshape(k, c).max(0) if m else np.zeros(c, x.dtype)
@@ -329,7 +329,7 @@ def _own_stamp(path: str) -> bool:
 
 
 def _once_per_node(scan: Callable[[], None], what: str, identity: list[str], report: Callable[[str], None]) -> None:
-    """scan() unless another rank of this node already did it in this job (see the module docstring).
+    """scan() unless another rank of this node already did it in this job (a stamp under a lock).
 
     `identity`: a description of the check, then the files' paths. Outside torchrun, scan() always.
     `report` gets the line saying which it was and how long it took.

@@ -1,8 +1,8 @@
 """`python -m dlrm.data.inspect PATH --out DIR --label COL`: profile a Parquet dataset and write the
 Hydra config group options DIR/model/NAME.yaml and DIR/data/NAME.yaml that train on it.
 
-Reads about `--sample-rows` rows as whole row groups spread over every file (`sample`), decides each
-column's role and settings (`columns`; docs/your-data.md has the table), prints them, and writes the
+Reads about `--sample-rows` rows as whole row groups spread over every file, decides each column's
+role and settings, prints them, and writes the
 configs: dense transforms with one comment per column, tables sized from the expected distinct ids,
 safe feature names, an eval split of at least one global batch. An existing config is refused
 unless --force, which keeps the old one as NAME.yaml.bak.

@@ -1,4 +1,4 @@
-"""Rows of the declared columns -> a `Batch`: dense [b, n_dense] float32, the sparse KeyedJaggedTensor
+"""Rows of the declared columns -> a `Batch`: dense [b, N] float32, the sparse KeyedJaggedTensor
 (keys: the model's features in table order, values key-major), labels [b] or [b, T] float32.
 
 The one-id columns (kind id, unweighted), the dense and the label columns are read as blocks (a few
@@ -6,7 +6,7 @@ reductions check each); a batch holding a bad value is made column by column, so
 is named (file, column, row). Ids below 0 or >= the table's rows are refused or, with
 id_policy=modulo, folded into the table and counted (`folded_ids`). With
 data.parquet.multi_hot_sizes, every column holds one base id per sample, expanded as the Criteo
-source expands its files' (`dlrm.data.multihot`): on the host, or, with `expand_on` (a GPU), where
+source expands its files' (`MultiHotLayout`): on the host, or, with `expand_on` (a GPU), where
 the batch is moved (`BaseIdBatch`).
 """
 
