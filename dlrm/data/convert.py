@@ -197,8 +197,22 @@ def convert(
     compression: str = "snappy",
     required: bool = False,
 ) -> dict:
-    """Write `inputs` as Parquet files in `out`, published whole; returns {"files": [...], "rows": N,
-    "schema": str}."""
+    """Write `inputs` as Parquet files in `out`, published whole.
+
+    Args:
+        inputs: CSV/TSV files with a header line, one schema.
+        out: the output directory, absent or empty.
+        multi: columns holding several values per cell ("COL", or "COL:string" for strings).
+        separator: what separates a multi column's values.
+        block_bytes: text parsed per block (bounds memory).
+        required: declare every column non-nullable (an empty cell is refused).
+
+    Returns:
+        {"files": [paths], "rows": rows written, "schema": the Arrow schema as text}.
+
+    Raises:
+        ConvertError: bad options, or input that does not convert (names file, line and column).
+    """
     if rows_per_file < 1 or row_group_size < 1:
         raise ConvertError("--rows-per-file and --row-group-size must be positive")
     if compression not in COMPRESSIONS:

@@ -118,7 +118,11 @@ class MultiTaskDLRMTrain(DLRMTrain):
 
 @torch.fx.wrap  # a leaf for torch.fx (TorchRec's pipeline traces the model): it checks shapes
 def task_loss(logits: torch.Tensor, labels: torch.Tensor, weights: list[float]) -> torch.Tensor:
-    """sum_t weights[t] * mean_b BCE(logits[b, t], labels[b, t]): logits, labels [B, T] -> [] fp32."""
+    """sum_t weights[t] * mean_b BCE(logits[b, t], labels[b, t]): logits, labels [B, T] -> [] fp32.
+
+    Raises:
+        ValueError: labels and logits differ in shape.
+    """
     if labels.shape != logits.shape:
         raise ValueError(
             f"labels {tuple(labels.shape)} do not match the {len(weights)} tasks' logits {tuple(logits.shape)}"
@@ -134,11 +138,26 @@ def task_loss(logits: torch.Tensor, labels: torch.Tensor, weights: list[float]) 
 def weighted_task_loss(
     logits: torch.Tensor, labels: torch.Tensor, sample_weights: torch.Tensor, weights: list[float], training: bool
 ) -> torch.Tensor:
-    """sum_t weights[t] * sum_b w_b BCE(logits[b, t], labels[b, t]) / (S / W): logits, labels [B] or
-    [B, T], sample weights w [B] -> [] fp32. S is the sum of w over the global batch (all W ranks'
-    slices, one all-reduce when `training` in a process group of W > 1; this slice's otherwise), so
-    the ranks' mean loss, and DDP's mean gradient, are one process's on the global batch: the
-    weighted mean of the rows' losses. A batch whose weights are all 0 has loss 0."""
+    """sum_t weights[t] * sum_b w_b BCE(logits[b, t], labels[b, t]) / (S / W), the weighted mean of the
+    rows' losses over the global batch.
+
+    S is the sum of w over the global batch (all W ranks' slices, one all-reduce when `training` in a
+    process group of W > 1; this slice's otherwise), so the ranks' mean loss, and DDP's mean gradient,
+    are one process's on the global batch. A batch whose weights are all 0 has loss 0.
+
+    Args:
+        logits: [B] or [B, T].
+        labels: the same shape as `logits`.
+        sample_weights: w [B], each row's weight.
+        weights: the T tasks' weights.
+        training: all-reduce S across the process group.
+
+    Returns:
+        The loss [] fp32.
+
+    Raises:
+        ValueError: labels and logits differ in shape.
+    """
     if labels.shape != logits.shape:
         raise ValueError(
             f"labels {tuple(labels.shape)} do not match the {len(weights)} tasks' logits {tuple(logits.shape)}"

@@ -1,11 +1,8 @@
 """TorchRec's ReLU MLP with each layer one autograd node: the ReLU in place, the weight's gradient contiguous.
 
 Same parameters, state-dict keys and results as `torchrec.modules.mlp.MLP(activation="relu")`, less
-work. Eager autograd runs a layer as `addmm`, then `relu` into a new [B, out] tensor (a pass that
-misses the cache), and in the backward computes the weight's gradient as the transpose of x^T g,
-which is then copied, strided, into the contiguous `.grad`. Here the ReLU overwrites the product and
-the backward computes the weight's gradient [out, in] contiguous, by the product MKL runs faster on
-the CPU in fp32 (`weight_grad`).
+work: the ReLU overwrites the product, and the backward computes the weight's gradient [out, in]
+contiguous (`weight_grad`).
 """
 
 from __future__ import annotations

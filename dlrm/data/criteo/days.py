@@ -21,11 +21,13 @@ MANIFEST = "manifest.json"
 
 
 def input_stamp(path: str) -> dict:
+    """What identifies an input file: its absolute path, size and modification time."""
     st = os.stat(path)
     return {"path": os.path.abspath(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 def options_stamp(opts: ParseOptions) -> dict:
+    """The parse options a day's output depends on, as JSON."""
     return {
         "policy": opts.policy,
         "id_map": opts.id_map,
@@ -36,10 +38,13 @@ def options_stamp(opts: ParseOptions) -> dict:
 
 
 def day_json(out: str, day: int) -> str:
+    """The path of day `day`'s day_{i}.json, written last when the day is complete."""
     return os.path.join(out, f"day_{day}.json")
 
 
 def is_complete(out: str, day: int, path: str, opts: ParseOptions) -> bool:
+    """Whether day `day` of `out` is finished from input `path` with `opts`: its json matches and its
+    files have the recorded sizes (a damaged json: False)."""
     try:
         with open(day_json(out, day)) as f:
             meta = json.load(f)
@@ -148,6 +153,7 @@ def finish_day(out: str, day: int, path: str, results: list[RangeResult], opts: 
 
 
 def read_manifest(out: str) -> dict | None:
+    """`out`'s manifest.json as a dict, or None when it is missing or not a JSON object."""
     try:
         with open(os.path.join(out, MANIFEST)) as f:
             m = json.load(f)

@@ -97,6 +97,8 @@ class ParseOptions:
 
 @dataclass
 class BadLine:
+    """A line that does not parse: where, which field, its value and why."""
+
     line: int  # 1-based line number in the input file
     field: str
     value: str
@@ -300,4 +302,5 @@ def parse_block(buf: bytes, opts: ParseOptions, first_line: int = 1) -> Parsed:
 
 
 def day_paths(directory: str, day: int) -> dict[str, str]:
+    """{kind: path} of day `day`'s .npy files (dense, sparse, labels)."""
     return {k: os.path.join(directory, f"day_{day}_{k}.npy") for k in KINDS}

@@ -102,9 +102,19 @@ def split_days(cfg: CriteoConfig, manifest: dict) -> tuple[list[tuple[int, int, 
 class CriteoSource:
     """Batches of preprocessed Criteo for one rank: `Batch(dense [b, 13] f32, sparse KJT, labels [b] f32)`.
 
-    feature_names[c] is the KJT key of sparse column C{c+1}; table_rows[c] the rows of its table.
-    expand_on: with multi-hot sizes, batches are `BaseIdBatch`es whose ids expand when moved to a
-    device (give the GPU); None expands on the host, in the reader thread.
+    Args:
+        cfg: the data.criteo section.
+        feature_names: feature_names[c] is the KJT key of sparse column C{c+1}.
+        table_rows: table_rows[c] is the rows of that column's table.
+        global_batch_size: B; a rank's batches hold b = B / W rows.
+        seed: seeds the train split's batch order.
+        expand_on: with multi-hot sizes, batches are `BaseIdBatch`es whose ids expand when moved to
+            this device (give the GPU); None expands on the host, in the reader thread.
+
+    Raises:
+        CriteoDataError: no directory, not 26 features, a bad manifest, multi-hot sizes or day file, or
+            a train split under one global batch.
+
     Example: `CriteoSource(cfg.data.criteo, names, rows, 2048, seed=0).batches("train", rank, world)`.
     """
 

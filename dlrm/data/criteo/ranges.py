@@ -34,6 +34,8 @@ class RangeTask:
 
 @dataclass
 class RangeResult:
+    """What converting one range gave: counts, the max id per column, and its bad lines."""
+
     task: RangeTask
     rows: int = 0
     lines: int = 0
@@ -55,6 +57,7 @@ _progress = None  # multiprocessing.Array('q', 2): [input bytes consumed, lines 
 
 
 def set_progress_counter(counter) -> None:
+    """Count this process's progress in `counter` ([input bytes, lines], shared with the parent)."""
     global _progress
     _progress = counter
 

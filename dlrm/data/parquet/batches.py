@@ -72,10 +72,20 @@ def _runs(features: int, scalar: list[int]) -> list[tuple[int, int, int | None]]
 
 
 class BatchMaker:
-    """Makes and checks the batches of one data.parquet declaration for the model's features
-    (`feature_names`, in KJT key order; `table_rows`: the rows of each one's table). With
-    data.parquet.multi_hot_sizes and `expand_on` (a GPU), batches are `BaseIdBatch`es: one id per
-    sample and feature, expanded when moved to the device; None expands them on the host."""
+    """Makes and checks the batches of one data.parquet declaration for the model's features.
+
+    Args:
+        cfg: the data.parquet section.
+        feature_names: the model's sparse features, in KJT key order.
+        table_rows: the rows of each feature's table.
+        expand_on: with data.parquet.multi_hot_sizes, batches are `BaseIdBatch`es (one id per sample
+            and feature) expanded when moved to this device (a GPU); None expands them on the host.
+        raw_dense: dense values as read (NaN where missing), not transformed.
+
+    Raises:
+        ParquetDataError: a feature without a declared column, or multi-hot sizes that do not fit the
+            features.
+    """
 
     def __init__(
         self,

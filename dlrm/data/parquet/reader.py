@@ -89,8 +89,18 @@ class RowGroupReader:
         return self.prepare(table) if self.prepare is not None else table
 
     def read(self, order: list[int], starts: np.ndarray, start: int, count: int) -> tuple[pa.Table, list[tuple]]:
-        """Rows [start, start + count) of the row groups `order` (starts: their first rows), and where
-        they come from: [(first row in the batch, file path, first row in the file), ...]."""
+        """Rows [start, start + count) of the row groups `order` read as one sequence.
+
+        Args:
+            order: row group indexes, in reading order.
+            starts: [len(order) + 1] the first row of each in the sequence, then the total.
+            start: the sequence's first row to read.
+            count: rows to read.
+
+        Returns:
+            (the rows as one table, where they come from: [(first row in the batch, file path, first
+            row in the file), ...]).
+        """
         pieces, origin, at = [], [], 0
         i = int(np.searchsorted(starts, start, side="right")) - 1
         while count > 0:
