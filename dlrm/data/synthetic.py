@@ -189,8 +189,8 @@ class SyntheticSource:
             step += 1
 
     def samples(self, split: str, first: int, count: int) -> Batch:
-        """Samples first .. first+count-1 of a split as a Batch (dense [B, 13], KJT, labels [B] or
-        [B, tasks]) on `device`."""
+        """Samples first .. first+count-1 of a split as a Batch (dense [B, N], KJT, labels [B] or
+        [B, tasks]) on `device`, B = count."""
         if split not in ("train", "eval"):
             raise ValueError(f"unknown split {split!r}: use 'train' or 'eval'")
         offset = self.cfg.eval_offset if split == "eval" else 0

@@ -56,7 +56,7 @@ class Dataset:
     """The files of one split: their metadata, checked against the declared columns, and row groups."""
 
     def __init__(self, uri: str, key: str, columns: dict[str, tuple[str, str]]):
-        """columns: {column: (kind as `_type_problem` takes it, the config key that declares it)}."""
+        """columns: {column: (kind as `type_problem` takes it, the config key that declares it)}."""
         self.fs, self.paths = list_files(uri, key)
         self.metadata: list[pq.FileMetaData] = []
         self.row_groups: list[RowGroup] = []
