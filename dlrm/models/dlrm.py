@@ -307,9 +307,13 @@ def pooled_in_order(pooled: KeyedTensor, names: list[str], dim: int) -> torch.Te
 
 @torch.fx.wrap  # a leaf for torch.fx, as pooled_in_order
 def pooled_by_key(pooled: KeyedTensor, names: list[str], dim: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The pooled embeddings [B, F, D] in the collection's order, each key D wide, with the [F] int64
-    positions in them of `names` (None: already in that order); keys of other widths give
-    (`pooled_in_order`, None). `DotInteraction` takes them as they are: no gather."""
+    """The pooled embeddings of `names` without reordering them, for `DotInteraction`: no gather.
+
+    Returns:
+        (pooled [B, F, D] in the collection's key order, positions [F] int64 of `names` in it), with
+        positions None when the keys are already in that order; keys of other widths than D give
+        (`pooled_in_order`, None).
+    """
     values, keys = pooled.values(), pooled.keys()
     if keys != names and pooled.length_per_key() == [dim] * len(names):
         return values.view(values.shape[0], len(names), dim), _positions(tuple(keys), tuple(names), values.device)

@@ -109,7 +109,14 @@ def _check_results(path: str, results: list[RangeResult], opts: ParseOptions) ->
 
 
 def finish_day(out: str, day: int, path: str, results: list[RangeResult], opts: ParseOptions) -> dict:
-    """Apply the policy to a day's range results, concatenate parts, rename, write day_{i}.json."""
+    """Apply the policy to a day's range results, concatenate parts, rename, write day_{i}.json.
+
+    Returns:
+        The day's json (input, options, lines, rows, skipped lines, max ids, files).
+
+    Raises:
+        CriteoFormatError: under policy fail, a bad line, a broken stream or an empty file.
+    """
     results.sort(key=lambda r: r.task.start)
     lines = _check_results(path, results, opts)
     final = day_paths(out, day)

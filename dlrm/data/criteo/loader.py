@@ -180,7 +180,12 @@ class CriteoSource:
         return np.arange(n)
 
     def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Prefetcher[Batch | BaseIdBatch]:
-        """This rank's slices of global batches start_step, start_step + 1, ... (train: endless; eval: one pass)."""
+        """This rank's slices of global batches start_step, start_step + 1, ... (train: endless; eval: one pass).
+
+        Raises:
+            ValueError: an unknown split, a global batch size not divisible by `world_size`, or `rank`
+                outside it.
+        """
         self.num_batches(split)  # checks the split's name
         if self.global_batch_size % world_size or not 0 <= rank < world_size:
             raise ValueError(

@@ -26,11 +26,17 @@ class Split:
 
 
 class RowGroupReader:
-    """Reads rows of a split's ordered row groups, keeping the last few row groups decoded, each
-    passed once through `prepare` (table -> table: work done once per row group rather than per
-    batch). Safe to share between threads: each thread opens its own file handles (a ParquetFile is
-    not shared between threads), and a row group another thread is decoding is waited for, not
-    decoded twice."""
+    """Reads rows of a split's ordered row groups, keeping the last few row groups decoded.
+
+    Safe to share between threads: each thread opens its own file handles, and a row group another
+    thread is decoding is waited for, not decoded twice.
+
+    Args:
+        dataset: the split's files and row groups.
+        columns: the columns to read.
+        prepare: table -> table, applied once to each decoded row group (work done once per row
+            group rather than per batch).
+    """
 
     def __init__(self, dataset: Dataset, columns: list[str], prepare: Callable[[pa.Table], pa.Table] | None = None):
         self.dataset, self.columns, self.prepare = dataset, columns, prepare
