@@ -2,25 +2,16 @@
 
     python -m dlrm.data.convert clicks.csv --out data/clicks --multi items --multi tags:string
 
-Each input is read in blocks (`pyarrow.csv.open_csv`, streaming: memory bounded by the block size);
-the column types are inferred from the first input's first block and then held for every input (a
-later value that does not fit is an error naming the file). A `--multi COL` column holds several
-values per row joined by `--multi-separator` ("3|17|5"; an empty cell: no values), written as
-list<int64> (`COL:string`: list<string>, for `kind: strings`). Rows go to files part-00000.parquet,
-part-00001.parquet, ... of --out, `--rows-per-file` each, in row groups of `--row-group-size` rows
-(about global batch / ranks or fewer keeps each rank's reads small: see `dlrm.data.parquet`), in
-the layout `dlrm.data.parquet.files.write_options` gives: numbers PLAIN-encoded (no dictionary: twice as
-fast to decode), dictionary encoding for strings, `--compression` (snappy; none decodes a little faster);
-`--required` declares every column non-nullable (Parquet's REQUIRED: no definition levels, about half
-the decoding time again), refusing an input with an empty cell.
-The files are written to a temporary directory beside --out and published whole (renamed to --out)
-when every input is converted: a failure leaves no file that looks like a finished dataset. --out must
-not be an input's place nor exist unless empty. Column types come from the first block, except that
-integers beyond float64's exact range (20-digit ids) are kept exact as uint64 (non-negative) or
-string, never as floats. Errors, one line naming file, line and column, exit status 2: a header that
-is not UTF-8, duplicate names or no header (a line of values: Criteo's headerless TSV), one column
-that holds tabs (a TSV without --delimiter tab), a value that does not fit its column's type, a cell
-that is not UTF-8 (a Latin-1 file), a full disk (with the space needed).
+Inputs are read in streaming blocks (memory bounded by the block size). Column types are inferred
+from the first input's first block and held for every input; integers beyond float64's exact range
+are kept exact as uint64 or string. A `--multi COL` column holds several values per row joined by
+`--multi-separator` ("3|17|5"; an empty cell: no values), written as list<int64> (`COL:string`:
+list<string>). Rows go to part-00000.parquet, part-00001.parquet, ... of --out, `--rows-per-file`
+each, in row groups of `--row-group-size` rows, numbers PLAIN-encoded, strings dictionary-encoded,
+`--compression` (snappy); `--required` declares every column non-nullable and refuses empty cells.
+The files are published whole (a temporary directory renamed to --out, which must be absent or
+empty) when every input is converted. Bad input (no or bad header, a value that does not fit its
+column, a cell that is not UTF-8, a full disk) is one line naming file, line and column, exit 2.
 """
 
 from __future__ import annotations
@@ -206,8 +197,22 @@ def convert(
     compression: str = "snappy",
     required: bool = False,
 ) -> dict:
-    """Write `inputs` as Parquet files in `out`, published whole; returns {"files": [...], "rows": N,
-    "schema": str}."""
+    """Write `inputs` as Parquet files in `out`, published whole.
+
+    Args:
+        inputs: CSV/TSV files with a header line, one schema.
+        out: the output directory, absent or empty.
+        multi: columns holding several values per cell ("COL", or "COL:string" for strings).
+        separator: what separates a multi column's values.
+        block_bytes: text parsed per block (bounds memory).
+        required: declare every column non-nullable (an empty cell is refused).
+
+    Returns:
+        {"files": [paths], "rows": rows written, "schema": the Arrow schema as text}.
+
+    Raises:
+        ConvertError: bad options, or input that does not convert (names file, line and column).
+    """
     if rows_per_file < 1 or row_group_size < 1:
         raise ConvertError("--rows-per-file and --row-group-size must be positive")
     if compression not in COMPRESSIONS:

@@ -6,11 +6,7 @@ device, and `kjt(base)` builds each batch's KJT from one base id per (feature, s
 device synchronisation (the KJT is handed every size it would otherwise compute with `.tolist()`).
 Multi-hot ids follow MLPerf DLRM-DCNv2's synthesis of multi-hot Criteo: id j of feature f is
 (base + offsets[f][j]) mod rows[f], offsets[f][0] = 0, with offsets fixed for the dataset.
-Used by the synthetic source (`expand`: torch ops on the training device) and the Criteo loader:
-on a GPU its batches carry the base ids only (`BaseIdBatch`, expanded by `expand` when moved to the
-device), on the host it expands with `expand_host` (numpy, in its reader thread, where torch's
-intra-op thread pool would compete with the training thread's: measured on 2 busy cores, 8x slower
-than one thread).
+`BaseIdBatch` carries the base ids only and expands them when moved to a device.
 """
 
 from __future__ import annotations
@@ -35,6 +31,7 @@ class MultiHotLayout:
         offsets: per feature, its P_f offsets, the first 0, each in [0, rows[f]).
         count: samples per batch (B).
         device: where the constants live and batches are built.
+
     Values are key-major (all of feature 0, then feature 1, ...), each sample's P_f ids contiguous;
     int32 when every table fits (fbgemm takes int32 indices), else int64. lengths and offsets are
     int32 [F * B] and [F * B + 1], made once and shared (read-only) by every batch.
@@ -97,11 +94,12 @@ class MultiHotLayout:
         )
 
     def expand(self, base: torch.Tensor) -> torch.Tensor:
-        """[F, B] base ids -> key-major values [sum(P) * B]: each base id repeated P_f times, its
-        offsets added, then a branch-free wrap into [0, rows); one-hot: one copy. On a GPU that is a
-        few kernels whatever the number of features (`_expand_gathered`); on the host, per feature,
-        blocks of at most `_HOST_BLOCK` values while each is in cache (1.5-1.8x less CPU time at
-        MLPerf's shape than one pass over all values)."""
+        """Base ids [F, B] -> key-major values [sum(P) * B] of the layout's id dtype.
+
+        Each base id is repeated P_f times, its offsets added, then wrapped into [0, rows) without
+        branches; one-hot: one copy. On a GPU a fixed handful of kernels for any number of features;
+        on the host per feature, in cache-sized blocks.
+        """
         if not self.multi_hot:
             out = torch.empty(base.shape, dtype=self.id_dtype, device=base.device)
             return out.copy_(base).reshape(-1)
@@ -155,8 +153,11 @@ class MultiHotLayout:
                 block += wrap.bitwise_and_(rows)
 
     def expand_host(self, ids: np.ndarray) -> torch.Tensor:
-        """`expand` of ids [B, F] (sample-major, as files hold them) in numpy on the host, one thread:
-        the same values, for reader threads."""
+        """`expand` of base ids [B, F] (sample-major, as files hold them) in numpy, on one thread.
+
+        Returns:
+            The same key-major values [sum(P) * B] as `expand`, on the host.
+        """
         dtype = np.int32 if self._sum_dtype == torch.int32 else np.int64
         ids = ids.astype(dtype, copy=False)
         count = ids.shape[0]
@@ -184,14 +185,16 @@ class MultiHotLayout:
 
 
 class BaseIdBatch(Batch):
-    """A Batch of one base id per (sample, feature) that becomes the multi-hot Batch when moved:
-    `to(device)` (as TorchRec's pipeline and the trainer call it) copies dense [B, 13] f32, the base
-    ids and labels [B] f32, and expands the ids there (`MultiHotLayout.expand`). The host then
-    builds and copies F ids per sample instead of sum(P) (26 instead of 214 for MLPerf DLRM-DCNv2).
-    Its own `sparse_features` are the base ids (one per feature), key-major, made with numpy (a
-    reader thread's torch ops would queue on the intra-op pool the training thread uses: a `torch.ones`
-    of MLPerf's 26 x 8,192 took 9 ms there on 2 busy cores); `layout_for(device)` gives the layout of B
-    samples on a device.
+    """A Batch of one base id per (sample, feature) that becomes the multi-hot Batch when moved.
+
+    `to(device)` copies dense [B, N] f32, the base ids and labels [B] f32, and expands the ids there
+    (`MultiHotLayout.expand`). Its own `sparse_features` are the base ids, one per feature, key-major.
+
+    Args:
+        dense: [B, N] f32 dense features.
+        base: [B, F] base ids.
+        labels: [B] f32.
+        layout_for: the `MultiHotLayout` of B samples on a device.
     """
 
     def __init__(
@@ -205,6 +208,7 @@ class BaseIdBatch(Batch):
         key_major = torch.from_numpy(
             np.ascontiguousarray(base.numpy().T).reshape(-1)
         )  # a view if base is [F, B]'s .t()
+        # numpy, not torch: a reader thread's torch ops would queue on the training thread's intra-op pool
         ones = torch.from_numpy(np.ones(base.numel(), np.int32))
         sparse = KeyedJaggedTensor(keys=keys, values=key_major, lengths=ones, stride=base.shape[0])
         super().__init__(dense_features=dense, sparse_features=sparse, labels=labels)

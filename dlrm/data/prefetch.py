@@ -29,8 +29,8 @@ _END = object()
 
 def prefetch_pays(device: torch.device, local_world_size: int) -> bool:
     """Whether a producer thread can hide the source's work: always on CUDA (the host waits on the
-    GPU, and batches must be pinned); on CPU only if the ranks' compute threads leave a core free.
-    Measured on 2 cores with 2 ranks: a thread there only competes with the step (about -10%).
+    GPU, and batches must be pinned); on CPU only if the ranks' compute threads leave a core free
+    (else the thread only competes with the step).
     """
     import torch  # here only: preprocessing uses the Prefetcher and starts without torch (seconds)
 
@@ -128,10 +128,12 @@ class OrderedWorkers(Iterator[T]):
     """Items make(start), make(start + 1), ... (up to `stop`, exclusive; None: endless), made on
     `workers` threads, each up to `depth` items ahead, and handed over in index order.
 
-    `make` is called from several threads at once: it must be safe for that (pyarrow's decoding and
-    numpy's and torch's larger kernels release the GIL, so the threads overlap). An exception raised
-    by make(i) is re-raised by the i-th `next`, after the items before it, as one worker would.
+    `make` is called from several threads at once: it must be thread-safe. An exception raised by
+    make(i) is re-raised by the i-th `next`, after the items before it, as one worker would.
     `close()` (also at the end of a `with` block or on garbage collection) stops every thread.
+
+    Raises:
+        ValueError: `workers` or `depth` below 1.
     """
 
     def __init__(self, make: Callable[[int], T], start: int, stop: int | None, workers: int, depth: int = 2) -> None:

@@ -1,6 +1,5 @@
-"""Progress of long work (convert, inspect, export) on stderr: done/total, rows/s (or another unit's)
-and an ETA, a line at most every few seconds, none for work shorter than that; and `Step`, one line
-when a step of such work starts and one with its time and rate when it ends."""
+"""Progress of long work on stderr: `Progress` (share done, rate and ETA every few seconds) and `Step`
+(a line when a step starts and one with its time and rate when it ends)."""
 
 from __future__ import annotations
 
@@ -9,9 +8,11 @@ import time
 
 
 class Progress:
-    """`update(done, rows)` after each piece of work: `done` of `total` units (bytes read, row groups),
-    `rows` rows (or `unit`s: tensors) so far. Prints "WHAT: 12% (1,234,567 rows, 250,000 rows/s, ETA
-    40s)" every `every` seconds."""
+    """Progress lines for work of `total` units (bytes read, row groups), none for short work.
+
+    Call `update(done, rows)` after each piece of work: `done` of `total` units and `rows` rows (or
+    `unit`s) so far. At most every `every` seconds it prints "WHAT: P% (R rows, S rows/s, ETA Ts)".
+    """
 
     def __init__(self, what: str, total: float, every: float = 5.0, unit: str = "rows"):
         self.what, self.total, self.every, self.unit = what, max(float(total), 1.0), every, unit
@@ -33,10 +34,11 @@ class Progress:
 
 
 class Step:
-    """A step of long work, as a context manager: prints "WHAT: DOING" on entry and "WHAT: DOING: done
-    in 12.3s (45 MiB/s)" on a clean exit, for a step of `mib` MiB (the rate's) at least `LONG_MIB`,
-    or of unknown size (`mib` None); nothing for a smaller one, as `Progress` prints nothing for
-    short work."""
+    """A step of long work, as a context manager.
+
+    Prints "WHAT: DOING" on entry and "WHAT: DOING: done in Ts (R MiB/s)" on a clean exit, for a step
+    of `mib` MiB at least `LONG_MIB` or of unknown size (`mib` None); nothing for a smaller step.
+    """
 
     LONG_MIB = 256.0  # about a second of reading or hashing, or more
 

@@ -24,17 +24,19 @@ class BatchSource(Protocol):
         ...
 
     def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Iterator[Batch]:
-        """This rank's slice of global batches start_step, start_step + 1, ... of `split`: each a
-        Batch of dense [B / W, n_dense] float, sparse KeyedJaggedTensor, labels [B / W] (or
-        [B / W, T] from a Parquet source with T label columns)."""
+        """This rank's slice of global batches start_step, start_step + 1, ... of `split`.
+
+        Each is a Batch of dense [b, N] float, sparse KeyedJaggedTensor, labels [b] (or [b, T] with T
+        label columns), b = B / W.
+        """
         ...
 
 
 @runtime_checkable
 class PositionedSource(Protocol):
-    """A source whose data position is recorded, not derived from the step (the Parquet source,
-    dlrm.data.parquet.position): what a checkpoint holds of it, the continuation from it, passes over
-    a training window, and evaluated periods of a dataset partitioned by time."""
+    """A source whose data position is recorded, not derived from the step: what a checkpoint holds of
+    it, the continuation from it, passes over a training window, and evaluated periods of a dataset
+    partitioned by time."""
 
     @property
     def eval_periods(self) -> list[str]:
@@ -99,10 +101,14 @@ def batches_on(source: BatchSource, device: torch.device) -> bool:
 
 
 def make_source(cfg: Config, device: torch.device | None = None) -> BatchSource:
-    """The batch source for this config (synthetic, preprocessed Criteo or Parquet files). Synthetic batches are
-    made on `device` (the training device; None: the host) unless data.synthetic.on_device=false;
-    Criteo's and Parquet's multi-hot ids are expanded on `device` when it is a GPU
-    (`dlrm.data.multihot.BaseIdBatch`)."""
+    """The batch source `data.source` names: synthetic, preprocessed Criteo or Parquet files.
+
+    Args:
+        cfg: the whole config (data, model tables and seed).
+        device: the training device; None: the host. Synthetic batches are made on it unless
+            data.synthetic.on_device=false; Criteo's and Parquet's multi-hot ids are expanded on it
+            when it is a GPU (`BaseIdBatch`).
+    """
     names, rows, pooling = feature_layout(cfg)
     bounds = id_bounds(cfg)  # files hold raw ids; synthetic ids are drawn below the table's rows
     on_gpu = device is not None and device.type == "cuda"  # multi-hot ids expand there

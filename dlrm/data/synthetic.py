@@ -16,7 +16,7 @@ Per sample:
 - per sparse feature one base id drawn from a Zipf-like power law over the table's rows (inverse
   CDF from a table per feature), the hot ranks scattered over the table by a multiplicative hash;
   a multi-hot feature (pooling P > 1) adds P - 1 ids (base + offset_j) mod rows, with offsets fixed
-  by the seed: MLPerf DLRM-DCNv2's synthesis of multi-hot Criteo, as `dlrm.data.criteo.loader` does;
+  by the seed: MLPerf DLRM-DCNv2's synthesis of multi-hot Criteo, as the Criteo source does;
 - a label per task (model.tasks) from a hidden logistic model of the dense features and the base
   ids, so AUC above 0.5 is learnable; task 0's model is fixed, task t > 0's has its own phase of the
   dense weights and salt of the id weights, drawn from (seed, t).
@@ -189,8 +189,8 @@ class SyntheticSource:
             step += 1
 
     def samples(self, split: str, first: int, count: int) -> Batch:
-        """Samples first .. first+count-1 of a split as a Batch (dense [B, 13], KJT, labels [B] or
-        [B, tasks]) on `device`."""
+        """Samples first .. first+count-1 of a split as a Batch (dense [B, N], KJT, labels [B] or
+        [B, tasks]) on `device`, B = count."""
         if split not in ("train", "eval"):
             raise ValueError(f"unknown split {split!r}: use 'train' or 'eval'")
         offset = self.cfg.eval_offset if split == "eval" else 0

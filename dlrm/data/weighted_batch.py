@@ -1,8 +1,6 @@
 """A batch whose rows carry sample weights: TorchRec's `Batch` and weights [B] float32.
 
-The model weights each row's loss by them and the evaluation its figures (`dlrm.models.dlrm`,
-`dlrm.trainer.metrics`); both read `getattr(batch, "weights", None)`, so a plain `Batch` is the
-unweighted path, unchanged.
+Readers take `getattr(batch, "weights", None)`: a plain `Batch` is unweighted.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 # long file: the DLRM and DLRM-DCN models with their shared interaction and initialisation
 """The DLRM network, built on the meta device, and its seed-and-name-determined initial weights.
 
-No process group is touched here: `dlrm.distributed.sharding` distributes the model, then `initialize`
-fills every local piece of every parameter with the values the unsharded model would have.
+No process group is touched here: once the model is sharded, `initialize` fills every local piece of
+every parameter with the values the unsharded model would have.
 Notation: B = batch, F = sparse features, D = embedding dim, T = tasks (model.tasks: one logit each).
 """
 
@@ -74,11 +74,15 @@ def embedding_configs(cfg: ModelConfig) -> list[EmbeddingBagConfig]:
 def build_model(cfg: ModelConfig, device: torch.device = META) -> MultiTaskDLRMTrain:
     """DLRM (dot interaction) or DLRM-DCN wrapped with the tasks' weighted BCE-with-logits loss.
 
-    forward(batch) -> (loss [], (loss [], logits, labels)): logits and labels [B] for one task, [B, T]
-    for T (see `MultiTaskDLRMTrain`). Tables and MLPs are built on `device` (meta by default: no
-    memory until sharding materialises the local pieces). TorchRec builds the interaction (its index
-    buffer, the DCN cross net) on CPU, whatever `device` is: a meta index buffer would be
-    materialised uninitialised.
+    Args:
+        cfg: the model section (tables, MLPs, interaction, tasks).
+        device: where tables and MLPs are built; meta by default (no memory until sharding
+            materialises the local pieces). The interaction (its index buffer, the DCN cross net) is
+            built on CPU whatever `device` is: a meta index buffer would be materialised uninitialised.
+
+    Returns:
+        A `MultiTaskDLRMTrain`: forward(batch) -> (loss [], (loss [], logits, labels)), logits and
+        labels [B] for one task, [B, T] for T tasks.
     """
     return MultiTaskDLRMTrain(_build_net(cfg, device), [task.weight for task in cfg.tasks])
 
@@ -114,7 +118,11 @@ class MultiTaskDLRMTrain(DLRMTrain):
 
 @torch.fx.wrap  # a leaf for torch.fx (TorchRec's pipeline traces the model): it checks shapes
 def task_loss(logits: torch.Tensor, labels: torch.Tensor, weights: list[float]) -> torch.Tensor:
-    """sum_t weights[t] * mean_b BCE(logits[b, t], labels[b, t]): logits, labels [B, T] -> [] fp32."""
+    """sum_t weights[t] * mean_b BCE(logits[b, t], labels[b, t]): logits, labels [B, T] -> [] fp32.
+
+    Raises:
+        ValueError: labels and logits differ in shape.
+    """
     if labels.shape != logits.shape:
         raise ValueError(
             f"labels {tuple(labels.shape)} do not match the {len(weights)} tasks' logits {tuple(logits.shape)}"
@@ -130,11 +138,26 @@ def task_loss(logits: torch.Tensor, labels: torch.Tensor, weights: list[float]) 
 def weighted_task_loss(
     logits: torch.Tensor, labels: torch.Tensor, sample_weights: torch.Tensor, weights: list[float], training: bool
 ) -> torch.Tensor:
-    """sum_t weights[t] * sum_b w_b BCE(logits[b, t], labels[b, t]) / (S / W): logits, labels [B] or
-    [B, T], sample weights w [B] -> [] fp32. S is the sum of w over the global batch (all W ranks'
-    slices, one all-reduce when `training` in a process group of W > 1; this slice's otherwise), so
-    the ranks' mean loss, and DDP's mean gradient, are one process's on the global batch: the
-    weighted mean of the rows' losses. A batch whose weights are all 0 has loss 0."""
+    """sum_t weights[t] * sum_b w_b BCE(logits[b, t], labels[b, t]) / (S / W), the weighted mean of the
+    rows' losses over the global batch.
+
+    S is the sum of w over the global batch (all W ranks' slices, one all-reduce when `training` in a
+    process group of W > 1; this slice's otherwise), so the ranks' mean loss, and DDP's mean gradient,
+    are one process's on the global batch. A batch whose weights are all 0 has loss 0.
+
+    Args:
+        logits: [B] or [B, T].
+        labels: the same shape as `logits`.
+        sample_weights: w [B], each row's weight.
+        weights: the T tasks' weights.
+        training: all-reduce S across the process group.
+
+    Returns:
+        The loss [] fp32.
+
+    Raises:
+        ValueError: labels and logits differ in shape.
+    """
     if labels.shape != logits.shape:
         raise ValueError(
             f"labels {tuple(labels.shape)} do not match the {len(weights)} tasks' logits {tuple(logits.shape)}"
@@ -284,9 +307,13 @@ def pooled_in_order(pooled: KeyedTensor, names: list[str], dim: int) -> torch.Te
 
 @torch.fx.wrap  # a leaf for torch.fx, as pooled_in_order
 def pooled_by_key(pooled: KeyedTensor, names: list[str], dim: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The pooled embeddings [B, F, D] in the collection's order, each key D wide, with the [F] int64
-    positions in them of `names` (None: already in that order); keys of other widths give
-    (`pooled_in_order`, None). `DotInteraction` takes them as they are: no gather."""
+    """The pooled embeddings of `names` without reordering them, for `DotInteraction`: no gather.
+
+    Returns:
+        (pooled [B, F, D] in the collection's key order, positions [F] int64 of `names` in it), with
+        positions None when the keys are already in that order; keys of other widths than D give
+        (`pooled_in_order`, None).
+    """
     values, keys = pooled.values(), pooled.keys()
     if keys != names and pooled.length_per_key() == [dim] * len(names):
         return values.view(values.shape[0], len(names), dim), _positions(tuple(keys), tuple(names), values.device)
@@ -362,9 +389,7 @@ class _DotInteraction(torch.autograd.Function):
     Forward: one bmm, then a gather of the triangle's columns of the flattened [B, n * n] product.
     Backward, one gather and one product: the symmetric [B, n, n] matrix S with S[i, j] = S[j, i] =
     g[D + (i, j)] (the gradient of the triangle) is gathered straight from the output's gradient
-    g [B, D + P] with the fixed `mirror` index, its diagonal zeroed, then grad C = S C. Autograd's
-    version would scatter-add (`index_put_(accumulate=True)`, serial on CPU), multiply twice and add;
-    a scatter into zeros (`index_copy_`) costs 2-3x the gather on CPU.
+    g [B, D + P] with the fixed `mirror` index, its diagonal zeroed, then grad C = S C.
     """
 
     @staticmethod
@@ -400,8 +425,7 @@ class DotInteraction(InteractionArch):
     reordered index buffers instead of a gather of the features.
 
     Under bf16 autocast the interaction still computes in fp32 (its inputs cast up: the bottom MLP's
-    bf16 output exactly, the fp32 embeddings unchanged): it is ~2% of the model's FLOPs, and CPU
-    kernels gather bf16 columns ~5x slower than fp32 ones. The top MLP casts the output once.
+    bf16 output exactly, the fp32 embeddings unchanged); the top MLP casts the output once.
 
     `dense_row=False` (a model without dense features): forward(dense [B, 0], sparse [B, F, D]) ->
     [B, F(F-1)/2], the pairwise products of the features alone.
@@ -517,8 +541,14 @@ def initialize(model: torch.nn.Module, cfg: ModelConfig, seed: int) -> None:
 def reset_rows(
     ebc: torch.nn.Module, freed: dict[str, torch.Tensor], tables: dict[str, tuple[int, int]], seed: int
 ) -> None:
-    """Set rows `freed[table]` ([k] int64) of `ebc`'s tables (plain or sharded: the pieces this rank holds)
-    back to their initial values (`table_rows_init`): a vocabulary gave them to new ids."""
+    """Set rows `freed[table]` ([k] int64) of `ebc`'s tables back to their initial values.
+
+    Args:
+        ebc: an embedding bag collection, plain or sharded (the pieces this rank holds are set).
+        freed: per table name, the rows a vocabulary gave to new ids, [k] int64.
+        tables: per table name, (rows, dim).
+        seed: the model's seed (`table_rows_init`).
+    """
     with torch.no_grad():
         for name, value in ebc.state_dict().items():
             table = _table_of(name, tables)

@@ -1,11 +1,8 @@
 """TorchRec's ReLU MLP with each layer one autograd node: the ReLU in place, the weight's gradient contiguous.
 
 Same parameters, state-dict keys and results as `torchrec.modules.mlp.MLP(activation="relu")`, less
-work. Eager autograd runs a layer as `addmm`, then `relu` into a new [B, out] tensor (a pass that
-misses the cache), and in the backward computes the weight's gradient as the transpose of x^T g,
-which is then copied, strided, into the contiguous `.grad`. Here the ReLU overwrites the product and
-the backward computes the weight's gradient [out, in] contiguous, by the product MKL runs faster on
-the CPU in fp32 (`weight_grad`).
+work: the ReLU overwrites the product, and the backward computes the weight's gradient [out, in]
+contiguous (`weight_grad`).
 """
 
 from __future__ import annotations
@@ -39,10 +36,9 @@ class _LinearReLU(torch.autograd.Function):
 def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """g^T x [out, in], contiguous, of g [B, out] and x [B, in].
 
-    On the CPU in fp32 (MKL's sgemm), a layer wider out than in (the bottom MLP's first, the top
-    MLP's first) gets it as (x^T g)^T and one copy of the small result: MKL computes the [in, out]
-    product about twice as fast for 13 -> 512 and ~10% faster for 367 -> 512 at 1,024 rows, and g^T x
-    faster for the narrowing layers. Elsewhere (bf16, CUDA) g^T x. The same sums in another order.
+    On the CPU in fp32, a layer wider out than in gets it as (x^T g)^T and one copy of the small
+    result, which MKL's sgemm computes faster; elsewhere (bf16, CUDA, narrowing layers) g^T x. The
+    same sums in another order.
     """
     if grad.device.type == "cpu" and grad.dtype == torch.float32 and x.shape[1] < grad.shape[1]:
         return x.t().mm(grad).t().contiguous()
@@ -51,8 +47,8 @@ def weight_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 @torch.fx.wrap  # a leaf for torch.fx (TorchRec's pipeline traces the model)
 def linear_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """relu(x weight^T + bias) [B, out] of x [B, in], as `_LinearReLU`; when compiled (`trainer.compile_dense`)
-    as plain ops, which the compiler fuses itself (its functional graph has no place for the in-place backward)."""
+    """relu(x weight^T + bias) [B, out] of x [B, in], as `_LinearReLU`; when compiled as plain ops, which
+    the compiler fuses itself (its functional graph has no place for the in-place backward)."""
     if torch.compiler.is_compiling():
         return torch.relu(torch.nn.functional.linear(x, weight, bias))
     return _LinearReLU.apply(x, weight, bias)

@@ -1,7 +1,7 @@
 """Managed vocabularies of a model: building them in front of the tables, reading their figures, the
 serving form an export traces, and the sizing rule `inspect` can suggest.
 
-The mapping itself (TorchRec's MCH modules, the global admission) is `dlrm.models.id_remap`.
+The mapping itself (TorchRec's MCH modules, the global admission) is `RemappedEmbeddingBagCollection`.
 Notation: N = ids, R = rows of a table.
 """
 
@@ -135,10 +135,11 @@ def suggest_vocabulary(distinct: int, max_id: int | None, kind: str, headroom: f
         kind: the column's kind, id | ids | string | strings (data.parquet.sparse[*].kind).
         headroom: rows per distinct value (room for new ids).
 
-    Returns None when the ids are dense enough to index a table of max_id + 1 rows (at most `headroom`
-    rows per distinct id); else {"rows": ceil(distinct * headroom) + 1, "vocabulary": {"policy": "lfu"},
-    "reason": one line}: strings and sparse id spaces (63-bit ids, YYMMDDHH hours) get a row per value
-    instead of a table sized by the largest id or a modulo that folds them.
+    Returns:
+        None when the ids are dense enough to index a table of max_id + 1 rows (at most `headroom`
+        rows per distinct id); else {"rows": ceil(distinct * headroom) + 1, "vocabulary": {"policy":
+        "lfu"}, "reason": one line}: strings and sparse id spaces (63-bit ids, YYMMDDHH hours) get a
+        row per value instead of a table sized by the largest id or a modulo that folds them.
     """
     if distinct <= 0:
         return None

@@ -1,6 +1,6 @@
 """Check a preprocessed Criteo directory before a long run: `python -m dlrm.data.criteo.check DIR [--no-checksums]`.
 
-Runs the trainer's start-up verification (`dlrm.data.criteo.verify`) on every day of DIR's manifest.json:
+Runs the trainer's start-up verification on every day of DIR's manifest.json:
 each .npy header, row counts, labels in {0, 1}, ids below their table's rows (the manifest's table
 sizes, or `--table-sizes` to check against a model's tables), finite dense values and each file's
 sha256. Prints one line per day, exit 0; the first problem is one `error:` line, exit 2.
@@ -20,7 +20,18 @@ from dlrm.data.criteo.verify import load_manifest, verify_days
 
 
 def check(directory: str, table_sizes: Sequence[int] | None = None, checksums: bool = True) -> int:
-    """Verify every day of `directory`, printing one line per day; returns the total rows."""
+    """Verify every day of `directory`, printing one line per day.
+
+    Args:
+        table_sizes: the 26 tables' rows ids must lie below; None: the manifest's.
+        checksums: also compare each file's sha256 with the manifest's.
+
+    Returns:
+        The rows of all days.
+
+    Raises:
+        UserError: a bad manifest or table sizes, or the first bad file (a CriteoDataError).
+    """
     manifest = load_manifest(directory)
     sizes = table_sizes or manifest.get("table_sizes") or [2**63 - 1] * NUM_SPARSE
     if not isinstance(sizes, list) or len(sizes) != NUM_SPARSE or not all(isinstance(s, int) and s >= 1 for s in sizes):

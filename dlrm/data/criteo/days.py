@@ -21,11 +21,13 @@ MANIFEST = "manifest.json"
 
 
 def input_stamp(path: str) -> dict:
+    """What identifies an input file: its absolute path, size and modification time."""
     st = os.stat(path)
     return {"path": os.path.abspath(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 def options_stamp(opts: ParseOptions) -> dict:
+    """The parse options a day's output depends on, as JSON."""
     return {
         "policy": opts.policy,
         "id_map": opts.id_map,
@@ -36,10 +38,13 @@ def options_stamp(opts: ParseOptions) -> dict:
 
 
 def day_json(out: str, day: int) -> str:
+    """The path of day `day`'s day_{i}.json, written last when the day is complete."""
     return os.path.join(out, f"day_{day}.json")
 
 
 def is_complete(out: str, day: int, path: str, opts: ParseOptions) -> bool:
+    """Whether day `day` of `out` is finished from input `path` with `opts`: its json matches and its
+    files have the recorded sizes (a damaged json: False)."""
     try:
         with open(day_json(out, day)) as f:
             meta = json.load(f)
@@ -104,7 +109,14 @@ def _check_results(path: str, results: list[RangeResult], opts: ParseOptions) ->
 
 
 def finish_day(out: str, day: int, path: str, results: list[RangeResult], opts: ParseOptions) -> dict:
-    """Apply the policy to a day's range results, concatenate parts, rename, write day_{i}.json."""
+    """Apply the policy to a day's range results, concatenate parts, rename, write day_{i}.json.
+
+    Returns:
+        The day's json (input, options, lines, rows, skipped lines, max ids, files).
+
+    Raises:
+        CriteoFormatError: under policy fail, a bad line, a broken stream or an empty file.
+    """
     results.sort(key=lambda r: r.task.start)
     lines = _check_results(path, results, opts)
     final = day_paths(out, day)
@@ -148,6 +160,7 @@ def finish_day(out: str, day: int, path: str, results: list[RangeResult], opts: 
 
 
 def read_manifest(out: str) -> dict | None:
+    """`out`'s manifest.json as a dict, or None when it is missing or not a JSON object."""
     try:
         with open(os.path.join(out, MANIFEST)) as f:
             m = json.load(f)

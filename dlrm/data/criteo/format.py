@@ -8,9 +8,6 @@ Output, per input file i (the layout of `torchrec.datasets.criteo.BinaryCriteoUt
     day_{i}_sparse.npy  int32|int64 [N, 26]  int(hex, 16), then `% table_size` with id_map=modulo; missing -> 0
     day_{i}_labels.npy  int32 [N, 1]
 Parsing is vectorised over blocks of lines (numpy only): memory stays bounded by the block size.
-The rest of the preprocessing: `ranges` (one byte range of a file -> part files), `days` (a day's
-finishing and its json), `npy` (streamed .npy files), `id_remap` (contiguous ids), `preprocess` (the
-command, in parallel over files and ranges).
 """
 
 from __future__ import annotations
@@ -97,6 +94,8 @@ class ParseOptions:
 
 @dataclass
 class BadLine:
+    """A line that does not parse: where, which field, its value and why."""
+
     line: int  # 1-based line number in the input file
     field: str
     value: str
@@ -252,9 +251,16 @@ def _bad_field_reason(f: int, length: int, not_hex: bool, value_id: int, opts: P
 
 
 def parse_block(buf: bytes, opts: ParseOptions, first_line: int = 1) -> Parsed:
-    """Parse complete lines (`buf` must end with '\\n'); first_line is the number of its first line.
+    """Parse complete lines of Criteo TSV; never raises on bad data.
 
-    Every bad line is returned in `bad` (and left out of the arrays); the caller applies the policy.
+    Args:
+        buf: whole lines, ending with '\\n'.
+        opts: the parse options (id mapping, table sizes).
+        first_line: the line number of buf's first line, for `BadLine`s.
+
+    Returns:
+        The `Parsed` block: the good lines as arrays, every bad line in `bad` (left out of the
+        arrays; the caller applies the policy).
     """
     a = np.frombuffer(buf, np.uint8)
     ap = np.concatenate([np.zeros(_PAD, np.uint8), a])
@@ -300,4 +306,5 @@ def parse_block(buf: bytes, opts: ParseOptions, first_line: int = 1) -> Parsed:
 
 
 def day_paths(directory: str, day: int) -> dict[str, str]:
+    """{kind: path} of day `day`'s .npy files (dense, sparse, labels)."""
     return {k: os.path.join(directory, f"day_{day}_{k}.npy") for k in KINDS}

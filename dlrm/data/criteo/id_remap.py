@@ -82,6 +82,9 @@ def remap_contiguous(out: str, manifest: dict, min_count: int, block_rows: int =
 
     Needs ~16 bytes of memory per distinct id of all columns. Rewrites day_{i}_sparse.npy as int32
     [N, 26] (atomically per day) and the day and manifest json files with the new table sizes.
+
+    Returns:
+        The new manifest, also written to `out`/manifest.json.
     """
     os.remove(os.path.join(out, MANIFEST))  # unpublished until the remap is complete
     days = manifest["days"]

@@ -1,4 +1,4 @@
-"""Distributed loader of preprocessed Criteo (`dlrm.data.criteo.preprocess` output), memory-mapped.
+"""Distributed loader of preprocessed Criteo (the preprocess command's .npy days), memory-mapped.
 
 The rows of a split (its days, in order, seen as one array) are cut into global batches of
 `global_batch_size` consecutive rows; the last partial global batch is dropped. Rank r of W reads only
@@ -102,9 +102,19 @@ def split_days(cfg: CriteoConfig, manifest: dict) -> tuple[list[tuple[int, int, 
 class CriteoSource:
     """Batches of preprocessed Criteo for one rank: `Batch(dense [b, 13] f32, sparse KJT, labels [b] f32)`.
 
-    feature_names[c] is the KJT key of sparse column C{c+1}; table_rows[c] the rows of its table.
-    expand_on: with multi-hot sizes, batches are `BaseIdBatch`es whose ids expand when moved to a
-    device (give the GPU); None expands on the host, in the reader thread.
+    Args:
+        cfg: the data.criteo section.
+        feature_names: feature_names[c] is the KJT key of sparse column C{c+1}.
+        table_rows: table_rows[c] is the rows of that column's table.
+        global_batch_size: B; a rank's batches hold b = B / W rows.
+        seed: seeds the train split's batch order.
+        expand_on: with multi-hot sizes, batches are `BaseIdBatch`es whose ids expand when moved to
+            this device (give the GPU); None expands on the host, in the reader thread.
+
+    Raises:
+        CriteoDataError: no directory, not 26 features, a bad manifest, multi-hot sizes or day file, or
+            a train split under one global batch.
+
     Example: `CriteoSource(cfg.data.criteo, names, rows, 2048, seed=0).batches("train", rank, world)`.
     """
 
@@ -170,7 +180,12 @@ class CriteoSource:
         return np.arange(n)
 
     def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> Prefetcher[Batch | BaseIdBatch]:
-        """This rank's slices of global batches start_step, start_step + 1, ... (train: endless; eval: one pass)."""
+        """This rank's slices of global batches start_step, start_step + 1, ... (train: endless; eval: one pass).
+
+        Raises:
+            ValueError: an unknown split, a global batch size not divisible by `world_size`, or `rank`
+                outside it.
+        """
         self.num_batches(split)  # checks the split's name
         if self.global_batch_size % world_size or not 0 <= rank < world_size:
             raise ValueError(
@@ -194,9 +209,9 @@ class CriteoSource:
 
     def make_batch(self, rows: dict[str, np.ndarray]) -> Batch:
         """Arrays of b rows -> Batch; KJT values are key-major (all of feature 0, then feature 1, ...),
-        int32 where every table fits, with the multi-hot ids expanded (`dlrm.data.multihot`) on the
-        host. With `expand_on` set (a GPU) and multi-hot sizes, the Batch is a `BaseIdBatch`: the
-        one id per feature of the file, expanded when moved to the device."""
+        int32 where every table fits, with the multi-hot ids expanded on the host. With `expand_on` set
+        (a GPU) and multi-hot sizes, the Batch is a `BaseIdBatch`: the one id per feature of the file,
+        expanded when moved to the device."""
         ids = rows["sparse"]  # [b, 26], int32 or int64
         b = ids.shape[0]
         dense = torch.from_numpy(np.ascontiguousarray(rows["dense"], np.float32).reshape(b, NUM_DENSE))

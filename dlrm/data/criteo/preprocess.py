@@ -4,18 +4,14 @@
                                    [--id-map modulo|none|contiguous] [--min-count N] [--shuffle-seed S]
                                    [--workers K] [--force] FILE...
 
-Ids: `modulo` hashes int(hex, 16) into --table-sizes; `none` keeps raw ids (checked against --table-sizes
-if given); `contiguous` maps ids seen >= --min-count times over all files to rows 1..K (0 = rare), as
-MLPerf does, with one vocab_C{c}.npy per column, in a second pass over the written days.
+Ids: `modulo` hashes int(hex, 16) into --table-sizes; `none` keeps raw ids (checked against them if given);
+`contiguous` maps ids seen >= --min-count times in all files to rows 1..K (0 = rare), as MLPerf does (vocab_C{c}.npy).
 
-Input file i becomes day_{i}_{dense,sparse,labels}.npy (see `dlrm.data.criteo.format`). Files are processed in
-parallel, and a plain file is also split into byte ranges when there are fewer files than workers.
-Outputs are written under temporary names and renamed at the end of each day; a day's `day_{i}.json`
-is written last, so a killed run leaves nothing that looks complete. A re-run skips days whose
-day_{i}.json matches the input file and the options (use --force to redo), and redoes the rest; the
-earlier files of a day (and manifest.json) stay until its new version is complete. One run at a time
-per --out (fcntl lock on --out/.preprocess.lock). Bad flags, inputs and I/O failures are one
-`error: ...` line and exit 2.
+Input file i becomes day_{i}_{dense,sparse,labels}.npy, files in parallel (a plain file also in byte
+ranges when there are fewer files than workers). Each day is published whole, its day_{i}.json last: a
+killed run leaves nothing that looks complete, and a re-run redoes only the days whose day_{i}.json does
+not match the input and options (--force: all). One run at a time per --out (--out/.preprocess.lock).
+Bad flags, inputs and I/O failures are one `error: ...` line and exit 2.
 """
 
 from __future__ import annotations
@@ -198,12 +194,17 @@ def preprocess(
     progress_every: float = 5.0,
     contiguous_min_count: int | None = None,
 ) -> dict:
-    """Convert `files` (day i = files[i]) into `out`; returns the manifest (also written to manifest.json).
+    """Convert `files` into `out`, day i from files[i]; one run at a time per `out` (a lock file in it).
 
-    contiguous_min_count: remap raw ids to contiguous rows afterwards (see `remap_contiguous`); all days
-    are then redone unless a finished contiguous run with the same inputs and count exists.
-    Bad arguments, inputs and I/O failures raise `CriteoDataError`; outputs of earlier runs stay until
-    a new day is complete. One run at a time per `out` (a lock file in it).
+    Args:
+        contiguous_min_count: remap raw ids to contiguous rows afterwards (`remap_contiguous`); all
+            days are then redone unless a finished contiguous run with the same inputs and count exists.
+
+    Returns:
+        The manifest, also written to out/manifest.json.
+
+    Raises:
+        CriteoDataError: bad arguments, inputs or I/O failures; earlier outputs stay until a new day is complete.
     """
     check_inputs(files, out)
     check_numbers(workers, block_bytes, progress_every, contiguous_min_count)

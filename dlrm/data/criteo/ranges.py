@@ -1,8 +1,8 @@
 """Converting one byte range of a Criteo TSV file (plain or gzip) into part `.npy` files.
 
 `convert_range` reads blocks of whole lines (a range starts at the first line beginning inside it
-and ends with the line that crosses its end), parses them with `dlrm.data.criteo.format.parse_block` and
-appends them to part files; it records bad lines instead of raising, so the caller applies the
+and ends with the line that crosses its end), parses them with `parse_block` and appends them to part
+files; it records bad lines instead of raising, so the caller applies the
 policy. Progress is counted in a shared array set by `set_progress_counter` (worker processes).
 """
 
@@ -34,6 +34,8 @@ class RangeTask:
 
 @dataclass
 class RangeResult:
+    """What converting one range gave: counts, the max id per column, and its bad lines."""
+
     task: RangeTask
     rows: int = 0
     lines: int = 0
@@ -55,6 +57,7 @@ _progress = None  # multiprocessing.Array('q', 2): [input bytes consumed, lines 
 
 
 def set_progress_counter(counter) -> None:
+    """Count this process's progress in `counter` ([input bytes, lines], shared with the parent)."""
     global _progress
     _progress = counter
 

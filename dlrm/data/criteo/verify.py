@@ -149,7 +149,7 @@ def load_manifest(directory: str) -> dict:
 
 # ---------------------------------------------------------------- one day's three files
 def _col_max(x: np.ndarray, k: int = 64) -> np.ndarray:
-    """Max of each column of x [n, c]; rows are folded k at a time into wide rows (3x faster than max(0))."""
+    """Max of each column of x [n, c]; rows are folded k at a time into wide rows (faster than max(0))."""
     n, c = x.shape
     m = n - n % k
     out = x[:m].reshape(-1, c * k).max(0).reshape(k, c).max(0) if m else np.zeros(c, x.dtype)
@@ -235,7 +235,12 @@ def day_scans(
 ) -> list[Callable[[], None]]:
     """One scan per file of the day (labels, sparse, dense), each raising CriteoDataError on bad content.
 
-    table_rows[c]: rows of the table serving column C{c+1} (feature feature_names[c]).
+    Args:
+        meta: the day's entry of the manifest.
+        heads: {kind: its verified header} (`day_headers`).
+        feature_names: feature_names[c] is sparse column C{c+1}'s feature (for messages).
+        table_rows: table_rows[c] is the rows of the table serving column C{c+1}.
+        checksums: also compare each file's sha256 with the manifest's.
     """
     paths = day_paths(directory, meta["day"])
     limit = np.asarray(table_rows, np.int64)
@@ -293,11 +298,21 @@ def verify_days(
     threads: int | None = None,
     report: Callable[[str], None] | None = None,
 ) -> dict[int, dict[str, np.ndarray]]:
-    """Verify `days` of a `load_manifest` result; {day: {kind: array [rows, cols], memory-mapped}}.
-    `report`: given, it gets one line saying what was verified and how long it took.
+    """Verify `days` of a manifest: all headers first, then the content scans, on several threads.
 
-    All headers first (a bad file of the last day is refused at once), then the content scans, on
-    `threads` threads (default: one per CPU, at most 8; numpy and hashlib release the GIL).
+    Args:
+        manifest: a `load_manifest` result.
+        feature_names: feature_names[c] is sparse column C{c+1}'s feature.
+        table_rows: table_rows[c] is the rows of the table serving column C{c+1}.
+        checksums: also compare each file's sha256 with the manifest's.
+        threads: scan threads; None: one per CPU, at most 8.
+        report: given, gets one line saying what was verified and how long it took.
+
+    Returns:
+        {day: {kind: array [rows, cols], memory-mapped read-only}}.
+
+    Raises:
+        CriteoDataError: the first bad file, naming it (and the row and column) and the fix.
     """
     metas = {d["day"]: d for d in manifest["days"]}
     heads = {d: day_headers(directory, metas[d], manifest["sparse_dtype"]) for d in days}
@@ -329,7 +344,7 @@ def _own_stamp(path: str) -> bool:
 
 
 def _once_per_node(scan: Callable[[], None], what: str, identity: list[str], report: Callable[[str], None]) -> None:
-    """scan() unless another rank of this node already did it in this job (see the module docstring).
+    """scan() unless another rank of this node already did it in this job (a stamp under a lock).
 
     `identity`: a description of the check, then the files' paths. Outside torchrun, scan() always.
     `report` gets the line saying which it was and how long it took.

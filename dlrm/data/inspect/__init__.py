@@ -1,4 +1,4 @@
-"""Look at a Parquet dataset and write a Hydra config directory that trains on it (`cli`):
+"""Look at a Parquet dataset and write a Hydra config directory that trains on it:
 
 python -m dlrm.data.inspect data/clicks --out myconf --label clicked
 python -m dlrm.train -cd myconf model=mydata data=mydata

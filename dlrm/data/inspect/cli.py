@@ -1,8 +1,8 @@
 """`python -m dlrm.data.inspect PATH --out DIR --label COL`: profile a Parquet dataset and write the
 Hydra config group options DIR/model/NAME.yaml and DIR/data/NAME.yaml that train on it.
 
-Reads about `--sample-rows` rows as whole row groups spread over every file (`sample`), decides each
-column's role and settings (`columns`; docs/your-data.md has the table), prints them, and writes the
+Reads about `--sample-rows` rows as whole row groups spread over every file, decides each column's
+role and settings, prints them, and writes the
 configs: dense transforms with one comment per column, tables sized from the expected distinct ids,
 safe feature names, an eval split of at least one global batch. An existing config is refused
 unless --force, which keeps the old one as NAME.yaml.bak.
@@ -57,8 +57,13 @@ def vocabulary(column: Column, policy: str) -> dict | None:
 
 
 def eval_split(total_rows: int, row_groups: int, batch: int) -> tuple[float, int, str]:
-    """(data.parquet.eval_fraction, data.eval_batches, why there is none): the last tenth of the row
-    groups, or more to hold one global batch, while the train split keeps one."""
+    """The eval split: the last tenth of the row groups, or more to hold one global batch of `batch`
+    rows, while the train split keeps one.
+
+    Returns:
+        (data.parquet.eval_fraction, data.eval_batches, why there is none or ""); (0.0, 0, why) when
+        the rows cannot hold both splits.
+    """
     if row_groups < 2:
         return 0.0, 0, "one row group: convert with a smaller --row-group-size, or set data.parquet.eval_path"
     per_group = total_rows / row_groups
@@ -85,8 +90,22 @@ def configs(
     row_groups: int,
     vocabulary_policy: str = "none",
 ) -> tuple[dict, dict, str]:
-    """(model, data, why no eval split or "") config group options for these columns, as plain dicts;
-    vocabulary_policy (lru, lfu): managed vocabularies for strings and sparse id spaces."""
+    """The model and data config group options that train on these columns, as plain dicts.
+
+    Args:
+        columns: the columns as `describe` decided them.
+        path: the dataset (data.parquet.path).
+        batch_size: the global batch size.
+        dim: the tables' embedding dim.
+        total_rows: the dataset's rows; row_groups: its row groups (the eval split).
+        vocabulary_policy: none, or lru / lfu for managed vocabularies of strings and sparse id spaces.
+
+    Returns:
+        (model, data, why there is no eval split or "").
+
+    Raises:
+        ParquetDataError: no label column, or no sparse column.
+    """
     sparse = [c for c in columns if c.role in SPARSE]
     dense = [c for c in columns if c.role == "dense"]
     labels = [c.name for c in columns if c.role == "label"]
@@ -169,8 +188,14 @@ def _transforms_yaml(dense: list[Column]) -> str:
 def write_configs(
     out: str, name: str, model: dict, data: dict, source: str, dense: Sequence[Column] = (), force: bool = False
 ) -> list[Path]:
-    """Write DIR/model/NAME.yaml and DIR/data/NAME.yaml (atomically); returns their paths. Existing
-    ones are refused, or with `force` kept as NAME.yaml.bak first."""
+    """Write `out`/model/`name`.yaml and `out`/data/`name`.yaml atomically; returns their paths.
+
+    `source` names the dataset in each file's first comment; `dense` columns get one comment each on
+    their transform in the data file.
+
+    Raises:
+        UserError: a config exists and not `force` (with `force` it is kept as NAME.yaml.bak first).
+    """
     paths = {group: Path(out) / group / f"{name}.yaml" for group in ("model", "data")}
     existing = [p for p in paths.values() if p.exists()]
     if existing and not force:

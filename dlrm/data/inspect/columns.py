@@ -249,7 +249,21 @@ def describe(
     keep: Sequence[str] = (),
     weight: str = "",
 ) -> list[Column]:
-    """One `Column` per column of the sample `table` (rows spread over a dataset of `total_rows`)."""
+    """One `Column` per column of the sample `table`, its role and settings decided.
+
+    Args:
+        table: rows spread over the dataset.
+        total_rows: the dataset's rows (tables are sized for them).
+        labels: the label columns.
+        dense: integer columns to read as dense features.
+        ignore: columns to leave out.
+        max_rows: the largest table suggested.
+        keep: columns to keep that would be left out (constant, a time, a row id).
+        weight: the sample-weight column, or "".
+
+    Raises:
+        UserError: the text was read as one column (another delimiter).
+    """
     n = table.num_rows
     if table.num_columns == 1 and ("\t" in table.column_names[0] or ";" in table.column_names[0]):
         sep = "tab" if "\t" in table.column_names[0] else "semicolon"

@@ -46,8 +46,15 @@ def spread(groups: list[tuple[int, int, int]], rows: int) -> list[int]:
 
 
 def sample(path: str, rows: int) -> tuple[pa.Table, int, int]:
-    """(about `rows` rows of the dataset at `path`, read as whole row groups spread over every file;
-    the dataset's rows; its row groups)."""
+    """About `rows` rows of the dataset at `path`, read as whole row groups spread over every file.
+
+    Returns:
+        (the sampled rows, the dataset's rows, its row groups).
+
+    Raises:
+        ParquetDataError: no files or rows, an unreadable file, schemas that differ, or duplicate column
+            names.
+    """
     fs, paths = list_files(path, "PATH")
     groups, schema = _groups(fs, paths)
     names = schema.names

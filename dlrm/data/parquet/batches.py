@@ -1,4 +1,4 @@
-"""Rows of the declared columns -> a `Batch`: dense [b, n_dense] float32, the sparse KeyedJaggedTensor
+"""Rows of the declared columns -> a `Batch`: dense [b, N] float32, the sparse KeyedJaggedTensor
 (keys: the model's features in table order, values key-major), labels [b] or [b, T] float32.
 
 The one-id columns (kind id, unweighted), the dense and the label columns are read as blocks (a few
@@ -6,7 +6,7 @@ reductions check each); a batch holding a bad value is made column by column, so
 is named (file, column, row). Ids below 0 or >= the table's rows are refused or, with
 id_policy=modulo, folded into the table and counted (`folded_ids`). With
 data.parquet.multi_hot_sizes, every column holds one base id per sample, expanded as the Criteo
-source expands its files' (`dlrm.data.multihot`): on the host, or, with `expand_on` (a GPU), where
+source expands its files' (`MultiHotLayout`): on the host, or, with `expand_on` (a GPU), where
 the batch is moved (`BaseIdBatch`).
 """
 
@@ -72,10 +72,20 @@ def _runs(features: int, scalar: list[int]) -> list[tuple[int, int, int | None]]
 
 
 class BatchMaker:
-    """Makes and checks the batches of one data.parquet declaration for the model's features
-    (`feature_names`, in KJT key order; `table_rows`: the rows of each one's table). With
-    data.parquet.multi_hot_sizes and `expand_on` (a GPU), batches are `BaseIdBatch`es: one id per
-    sample and feature, expanded when moved to the device; None expands them on the host."""
+    """Makes and checks the batches of one data.parquet declaration for the model's features.
+
+    Args:
+        cfg: the data.parquet section.
+        feature_names: the model's sparse features, in KJT key order.
+        table_rows: the rows of each feature's table.
+        expand_on: with data.parquet.multi_hot_sizes, batches are `BaseIdBatch`es (one id per sample
+            and feature) expanded when moved to this device (a GPU); None expands them on the host.
+        raw_dense: dense values as read (NaN where missing), not transformed.
+
+    Raises:
+        ParquetDataError: a feature without a declared column, or multi-hot sizes that do not fit the
+            features.
+    """
 
     def __init__(
         self,

@@ -34,11 +34,9 @@ class ParquetValueError(ParquetDataError):
 
 
 def write_options(schema: pa.Schema, compression: str = "snappy") -> dict:
-    """`pq.write_table` / `pq.ParquetWriter` keyword arguments of the layout this source decodes fastest
-    (`dlrm.data.convert` and `dlrm.bench.batches` write it): numbers PLAIN-encoded, dictionary encoding
-    for string columns only, `compression` (snappy, lz4, zstd or none). Ids of large tables rarely
-    repeat within a row group, and Arrow decodes a dictionary-encoded integer column (dictionary,
-    indexes, gather) about twice as slowly as a plain one. Files of any encoding are read alike."""
+    """`pq.write_table` / `pq.ParquetWriter` keyword arguments of the layout the Parquet source decodes
+    fastest: numbers PLAIN-encoded, dictionary encoding for string columns only, `compression` (snappy,
+    lz4, zstd or none). Files of any encoding are read alike."""
     strings = []
     for f in schema:
         is_list = pa.types.is_list(f.type) or pa.types.is_large_list(f.type)

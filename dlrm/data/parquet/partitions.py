@@ -19,9 +19,12 @@ def hive_value(path: str, key: str) -> str | None:
 
 def row_group_periods(dataset: Dataset, key: str) -> list[str]:
     """The period of each of `dataset.row_groups` (in their order): its file's `key=value` directory,
-    else the one value the row group's statistics give for column `key`. Raises ParquetDataError
-    naming the file where neither says (no such directory, no such column, no statistics, or a row
-    group holding several periods)."""
+    else the one value the row group's statistics give for column `key`.
+
+    Raises:
+        ParquetDataError: neither says, naming the file (no such directory, no such column, no
+            statistics, or a row group holding several periods).
+    """
     periods: list[str] = []
     for rg in dataset.row_groups:
         path = dataset.paths[rg.file]

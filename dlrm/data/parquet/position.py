@@ -185,9 +185,16 @@ class Stream:
 def changed_files(record: dict, identities: dict[str, dict], window_paths: set[str], in_window) -> str | None:
     """Why the files recorded in a checkpoint's `record` cannot be continued from, or None.
 
-    identities: file_identity of every current file of the dataset (by path); window_paths: the
-    current window's files; in_window(period): whether a period lies in the current window (a
-    recorded file of a period outside it may be gone: the window slid past it)."""
+    Args:
+        record: the checkpoint's data position.
+        identities: `file_identity` of every current file of the dataset, by path.
+        window_paths: the current window's files.
+        in_window: in_window(period) says whether a period lies in the current window (a recorded
+            file of a period outside it may be gone: the window slid past it).
+
+    Returns:
+        One line naming a recorded file that is gone or changed, or None.
+    """
     for f in record.get("files", []):
         now = identities.get(f["path"])
         if now is None:
@@ -203,10 +210,14 @@ def changed_files(record: dict, identities: dict[str, dict], window_paths: set[s
 def continued_stream(
     record: dict, step: int, refs: list[GroupRef], batch: int, seed: int, shuffle: bool, keyed: bool
 ) -> tuple[Stream, bool]:
-    """The stream from a checkpoint's `record` at `step` over the current window `refs`: the recorded
-    stream itself where the window holds the same files (an exact resume), else a new one from
-    `step` over the rows not read yet in the recorded pass (new files: all their rows). Returns the
-    stream and whether it is a continuation over other files."""
+    """The stream from a checkpoint's `record` at `step` over the current window `refs`.
+
+    The recorded stream itself where the window holds the same files (an exact resume), else a new
+    one from `step` over the rows not read yet in the recorded pass (new files: all their rows).
+
+    Returns:
+        (the stream, whether it is a continuation over other files).
+    """
     recorded = {f["path"] for f in record["files"]}
     now = {ref.path for ref in refs}
     where = {(ref.path, ref.index): ref.group for ref in refs}

@@ -26,11 +26,17 @@ class Split:
 
 
 class RowGroupReader:
-    """Reads rows of a split's ordered row groups, keeping the last few row groups decoded, each
-    passed once through `prepare` (table -> table: work done once per row group rather than per
-    batch). Safe to share between threads: each thread opens its own file handles (a ParquetFile is
-    not shared between threads), and a row group another thread is decoding is waited for, not
-    decoded twice."""
+    """Reads rows of a split's ordered row groups, keeping the last few row groups decoded.
+
+    Safe to share between threads: each thread opens its own file handles, and a row group another
+    thread is decoding is waited for, not decoded twice.
+
+    Args:
+        dataset: the split's files and row groups.
+        columns: the columns to read.
+        prepare: table -> table, applied once to each decoded row group (work done once per row
+            group rather than per batch).
+    """
 
     def __init__(self, dataset: Dataset, columns: list[str], prepare: Callable[[pa.Table], pa.Table] | None = None):
         self.dataset, self.columns, self.prepare = dataset, columns, prepare
@@ -89,8 +95,18 @@ class RowGroupReader:
         return self.prepare(table) if self.prepare is not None else table
 
     def read(self, order: list[int], starts: np.ndarray, start: int, count: int) -> tuple[pa.Table, list[tuple]]:
-        """Rows [start, start + count) of the row groups `order` (starts: their first rows), and where
-        they come from: [(first row in the batch, file path, first row in the file), ...]."""
+        """Rows [start, start + count) of the row groups `order` read as one sequence.
+
+        Args:
+            order: row group indexes, in reading order.
+            starts: [len(order) + 1] the first row of each in the sequence, then the total.
+            start: the sequence's first row to read.
+            count: rows to read.
+
+        Returns:
+            (the rows as one table, where they come from: [(first row in the batch, file path, first
+            row in the file), ...]).
+        """
         pieces, origin, at = [], [], 0
         i = int(np.searchsorted(starts, start, side="right")) - 1
         while count > 0:

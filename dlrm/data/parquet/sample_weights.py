@@ -15,8 +15,11 @@ def _where(origin: list[tuple], row: int) -> str:
 
 
 def sample_weights(table: pa.Table, column: str, origin: list[tuple]) -> np.ndarray:
-    """The rows' weights [b] float32 from `column`; raises ParquetValueError naming the column, file
-    and row of the first null, NaN, infinite or negative weight, with the fix."""
+    """The rows' weights [b] float32 from `column` of `table` (b rows; `origin`: where they come from).
+
+    Raises:
+        ParquetValueError: a null, NaN, infinite or negative weight; names the column, file and row.
+    """
     arr = table.column(column)
     arr = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
     with np.errstate(over="ignore", invalid="ignore"):

@@ -56,7 +56,17 @@ class Dataset:
     """The files of one split: their metadata, checked against the declared columns, and row groups."""
 
     def __init__(self, uri: str, key: str, columns: dict[str, tuple[str, str]]):
-        """columns: {column: (kind as `_type_problem` takes it, the config key that declares it)}."""
+        """Open and check the files of `uri` (a directory, a glob or one file).
+
+        Args:
+            uri: where the files are, local or a URI pyarrow.fs opens.
+            key: the config key that gives `uri`, for messages.
+            columns: {column: (kind as `type_problem` takes it, the config key that declares it)}.
+
+        Raises:
+            ParquetDataError: no files, an unreadable or empty file, a missing column, a column of the
+                wrong type for its kind, or schemas that differ between files.
+        """
         self.fs, self.paths = list_files(uri, key)
         self.metadata: list[pq.FileMetaData] = []
         self.row_groups: list[RowGroup] = []

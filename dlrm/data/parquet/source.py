@@ -1,51 +1,13 @@
 # long file: the Parquet source is one concept: both splits opened and checked, then rows in order
-"""A team's own Parquet data as batches (`data.source=parquet`, `data.parquet`): declared dense, sparse
-and label columns, the same global batches on any world size.
+"""A team's own Parquet data as batches (`data.source=parquet`): declared dense, sparse and label
+columns, the same global batches on any world size.
 
-The files of a split (sorted by path) are a sequence of row groups; each epoch of the train split
-orders its row groups by a permutation seeded by (seed, epoch) (`data.parquet.shuffle`; rows inside a
-row group keep their order), eval reads them in file order, one pass. Global batch k is rows
-[k * B, (k + 1) * B) of that sequence (the last partial batch is dropped); rank r of W takes rows
-[k * B + r * b, k * B + (r + 1) * b), b = B / W. `batches(..., start_step=k)` starts at batch k exactly.
-A dataset partitioned by time (`data.parquet.periods`) trains on the row groups of its window, period
-by period in time order, shuffled only within a period, and evaluates each evaluated period apart
-(`eval_periods`). The train rows are a `dlrm.data.parquet.position.Stream`: a checkpoint records
-which rows of which files were read (`position`), and a resume continues from that record
-(`resume_position`), over the same files exactly, or over a window that gained files on the rows
-not read yet.
-
-A rank reads (`ParquetFile.read_row_group`, only the declared columns, local files memory-mapped)
-just the row groups that overlap its slices, and keeps the last few decoded, so read amplification
-is small when row groups hold about b rows or fewer: with G rows per row group a rank decodes at
-most b + G rows per step for the b it uses ((b + G) / b), and about once each over consecutive
-steps. With G much larger than B every rank decodes every row group (amplification W): write row
-groups of about B / W rows or less (`python -m dlrm.data.convert --row-group-size`).
-
-A rank's batches are made by `data.parquet.reader_workers` threads (`reader_workers`): worker w of
-N makes global batches start + w, start + w + N, ... from one shared reader (a row group decoded
-once, by the first thread that needs it) and they are handed over in step order
-(`dlrm.data.prefetch.OrderedWorkers`), so every count gives the batches, data position and errors
-of one worker.
-
-Sparse columns (`data.parquet.sparse[*].kind`): id (an integer column), ids (list<integer>: any
-number per sample, empty allowed), string and strings (string / list<string>, hashed:
-`hash_strings`). The KeyedJaggedTensor's keys are the model's features in table order, its values
-key-major, built from Arrow's offsets and values with numpy; the one-id columns (kind id,
-unweighted), the dense and the label columns as blocks (`make_batch`), column by column where a
-batch holds a bad value. Ids below 0 or >= the table's rows are refused (one line naming column,
-file and row) or, with id_policy=modulo, folded into the table and counted (`folded_ids`). With
-data.parquet.multi_hot_sizes, every column holds one base id per sample, expanded as the Criteo
-source expands its files' (`dlrm.data.multihot`, `multi_hot_offsets`).
-
-Checks: the schemas of every file from Parquet metadata at start-up (missing column, wrong type, a
-list where a scalar is declared or the reverse, schemas differing between files, an empty or
-unreadable file); then, from the row groups' statistics in the same metadata, nulls, ids out of
-range and labels below 0 or above 1 in one-id and label columns, nulls and negative values in the
-sample-weight column (a row group the statistics flag is read to name the row); each batch's values
-as it is read (all of these, in list columns too, labels other than 0 and 1 and NaN or infinite
-sample weights, also in files written without statistics). With data.parquet.weight, batches are
-`WeightedBatch`es: each row's sample weight travels with it (`dlrm.data.weighted_batch`). Each failure is a
-`ParquetDataError`: one line, exit 2. Files are untrusted: reading Parquet runs no code from them.
+The files of a split (sorted by path) are a sequence of row groups: train orders them by a permutation
+seeded by (seed, epoch) per epoch (rows inside a row group keep their order), eval reads them in file
+order, one pass. Global batch k is rows [k * B, (k + 1) * B) of that sequence (the last partial batch
+is dropped); rank r of W takes rows [k * B + r * b, k * B + (r + 1) * b), b = B / W. A dataset
+partitioned by time (`data.parquet.periods`) trains on its window period by period, shuffled only
+within a period, and evaluates each evaluated period apart. Every failure is a `ParquetDataError`.
 """
 
 from __future__ import annotations
@@ -81,13 +43,26 @@ SPLITS = ("train", "eval")
 
 
 class ParquetSource:
-    """Batches of a team's Parquet files for one rank: `Batch(dense [b, n_dense] f32, sparse KJT with
-    real lengths (and weights when declared), labels [b] f32, or [b, T] with T label columns)`.
+    """Batches of a team's Parquet files for one rank, b = global_batch_size / world rows each.
 
-    feature_names: the model's sparse features in KJT key order; table_rows: the rows of each one's
-    table. raw_dense: dense values as read (NaN where missing), not transformed.
-    expand_on: with data.parquet.multi_hot_sizes, batches are `BaseIdBatch`es whose ids expand
-    when moved to this device (give the GPU); None expands them on the host, in the reader workers.
+    A batch is `Batch(dense [b, N] f32, sparse KJT, labels [b] f32 or [b, T] f32)`: N dense columns,
+    the KJT's keys `feature_names` with real lengths (and weights when declared), T label columns; with
+    data.parquet.weight a `WeightedBatch`.
+
+    Args:
+        cfg: the data.parquet section.
+        feature_names: the model's sparse features, in KJT key order.
+        table_rows: the rows of each feature's table (ids must be below it).
+        global_batch_size: B, rows per global batch.
+        seed: seeds the train split's row-group order.
+        expand_on: with data.parquet.multi_hot_sizes, batches are `BaseIdBatch`es whose ids expand
+            when moved to this device; None expands them on the host, in the reader workers.
+        raw_dense: dense values as read (NaN where missing), not transformed.
+
+    Raises:
+        ParquetDataError: no path, schemas that differ or do not match the declaration, a split with
+            less than one global batch, or values the files' statistics show out of range.
+
     Example: `ParquetSource(cfg.data.parquet, names, rows, 2048, seed=0).batches("train", rank, world)`.
     """
 
@@ -151,7 +126,7 @@ class ParquetSource:
         evals = self.splits["eval"]
         self._eval_starts = np.concatenate([[0], np.cumsum([evals.dataset.row_groups[g].rows for g in evals.groups])])
 
-    # time-ordered datasets and the recorded data position (dlrm.data.parquet.partitions, .position)
+    # time-ordered datasets and the recorded data position
 
     @property
     def key(self) -> str | None:
@@ -211,15 +186,27 @@ class ParquetSource:
         return self._identities[path]
 
     def position(self, step: int) -> dict:
-        """The data position after `step` global steps, as a checkpoint records it (`data_position`)."""
+        """The data position after `step` global steps, as a checkpoint records it."""
         paths = {ref.path for ref in self.stream.groups}
         return self.stream.record(step, {p: self._identity(p) for p in paths}, self.key)
 
     def resume_position(self, record: dict | None, step: int, checkpoint: str) -> str | None:
-        """Continue from the data position `record` a checkpoint at `step` holds: the same stream where
-        the window holds the same files, else the rows not read yet (new files whole). Raises
-        ParquetDataError naming a recorded file that changed or is gone. Returns a line describing a
-        continuation over other files (None for an exact resume or no record)."""
+        """Continue the train stream from the data position a checkpoint holds.
+
+        The same stream where the window holds the same files, else the rows not read yet (new files
+        whole).
+
+        Args:
+            record: the checkpoint's data position (`position`), or None.
+            step: the global step the checkpoint was taken at.
+            checkpoint: the checkpoint's name, for messages.
+
+        Returns:
+            A line describing a continuation over other files; None for an exact resume or no record.
+
+        Raises:
+            ParquetDataError: a recorded file changed or is gone.
+        """
         if record is None:
             return None
         dataset = self.splits["train"].dataset
@@ -258,7 +245,7 @@ class ParquetSource:
         return self.stream.steps_for_passes(passes)
 
     def _check_statistics(self, dataset: Dataset) -> None:
-        """Read (and check as a batch, `make_batch`) each row group whose Parquet statistics show nulls,
+        """Read and check as a batch each row group whose Parquet statistics show nulls,
         ids outside [0, rows) (id_policy=refuse) or labels outside [0, 1] in a one-id or label column,
         or nulls or negative values in the sample-weight column."""
         bounds: dict[str, tuple[float, float]] = {c: (0, 1) for c in self.cfg.labels}
@@ -298,8 +285,13 @@ class ParquetSource:
         return list(self.splits[split].groups)
 
     def batches(self, split: str, rank: int, world_size: int, start_step: int = 0) -> OrderedWorkers[Batch]:
-        """This rank's slices of global batches start_step, start_step + 1, ... (train: endless; eval: one
-        pass), made on `reader_workers` background threads and handed over in order."""
+        """This rank's slices of global batches start_step, start_step + 1, ... in order.
+
+        Train is endless, eval one pass; batches are made on `reader_workers` background threads.
+
+        Raises:
+            ValueError: the global batch size is not divisible by `world_size`, or `rank` is outside it.
+        """
         n = self.num_batches(split)  # checks the split's name
         if self.global_batch_size % world_size or not 0 <= rank < world_size:
             raise ValueError(
@@ -323,7 +315,7 @@ class ParquetSource:
 
     def rows_in_order(self, batch_size: int, max_rows: int | None = None) -> Iterator[Batch]:
         """Every row of the train split (or its first `max_rows`) in file order, `batch_size` at a time,
-        the last batch partial; checked as training's batches are (the scorer's read: dlrm.predict)."""
+        the last batch partial; checked as training's batches are."""
         split = self.splits["train"]
         n = split.rows if max_rows is None else min(max_rows, split.rows)
         reader = self._reader(split.dataset)
@@ -352,8 +344,8 @@ class ParquetSource:
         return self.make_batch(pa.concat_tables(pieces).combine_chunks(), origin)
 
     def make_batch(self, table, origin: list[tuple]) -> Batch:
-        """`BatchMaker.make_batch` of this source's declaration; with data.parquet.weight a
-        `WeightedBatch` (its rows' sample weights, checked: `sample_weights`)."""
+        """A Batch of this source's declared columns; with data.parquet.weight a `WeightedBatch` (its
+        rows' sample weights, checked)."""
         batch = self.maker.make_batch(table, origin)
         if not self.cfg.weight:
             return batch

@@ -1,5 +1,5 @@
-"""`DenseTransformModule`: the dense transform (`dlrm.data.parquet.transforms`) as a torch module, for a
-served model that takes raw dense values."""
+"""`DenseTransformModule`: the dense transform (`DenseTransform`) as a torch module, for a served model
+that takes raw dense values."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dlrm.data.parquet.transforms import DenseTransform
 
 
 class DenseTransformModule(torch.nn.Module):
-    """module(dense [B, n] raw float32, NaN: missing) -> [B, n + flags] float32, equal to
+    """module(dense [B, N] raw float32, NaN: missing) -> [B, N + flags] float32, equal to
     `DenseTransform.apply` to float32 rounding."""
 
     lo: torch.Tensor

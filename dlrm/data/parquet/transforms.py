@@ -1,8 +1,7 @@
 """Dense transforms: a dense column's raw values -> the model's input (data.parquet.dense_transforms).
 
 One definition, two implementations that agree to float32 rounding: `DenseTransform.apply` (numpy,
-where batches are made: training, evaluation and `dlrm.predict`) and `DenseTransformModule`
-(`dlrm.data.parquet.transform_module`, torch, for a served model that takes raw values). Per
+where batches are made) and `DenseTransformModule` (torch, for a served model that takes raw values). Per
 column, in order: clip to [lo, hi], log1p of max(x, 0), (x - mean) / std; a missing value (NaN on
 input: a null, or a non-finite value the reader let through) becomes 0, and a column with
 `missing_flag` adds one 0/1 input, the flags after all the values: [B, n] -> [B, n + flags].
@@ -35,7 +34,7 @@ class DenseTransform:
         self.width = n + len(self.flags)
 
     def apply(self, raw: np.ndarray) -> np.ndarray:
-        """raw [B, n] float32 (NaN: missing) -> [B, width] float32, finite."""
+        """raw [B, N] float32 (NaN: missing) -> [B, width] float32, finite."""
         if self.identity:
             return np.nan_to_num(raw, nan=0.0) if np.isnan(raw).any() else raw
         missing = np.isnan(raw)
