@@ -3,7 +3,7 @@
 The schemas are the one source of defaults (the default options in conf/ restate none of them),
 one module per section (`model`, `data`, `topology`, `sharding`, `optim`, `trainer`, `checkpoint`, `run`), each
 field documented beside it. Choices are enums, so Hydra refuses a misspelt key, a wrongly typed
-value or a value outside its choices while composing (`dlrm.config.compose`). Each section's `check` then
+value or a value outside its choices while composing (`compose`). Each section's `check` then
 tests what types cannot express (sizes, names, consistency) next to its fields, and `Config.check`
 what spans sections; a ConfigError names the key, the bad value and the fix, before any process
 group exists. The package imports neither torch nor torchrec: the command line's errors come first.
@@ -82,8 +82,8 @@ ROW_SPLIT = (ShardingType.row_wise, ShardingType.table_row_wise, ShardingType.gr
 
 @dataclass
 class Config:
-    """The whole job. Its defaults are the default job (`python -m dlrm.train` without overrides)
-    but for model.tables, which model=dlrm_small fills; conf/ holds only what other options change."""
+    """The whole job. Its defaults are the default job (training without overrides) but for
+    model.tables, which model=dlrm_small fills; conf/ holds only what other options change."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """The network: layer sizes, interaction, embedding tables (conf/model)."""

@@ -1,6 +1,6 @@
 """Can the model fit: memory per rank (HBM on cuda, DDR on cpu), optimizer state sizes, and lower
 bounds checked before TorchRec's planner runs, so a model that cannot fit is refused early, naming
-the rank's need, its capacity and the fix (`PlanError`). Used by the trainer and by `dlrm.plan`.
+the rank's need, its capacity and the fix (`PlanError`).
 """
 
 from __future__ import annotations

@@ -141,9 +141,11 @@ def constraints(cfg: Config, world_size: int) -> dict[str, ParameterConstraints]
 
 
 def auto_types(cfg: Config, table: TableConfig) -> list[str] | None:
-    """The types the planner may choose for an unpinned table (None: any the sharder offers): on CPU
-    (Gloo) `GLOO_AUTO_TYPES`, else any but, for a mean-pooled table, those that split its rows (see
-    dlrm.config.ROW_SPLIT). Pinned types (sharding.strategy, per_table) may be any."""
+    """The types the planner may choose for an unpinned table (None: any the sharder offers).
+
+    On CPU (Gloo) `GLOO_AUTO_TYPES`; else any but, for a mean-pooled table, those that split its rows
+    (`ROW_SPLIT`). Pinned types (sharding.strategy, per_table) may be any.
+    """
     if str(cfg.topology.device) == "cpu":
         return [str(kind) for kind in GLOO_AUTO_TYPES]
     if table.pooling_type != "mean":

@@ -1,17 +1,13 @@
 """Training metrics: AUC, log loss, normalized entropy and calibration per task, throughput, peak memory,
 metrics.jsonl and TensorBoard.
 
-Who computes what, and why: the trainer imports neither torchmetrics nor torchrec.metrics (they import
-matplotlib: ~30 MiB of resident memory on every rank), so the four figures are a few torch ops here,
-run on rank 0 where the scores are, each checked in the tests against the libraries. AUC is
-`exact_auc` (the Mann-Whitney statistic in float64, exact up to 2^53 samples; torchmetrics'
-BinaryAUROC, the tests' cross-check, sums its ROC trapezoids in float32). Log loss is torch's
-BCE-with-logits from the logits. NE and calibration follow TorchRec's NEMetric and CalibrationMetric
-(`torchrec.metrics.ne`, `.calibration`, the tests' oracles): NE = cross-entropy of the predicted
-probabilities / entropy of the base rate (the label mean), both clamped at 1e-12 as TorchRec does;
-calibration = sum of predicted probabilities / sum of labels. With sample weights
-(data.parquet.weight) each row counts its weight's times in all four (`weighted_auc`: with integer
-weights, the AUC of the rows repeated).
+The four figures are a few torch ops, run on rank 0 where the scores are (neither torchmetrics nor
+torchrec.metrics is imported). AUC is `exact_auc`, the Mann-Whitney statistic in float64 (exact up to
+2^53 samples). Log loss is torch's BCE-with-logits from the logits. NE and calibration follow
+TorchRec's NEMetric and CalibrationMetric: NE = cross-entropy of the predicted probabilities /
+entropy of the base rate (the label mean), both clamped at 1e-12 as TorchRec does; calibration = sum
+of predicted probabilities / sum of labels. With sample weights (data.parquet.weight) each row counts
+its weight's times in all four (`weighted_auc`: with integer weights, the AUC of the rows repeated).
 """
 
 from __future__ import annotations

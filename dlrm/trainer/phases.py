@@ -326,7 +326,7 @@ class Waits:
     one rank's transfer can be less); where several are in flight together (DDP's allreduce beside the
     gradient alltoall, entered before or after it) the link serves them in turn, so in order of their
     ends each counts from its start or the previous one's end, whichever is later: each one's time
-    alone, what the cost model and `dlrm.comms.measure` price.
+    alone, as a cost model prices it.
     """
 
     wait_s: dict[str, float]
