@@ -55,7 +55,7 @@ def _tensor_leaves_only(state: Any, prefix: str = "") -> None:
 
 
 # DCP writer threads per rank (torch's default). Each thread holds a clone of the item it writes and a malloc
-# arena; a background save hides the write's time but not its memory (docs/design/checkpoint-writer.md).
+# arena; a background save hides the write's time but not its memory (docs/design/checkpoint-saving.md).
 WRITER_THREADS = 1
 BACKGROUND_TIMEOUT_S = 3600.0  # a background save's collectives (its own Gloo group) wait this long for the ranks
 

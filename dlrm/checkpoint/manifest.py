@@ -153,8 +153,11 @@ def file_digest(file: Path) -> dict:
 
 
 def check_file(path: Path, name: str, expected: dict, hash_it: bool) -> None:
-    """CheckpointError unless file `name` of checkpoint `path` has the manifest's size (and, if
-    `hash_it`, sha256): `expected` is its entry {size, sha256}."""
+    """Check file `name` of checkpoint `path` against its manifest entry `expected` ({size, sha256}).
+
+    Raises:
+        CheckpointError: the file is missing, or its size (or, if `hash_it`, its sha256) differs.
+    """
     file = path / name
     try:
         size = file.stat().st_size if file.is_file() else None

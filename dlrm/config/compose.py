@@ -166,7 +166,7 @@ def _composition_error(e: Exception) -> ConfigError:
 
 
 def compose(overrides: Sequence[str], config_dir: str | None = None, config_name: str | None = None) -> Config:
-    """The typed Config for these Hydra overrides, composed from conf/ as the trainer does. Does not `validate`.
+    """The typed Config for these Hydra overrides, composed from conf/ as a training run is. Does not `validate`.
 
     Args:
         overrides: Hydra overrides.

@@ -154,11 +154,8 @@ def auto_types(cfg: Config, table: TableConfig) -> list[str] | None:
 
 
 # On Gloo, `auto` plans every table alike (TorchRec's UniformProposer), replicated, table- or column-wise:
-# the types whose exchange is one alltoall each way. TorchRec's estimator prices bytes only (no
-# per-collective latency; a reduce-scatter where Gloo runs a whole allreduce), so its picks were the
-# slower ones on the emulated 2 x 2 cluster (dlrm_small, 256 per rank, 0.5 and 2 Gbit/s, against the
-# fastest of table- and column-wise): table-column-wise +25-28%, table-row-wise +19%, row-wise 2.5x,
-# and a mix of table- and column-wise +15-19% (each sharding type of a plan has its own 5 alltoalls a step).
+# the types whose exchange is one alltoall each way. TorchRec's estimator prices bytes only, so its other
+# picks ran slower on Gloo (docs/design/planning.md, "Sharding types on Gloo").
 GLOO_AUTO_TYPES = (ShardingType.data_parallel, ShardingType.table_wise, ShardingType.column_wise)
 
 

@@ -67,14 +67,14 @@ class TrainerSettings:
 class Trainer:
     """One rank's share of a DLRM training job, as `build` makes it.
 
-    Fields: the config's `settings` and this rank (`world`); `run_dir` where rank 0 writes (None elsewhere or for no
-    files); the training `device`, its `sync` (waits for the device's queued work) and process group
-    `pg`; the batch `source` (replaceable before training: the bench caches it, tests inject faults
-    into it); the sharding `plan`, the sharded `model` and its `dense_params`; the `optimizer`, the lr
-    `schedule`, `local_sgd` (None without trainer.dense_sync=local_sgd) and the training `pipeline`
-    (None without trainer.pipeline); the checkpointed `state`; the periodic components (`reporter`,
-    `evaluator`, `profiler`, `checkpointer` and `deltas`, None without a directory) and the `stop`
-    request of a signal; `summary_parts`, more components whose `summary_fields` the summary takes.
+    Fields: the config's `settings` and this rank (`world`); `run_dir` where rank 0 writes (None elsewhere
+    or for no files); the training `device`, its `sync` (waits for the device's queued work) and process
+    group `pg`; the batch `source` (replaceable before training); the sharding `plan`, the sharded `model`
+    and its `dense_params`; the `optimizer`, the lr `schedule`, `local_sgd` (None without
+    trainer.dense_sync=local_sgd) and the training `pipeline` (None without trainer.pipeline); the
+    checkpointed `state`; the periodic components (`reporter`, `evaluator`, `profiler`, `checkpointer`
+    and `deltas`, None without a directory) and the `stop` request of a signal; `summary_parts`, more
+    components whose `summary_fields` the summary takes.
     """
 
     settings: TrainerSettings
