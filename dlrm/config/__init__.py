@@ -306,7 +306,11 @@ class Config:
 
 def validate(cfg: Config) -> None:
     """Check what the schema's types cannot (sizes, names, consistency); OmegaConf has already
-    refused unknown keys, wrong types and values outside each enum when composing."""
+    refused unknown keys, wrong types and values outside each enum when composing.
+
+    Raises:
+        ConfigError: naming the key, the bad value and the fix.
+    """
     cfg.check()
 
 
@@ -329,7 +333,12 @@ def to_config(cfg: DictConfig | Config) -> Config:
 
 
 def validate_world(cfg: Config, world_size: int, local_world_size: int) -> None:
-    """Check the config against the launcher's world; run before creating any process group."""
+    """Check the config against the launcher's world; run before creating any process group.
+
+    Raises:
+        ConfigError: topology.nodes x ranks_per_node is not the launcher's world, or
+            data.global_batch_size is not divisible by `world_size`.
+    """
     tp = cfg.topology
     ranks_per_node = tp.ranks_per_node or local_world_size
     if local_world_size != ranks_per_node:
