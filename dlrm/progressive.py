@@ -41,7 +41,7 @@ def period_range(text: str) -> list[int]:
 
 
 def day_overrides(periods: list[int], k: int, out: Path) -> list[str]:
-    """The `dlrm.train` overrides of the invocation that trains up to period k - 1 and evaluates period k."""
+    """The training overrides of the invocation that trains up to period k - 1 and evaluates period k."""
     return [
         f"data.parquet.periods.train=[{periods[0]},{k - 1}]",
         f"data.parquet.periods.eval=[{k},{k}]",

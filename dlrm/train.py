@@ -2,7 +2,7 @@
 
 compose -> check -> place -> train -> close. Everything a user can get wrong is refused before torch is
 imported or a run directory exists; a user error anywhere is one `error: ...` line (rank 0 for errors
-every rank meets) and exit status 2 (`dlrm.common.errors.exit_on_user_error`).
+every rank meets) and exit status 2.
 """
 
 from __future__ import annotations
@@ -77,8 +77,14 @@ def start(composed: DictConfig, cfg: Config, world: World) -> None:
 def run(cfg: Config, run_dir: Path | None = None, world: World | None = None) -> dict:
     """Train and evaluate a checked config on this rank of `world` (default: the launcher's).
 
+    Args:
+        cfg: a validated config.
+        run_dir: the run directory (the same on every rank); None: no files written.
+        world: this process's rank and the launcher's sizes.
+
     Returns:
-        The run summary (docs/configuration.md, Outputs).
+        The run summary, as written to summary.json.
+
     Raises:
         UserError: a model that cannot fit, bad data, a lost peer explained.
     """

@@ -54,25 +54,19 @@ def _tensor_leaves_only(state: Any, prefix: str = "") -> None:
         raise TypeError(f"checkpoint state {prefix[:-1]} is a {type(state).__name__}, not a tensor")
 
 
-# DCP writer threads per rank (torch's default). Each thread holds the item it writes (a clone) and a malloc
-# arena: 2 wrote 10% faster for +130-160 MiB at 1 GB per rank (docs/benchmark-results.md); with periodic
-# saves in the background (checkpoint.async_save) the write's speed no longer stalls training, its memory does.
+# DCP writer threads per rank (torch's default). Each thread holds a clone of the item it writes and a malloc
+# arena; a background save hides the write's time but not its memory (docs/design/checkpoint-saving.md).
 WRITER_THREADS = 1
 BACKGROUND_TIMEOUT_S = 3600.0  # a background save's collectives (its own Gloo group) wait this long for the ranks
 
 
 class _FileSystem(FileSystem):
-    """DCP's file system, hashing each file it wrote once it is closed (on the writer thread that wrote
-    it, overlapping the other threads' writes; the bytes are read back from this rank's page cache),
-    and noting the exceptions raised meanwhile: torch's extra writer threads (`thread_count` > 1)
-    drop theirs (the thread ends printing a traceback, its files are left out of the metadata and
-    `dcp.save` succeeds), so on those threads an exception is noted and not raised (the thread goes on
-    to the next file), and `RankWriter.write_data` raises the first; on the calling thread it
-    propagates as DCP expects. tests/checkpoint/test_writer.py shows both, so a torch that
-    fixes it is noticed.
+    """DCP's file system that hashes each file it wrote once closed and notes the writers' exceptions.
 
-    Hashing the stream as it is written would save the read back, but depend on how DCP and
-    torch.save call the stream (tell, fileno for fsync, the zip writer's writes)."""
+    `digests` maps each file name written to {size, sha256}, hashed on the thread that wrote it.
+    An exception on the calling thread (`caller`) propagates; on another writer thread it is noted in
+    `failures` and not raised (torch would drop it), and after any failure no new file is created.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -109,9 +103,11 @@ class _FileSystem(FileSystem):
                     yield io.BytesIO()
 
     def join_writers(self, timeout_s: float = 120.0) -> None:
-        """Stop, and wait for torch's other writer threads of this save: when the calling thread's write
-        fails, DCP raises at once and leaves them running, so a file could appear after the caller has
-        removed the partial checkpoint. Stopped, each finishes the file it has open and creates no other."""
+        """Stop, and wait up to `timeout_s` for each of this save's other writer threads.
+
+        A stopped thread finishes the file it has open and creates no other, so no file appears after
+        the caller removes a failed save's partial checkpoint.
+        """
         self.stopped = True
         for thread in threading.enumerate():
             if thread.ident in self.writers and thread.ident != self.caller:
@@ -119,17 +115,16 @@ class _FileSystem(FileSystem):
 
 
 class RankWriter(FileSystemWriter):
-    """DCP's file writer with one file per tensor item, `threads` threads (default `WRITER_THREADS`), and
-    the digest of each file this rank wrote (`digests`: the files of its WriteResults, each
-    `storage_data.relative_path`; None for one that `_FileSystem` did not hash).
+    """DCP's file writer: one file per tensor item (each staged clone freed once written), and the digest
+    of each file this rank wrote.
 
-    With one file per rank, torch's FileSystemWriter keeps every tensor it wrote alive until the
-    rank's file is complete (pytorch/pytorch#195982: `_write_files_from_queue` fills a dict that only
-    its safetensors path reads). TorchRec's fused tables are views of one buffer, which DCP clones
-    before writing, so a save held a copy of the rank's tables at once: +150 MB of peak RSS for
-    bench_cpu's 166 MB on one rank. A file per item frees each clone once written (one per thread
-    alive at once). tests/checkpoint/test_writer.py shows the retention, so a torch that fixes
-    it is noticed.
+    Args:
+        path: the checkpoint directory being written.
+        threads: writer threads (default `WRITER_THREADS`).
+
+    After `write_data`, `digests` maps each file of this rank's WriteResults
+    (`storage_data.relative_path`) to {size, sha256}, or None for a file that was not hashed; a
+    writer thread's failure is raised there.
     """
 
     def __init__(self, path: Path, threads: int | None = None) -> None:
@@ -153,11 +148,9 @@ class RankWriter(FileSystemWriter):
         return done
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        """Rank 0 writes `.metadata`; then the Metadata that `dcp.save` returns to every rank lists the files.
+        """Rank 0 writes `.metadata`; `metadata.storage_data` is filled where torch left it empty.
 
-        torch 2.13 fills `storage_data` into the object passed here, which `dcp.save` returns; torch 2.11
-        (the device image's) fills it into a copy (`dataclasses.replace`), so the returned one has none:
-        fill it here the same way, so `saved_files` works on both.
+        So the Metadata that `dcp.save` returns lists the files on every torch version.
         """
         super().finish(metadata, results)
         if metadata.storage_data is None:
@@ -165,14 +158,15 @@ class RankWriter(FileSystemWriter):
 
 
 def storage_writer(path: Path) -> RankWriter:
-    """The writer of one save (a function: the tests replace it to inject failures)."""
+    """The writer of one save to `path` (replaceable, to inject write failures)."""
     return RankWriter(path)
 
 
 def saved_files(metadata: Metadata) -> list[str]:
-    """The files of a checkpoint as DCP's own metadata (every rank's copy of what `dcp.save` wrote)
-    lists them: each item's file (`storage_data`: FileSystemWriter's `_StorageInfo.relative_path`,
-    the attribute safe_load reads too) and the metadata file; nothing else that the directory holds."""
+    """The sorted file names a checkpoint's DCP `metadata` lists: each item's file and `.metadata`.
+
+    Other files in the directory are not listed.
+    """
     return sorted({info.relative_path for info in metadata.storage_data.values()} | {METADATA})
 
 
@@ -220,16 +214,26 @@ class Checkpointer:
         return self.every.due(step, last)
 
     def save(self, step: int, state: dict, manifest: dict, background: bool = False) -> Path:
-        """Write `state` (nested dicts of tensors) as checkpoint `step`, visible only when complete.
+        """Write `state` as checkpoint `step`, visible only when complete.
 
-        Each rank hashes the files it writes as DCP closes them (`RankWriter`; rank 0 also
-        `.metadata`), and rank 0 writes the manifest with every file's size and sha256, then renames
-        the directory. A save still in the background is waited for first (never two in flight).
+        Rank 0 writes the manifest (`manifest` plus the step and every file's size and sha256) and
+        renames the directory into place. A save still in the background is waited for first.
 
-        background (with the constructor's `background`): copy `state` to host memory (DCP's staging)
-        and return; the files, digests, manifest and rename follow on a writer thread, and `wait`
-        returns once they are done (raising what failed). The checks before it (tensors only, finite,
-        not another invocation's) run here, on every rank alike.
+        Args:
+            step: the training step; names the directory.
+            state: nested dicts of tensors (this rank's share).
+            manifest: the run's facts to record (model signature, optimizers, ...).
+            background: with the constructor's `background`, return once `state` is staged in host
+                memory; the write completes on a thread and `wait` raises what failed.
+
+        Returns:
+            The checkpoint's final directory.
+
+        Raises:
+            TypeError: a leaf of `state` is not a tensor.
+            NonFiniteCheckpointError: a tensor on any rank holds NaN or inf.
+            CheckpointError: the directory holds another invocation's checkpoint of this step.
+            DiskFullError: the disk filled up (the partial checkpoint is removed).
         """
         self.wait()
         _tensor_leaves_only(state)
@@ -363,9 +367,19 @@ class Checkpointer:
     def load(self, path: Path, state: dict, expected: dict, verify: bool = True) -> dict:
         """Load checkpoint `path` into `state`'s tensors in place (resharding as needed).
 
-        `expected`: {"model": model_signature(...), "optim": {...}}; a checkpoint whose manifest
-        differs is refused, naming each difference ("optim" is compared only when given).
-        Returns its manifest.
+        Args:
+            path: a complete checkpoint directory.
+            state: nested dicts of this rank's tensors, filled in place.
+            expected: {"model": model signature, "optim": {section: name}}; "optim" is compared only
+                when given.
+            verify: check every file against the manifest's sha256.
+
+        Returns:
+            The checkpoint's manifest.
+
+        Raises:
+            CheckpointError: the manifest's model or optimizers differ from `expected` (each difference
+                named), or the files fail to load.
         """
         manifest = read_manifest(path)
         diffs = signature_differences(manifest.get("model", {}), expected["model"])

@@ -1,6 +1,6 @@
 """A checkpoint's manifest.json: canonical JSON carrying its own sha256, the size and sha256 of every
 file of the checkpoint, the model signature a checkpoint must match to load, and how the model read
-its data (`data_signature`, for `dlrm.export`)."""
+its data (`data_signature`)."""
 
 from __future__ import annotations
 
@@ -24,10 +24,12 @@ def model_signature(cfg: ModelConfig) -> dict:
 
 
 def data_signature(cfg: DataConfig) -> dict:
-    """How the model's inputs are read: {"source"} and, for Parquet, {"parquet": its columns (dense,
-    sparse with kinds and weights, labels), id_policy, and the sample-weight column and multi_hot_sizes
-    where set}, what turns rows
-    into the model's inputs; not the paths, split or order, which belong to one dataset."""
+    """How rows become the model's inputs: {"source"} and, for Parquet, {"parquet": {...}}.
+
+    The Parquet part holds the columns (dense, sparse with kinds and weights, labels), id_policy, and
+    the dense transforms, non-finite policy, sample-weight column and multi_hot_sizes where set; not
+    the paths, split or order, which belong to one dataset.
+    """
     signature: dict[str, Any] = {"source": str(cfg.source)}
     if cfg.source == DataSource.parquet:
         p = asdict(cfg.parquet)
@@ -145,14 +147,17 @@ def _is_file_name(name: Any) -> bool:
 
 
 def file_digest(file: Path) -> dict:
-    """{"size": bytes, "sha256": hex} of a file, read in 1 MiB blocks."""
+    """{"size": bytes, "sha256": hex} of a file."""
     size, sha256 = size_and_sha256(file, 1 << 20)
     return {"size": size, "sha256": sha256}
 
 
 def check_file(path: Path, name: str, expected: dict, hash_it: bool) -> None:
-    """CheckpointError unless file `name` of checkpoint `path` has the manifest's size (and, if
-    `hash_it`, sha256): `expected` is its entry {size, sha256}."""
+    """Check file `name` of checkpoint `path` against its manifest entry `expected` ({size, sha256}).
+
+    Raises:
+        CheckpointError: the file is missing, or its size (or, if `hash_it`, its sha256) differs.
+    """
     file = path / name
     try:
         size = file.stat().st_size if file.is_file() else None

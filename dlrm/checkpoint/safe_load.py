@@ -197,8 +197,14 @@ def open_checkpoint(path: Path, verify: bool = True, pg: dist.ProcessGroup | Non
 
 def _fit_optimizer_state(path: Path, manifest: dict, metadata: Metadata, state: dict) -> Callable[[], None]:
     """Key `state["optim"]["state"]` as the checkpoint saved it where tables moved between fused kernels
-    and data_parallel (dlrm.optim.state_moves); returns what to do after the load. CheckpointError
-    naming the tables whose saved state fits neither layout."""
+    and data_parallel.
+
+    Returns:
+        What to call after the load (moves the loaded state back into this run's layout).
+
+    Raises:
+        CheckpointError: naming the tables whose saved state fits neither layout.
+    """
     if "optim" not in state or "progress" not in state:
         return lambda: None
     saved = {k: v.size for k, v in metadata.state_dict_metadata.items() if isinstance(v, TensorStorageMetadata)}
@@ -219,8 +225,18 @@ def _fit_optimizer_state(path: Path, manifest: dict, metadata: Metadata, state: 
 def load_checkpoint(path: Path, state: dict, verify: bool = True, pg: dist.ProcessGroup | None = None) -> dict:
     """Verify checkpoint `path`, then load it into `state`'s tensors in place (resharding as needed).
 
-    `state` is nested dicts of tensors (a subset of what was saved); with `progress.step` in it,
-    the loaded step must equal the manifest's. No process group: one process (export). Returns the manifest.
+    Args:
+        path: a checkpoint directory.
+        state: nested dicts of tensors, a subset of what was saved; with `progress.step` in it, the
+            loaded step must equal the manifest's.
+        verify: check every data file's sha256 (sizes are always checked).
+        pg: the process group of all ranks; None for one process.
+
+    Returns:
+        The checkpoint's manifest.
+
+    Raises:
+        CheckpointError: a check failed, the state does not fit this model, or it holds NaN or inf.
     """
     manifest, metadata = open_checkpoint(path, verify, pg)
     finish = _fit_optimizer_state(path, manifest, metadata, state)

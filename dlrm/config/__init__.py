@@ -3,7 +3,7 @@
 The schemas are the one source of defaults (the default options in conf/ restate none of them),
 one module per section (`model`, `data`, `topology`, `sharding`, `optim`, `trainer`, `checkpoint`, `run`), each
 field documented beside it. Choices are enums, so Hydra refuses a misspelt key, a wrongly typed
-value or a value outside its choices while composing (`dlrm.config.compose`). Each section's `check` then
+value or a value outside its choices while composing (`compose`). Each section's `check` then
 tests what types cannot express (sizes, names, consistency) next to its fields, and `Config.check`
 what spans sections; a ConfigError names the key, the bad value and the fix, before any process
 group exists. The package imports neither torch nor torchrec: the command line's errors come first.
@@ -82,8 +82,8 @@ ROW_SPLIT = (ShardingType.row_wise, ShardingType.table_row_wise, ShardingType.gr
 
 @dataclass
 class Config:
-    """The whole job. Its defaults are the default job (`python -m dlrm.train` without overrides)
-    but for model.tables, which model=dlrm_small fills; conf/ holds only what other options change."""
+    """The whole job. Its defaults are the default job (training without overrides) but for
+    model.tables, which model=dlrm_small fills; conf/ holds only what other options change."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """The network: layer sizes, interaction, embedding tables (conf/model)."""
@@ -306,7 +306,11 @@ class Config:
 
 def validate(cfg: Config) -> None:
     """Check what the schema's types cannot (sizes, names, consistency); OmegaConf has already
-    refused unknown keys, wrong types and values outside each enum when composing."""
+    refused unknown keys, wrong types and values outside each enum when composing.
+
+    Raises:
+        ConfigError: naming the key, the bad value and the fix.
+    """
     cfg.check()
 
 
@@ -329,7 +333,12 @@ def to_config(cfg: DictConfig | Config) -> Config:
 
 
 def validate_world(cfg: Config, world_size: int, local_world_size: int) -> None:
-    """Check the config against the launcher's world; run before creating any process group."""
+    """Check the config against the launcher's world; run before creating any process group.
+
+    Raises:
+        ConfigError: topology.nodes x ranks_per_node is not the launcher's world, or
+            data.global_batch_size is not divisible by `world_size`.
+    """
     tp = cfg.topology
     ranks_per_node = tp.ranks_per_node or local_world_size
     if local_world_size != ranks_per_node:

@@ -9,7 +9,7 @@ from dlrm.config.checks import _require_count, _require_positive
 
 @dataclass
 class CheckpointConfig:
-    """Distributed checkpoints (dlrm.checkpoint)."""
+    """Distributed checkpoints: where they go, when they are saved, how many are kept, how they load."""
 
     dir: str | None = None
     """Where checkpoints go (None: <run dir>/checkpoints)."""

@@ -3,9 +3,8 @@
 `check_overrides` refuses an unknown key or group option before Hydra runs, with a "did you mean";
 `compose` turns Hydra's and OmegaConf's refusals into a ConfigError naming the key and the reason.
 
-`CONF_DIR` is `conf/` of a source checkout (editable install) or `dlrm/conf/` of an installed wheel
-(pyproject.toml packages conf/ there), so `dlrm-train`, `python -m dlrm.plan` and the tests find the
-same files however dlrm was installed.
+`CONF_DIR` is `conf/` of a source checkout (editable install) or `dlrm/conf/` of an installed wheel,
+so every command finds the same files however dlrm was installed.
 """
 
 from __future__ import annotations
@@ -167,7 +166,7 @@ def _composition_error(e: Exception) -> ConfigError:
 
 
 def compose(overrides: Sequence[str], config_dir: str | None = None, config_name: str | None = None) -> Config:
-    """The typed Config for these Hydra overrides, composed from conf/ as the trainer does. Does not `validate`.
+    """The typed Config for these Hydra overrides, composed from conf/ as a training run is. Does not `validate`.
 
     Args:
         overrides: Hydra overrides.
@@ -194,10 +193,18 @@ def hydra_session() -> Iterator[None]:
 def compose_job(
     overrides: Sequence[str], with_hydra: bool = True, config_dir: str | None = None, config_name: str = "config"
 ) -> DictConfig:
-    """The composed config for these overrides, with Hydra's node (run dir, job, overrides) unless
-    with_hydra=False (with it, hydra.job.chdir=true is refused); inside `hydra_session`. `config_dir`
-    (Hydra's `-cd`) adds a directory of config groups and primary configs where Hydra's `--config-dir`
-    puts it; `config_name` (`-cn`) is the primary config. ConfigError as `compose`."""
+    """The composed config for these overrides; call inside `hydra_session`.
+
+    Args:
+        overrides: Hydra overrides.
+        with_hydra: keep Hydra's node (run dir, job, overrides); with it, hydra.job.chdir=true is refused.
+        config_dir: `-cd DIR`, a directory of config groups and primary configs, added where Hydra's
+            `--config-dir` puts it.
+        config_name: `-cn NAME`, the primary config.
+
+    Raises:
+        ConfigError: as `compose`.
+    """
     from hydra import compose as hydra_compose
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -238,8 +245,11 @@ def task_part(composed: DictConfig) -> DictConfig:
 
 
 def command_line(argv: list[str]) -> Namespace:
-    """The command line as Hydra's `@main` reads it (Hydra's own parser; overrides and flags in any
-    order); a bad flag or a flag dlrm.train does not take is a UsageError."""
+    """The training command's `argv` parsed as Hydra's `@main` reads it (overrides and flags in any order).
+
+    Raises:
+        UsageError: a bad flag, or a Hydra flag the command does not take.
+    """
     parser = args_parser()
 
     def refuse(message: str) -> NoReturn:

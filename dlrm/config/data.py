@@ -31,7 +31,7 @@ class SyntheticConfig:
 
 @dataclass
 class CriteoConfig:
-    """Preprocessed Criteo (see `dlrm.data.criteo.preprocess`): the directory that holds the .npy days."""
+    """Preprocessed Criteo: the directory that holds the .npy days, and how they are read."""
 
     dir: str | None = None
     """The --out directory of `dlrm.data.criteo.preprocess` (its manifest.json and .npy days); required with
@@ -55,7 +55,7 @@ class CriteoConfig:
 
 @dataclass
 class SparseColumnConfig:
-    """One sparse feature read from a Parquet column (see docs/your-data.md)."""
+    """One sparse feature read from a Parquet column."""
 
     name: str = MISSING
     """The feature's name: one of the model's table features (model.tables[*].features)."""

@@ -1,4 +1,4 @@
-"""The deltas section: publishing the rows changed since the last publication (dlrm.deltas)."""
+"""The deltas section: publishing the rows changed since the last publication."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from dlrm.config.checks import _require_count
 
 @dataclass
 class DeltasConfig:
-    """Deltas for serving (dlrm.deltas, docs/training-over-time.md): the rows of each table that the
-    steps since the last publication looked up, and the dense weights, at a checkpoint-like cadence."""
+    """Deltas for serving: the rows of each table that the steps since the last publication looked up,
+    and the dense weights, at a checkpoint-like cadence."""
 
     dir: str | None = None
     """Where deltas go (None: <run dir>/deltas)."""

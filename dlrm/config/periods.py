@@ -26,8 +26,7 @@ def in_range(value: str, bounds: list[str]) -> bool:
 
 @dataclass
 class PeriodsConfig:
-    """A dataset partitioned by time: rows read period by period in time order (see
-    docs/training-over-time.md)."""
+    """A dataset partitioned by time: rows read period by period in time order."""
 
     key: str | None = None
     """The partition key: Hive-style directories `key=value/` (e.g. `day` for `day=3/`), or else a

@@ -10,7 +10,7 @@ from dlrm.config.checks import _fail
 
 @dataclass
 class RunConfig:
-    """The run a job belongs to (dlrm.run.records)."""
+    """The run a job belongs to: its name, hence its directory."""
 
     name: str | None = None
     """A named run lives in outputs/NAME (unless hydra.run.dir is given), so a later invocation with

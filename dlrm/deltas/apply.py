@@ -23,8 +23,12 @@ def _load(path: Path, what: str) -> dict:
 
 
 def chain(root: Path, base_step: int, to_step: int | None = None) -> list[dict]:
-    """The manifest entries that lead from `base_step` (each one's base_step the previous one's step) to
-    `to_step` (None: as far as the deltas go). UserError if `to_step` cannot be reached."""
+    """The manifest entries of `root` that lead from `base_step` (each one's base_step the previous one's
+    step) to `to_step` (None: as far as the deltas go).
+
+    Raises:
+        UserError: `to_step` cannot be reached.
+    """
     by_base = {e["base_step"]: e for e in read_manifest(root)}
     out, at = [], base_step
     while at in by_base and (to_step is None or by_base[at]["step"] <= to_step):
@@ -39,8 +43,20 @@ def chain(root: Path, base_step: int, to_step: int | None = None) -> list[dict]:
 
 
 def apply_chain(export: Path, root: Path, to_step: int | None = None) -> dict:
-    """The payload of `export` with the deltas of `root` from its step applied in order (to `to_step`):
-    every table's changed rows and the dense weights replaced, step and sha256 updated."""
+    """An export with a chain of deltas applied.
+
+    Args:
+        export: an exported model file.
+        root: the deltas directory.
+        to_step: the step to stop at; None: as far as the deltas go.
+
+    Returns:
+        The export's payload with the deltas from its step applied in order: every table's changed rows
+        and the dense weights replaced, "step" and "sha256" updated.
+
+    Raises:
+        UserError: the export or a delta is damaged or of another format, or `to_step` cannot be reached.
+    """
     payload = _load(export, "export")
     if payload.get("format") != FORMAT or payload.get("version") != VERSION:
         raise UserError(f"{export} is not a version {VERSION} {FORMAT} file; export the checkpoint again")

@@ -9,7 +9,7 @@ A delta file (torch.save of tensors and plain data only; `torch.load(weights_onl
      "sha256": `delta_sha256` of the above}
 
 `manifest.json` in the deltas directory lists them in order ({"step", "base_step", "file", "rows",
-"bytes"}); a delta applies to a model at its base_step (`dlrm.deltas.apply`).
+"bytes"}); a delta applies to a model at its base_step.
 """
 
 from __future__ import annotations

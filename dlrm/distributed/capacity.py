@@ -1,6 +1,6 @@
 """Can the model fit: memory per rank (HBM on cuda, DDR on cpu), optimizer state sizes, and lower
 bounds checked before TorchRec's planner runs, so a model that cannot fit is refused early, naming
-the rank's need, its capacity and the fix (`PlanError`). Used by the trainer and by `dlrm.plan`.
+the rank's need, its capacity and the fix (`PlanError`).
 """
 
 from __future__ import annotations
@@ -127,9 +127,19 @@ def dense_param_count(model) -> int:
 
 
 def check_memory(cfg: Config, world: int) -> DLRMTrain:
-    """`precheck_memory` for the trainer: builds the model on the meta device (no memory, no process
-    group), so a model that cannot fit is refused before anything expensive starts; returns that
-    model (`Trainer(model=...)` shards it: the model is built once)."""
+    """`precheck_memory` on a model built on the meta device (no memory, no process group), so a model
+    that cannot fit is refused before anything expensive starts.
+
+    Args:
+        cfg: a validated config.
+        world: the number of ranks.
+
+    Returns:
+        The unsharded model on the meta device, to be sharded (it is built once).
+
+    Raises:
+        PlanError: the model cannot fit in `world` ranks' memory.
+    """
     from dlrm.models.dlrm import build_model
 
     model = build_model(cfg.model)

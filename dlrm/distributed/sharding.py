@@ -141,9 +141,11 @@ def constraints(cfg: Config, world_size: int) -> dict[str, ParameterConstraints]
 
 
 def auto_types(cfg: Config, table: TableConfig) -> list[str] | None:
-    """The types the planner may choose for an unpinned table (None: any the sharder offers): on CPU
-    (Gloo) `GLOO_AUTO_TYPES`, else any but, for a mean-pooled table, those that split its rows (see
-    dlrm.config.ROW_SPLIT). Pinned types (sharding.strategy, per_table) may be any."""
+    """The types the planner may choose for an unpinned table (None: any the sharder offers).
+
+    On CPU (Gloo) `GLOO_AUTO_TYPES`; else any but, for a mean-pooled table, those that split its rows
+    (`ROW_SPLIT`). Pinned types (sharding.strategy, per_table) may be any.
+    """
     if str(cfg.topology.device) == "cpu":
         return [str(kind) for kind in GLOO_AUTO_TYPES]
     if table.pooling_type != "mean":
@@ -152,11 +154,8 @@ def auto_types(cfg: Config, table: TableConfig) -> list[str] | None:
 
 
 # On Gloo, `auto` plans every table alike (TorchRec's UniformProposer), replicated, table- or column-wise:
-# the types whose exchange is one alltoall each way. TorchRec's estimator prices bytes only (no
-# per-collective latency; a reduce-scatter where Gloo runs a whole allreduce), so its picks were the
-# slower ones on the emulated 2 x 2 cluster (dlrm_small, 256 per rank, 0.5 and 2 Gbit/s, against the
-# fastest of table- and column-wise): table-column-wise +25-28%, table-row-wise +19%, row-wise 2.5x,
-# and a mix of table- and column-wise +15-19% (each sharding type of a plan has its own 5 alltoalls a step).
+# the types whose exchange is one alltoall each way. TorchRec's estimator prices bytes only, so its other
+# picks ran slower on Gloo (docs/design/planning.md, "Sharding types on Gloo").
 GLOO_AUTO_TYPES = (ShardingType.data_parallel, ShardingType.table_wise, ShardingType.column_wise)
 
 

@@ -56,9 +56,11 @@ class NoGPUForRankError(DeviceError):
 
 
 def synchronizer(device: torch.device) -> Callable[[], None]:
-    """A function that waits for `device`'s queued work (CUDA), or does nothing (CPU). The training
-    loop calls it only where a clock must include the device's work (a log window's end, a pause,
-    a profiled step), never after every step: the host runs ahead of the GPU."""
+    """A function that waits for `device`'s queued work (CUDA), or does nothing (CPU).
+
+    Call it only where a clock must include the device's work (a log window's end, a pause, a
+    profiled step), never after every step: the host runs ahead of the GPU.
+    """
     if device.type == "cuda":
         return functools.partial(torch.cuda.synchronize, device)
     return lambda: None

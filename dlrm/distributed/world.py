@@ -48,8 +48,12 @@ class World:
     @classmethod
     def from_env(cls, env: dict[str, str] | os._Environ | None = None) -> World:
         """torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (`env`, default os.environ); a single
-        process without them. LauncherError (one line) if they, or MASTER_ADDR / MASTER_PORT, cannot
-        describe a job: not integers, a rank outside its size, a node size that does not divide the world."""
+        process without them.
+
+        Raises:
+            LauncherError: they, or MASTER_ADDR / MASTER_PORT, cannot describe a job (not integers, a rank
+                outside its size, a node size that does not divide the world).
+        """
         env = os.environ if env is None else env
         world_size = _integer(env, "WORLD_SIZE", 1)
         rank = _integer(env, "RANK", 0)

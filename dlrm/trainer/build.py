@@ -58,17 +58,16 @@ class Sharded(NamedTuple):
 
 
 def build(cfg: Config, world: World, run_dir: Path | None = None, model: DLRMTrain | None = None) -> Trainer:
-    """One rank's trainer, resumed if trainer.resume says so. Takes the whole Config: it hands each
-    component its section.
+    """One rank's trainer, resumed if trainer.resume says so.
 
     Args:
-        cfg: a validated config (`dlrm.config.validate`, `validate_world`).
+        cfg: a validated config (`validate`, `validate_world`); each component gets its section.
         world: this process's rank and the launcher's sizes.
         run_dir: the run directory (the same on every rank): rank 0 writes metrics.jsonl and
             summary.json there, and checkpoints go to run_dir/checkpoints unless checkpoint.dir is
             set. None: no files, and no checkpoints unless checkpoint.dir is set.
         model: the unsharded model (`build_model(cfg.model)`, on the meta device) if the caller built
-            it already (dlrm.train does, for the memory check); None: built here.
+            it already; None: built here.
 
     Returns:
         The trainer, at step 0 or the resumed checkpoint's step.

@@ -1,4 +1,4 @@
-"""The clock of the training loop's throughput (when components act: `dlrm.common.cadence`).
+"""The clock of the training loop's throughput.
 
 `ThroughputWindow` collects the losses of the steps since the last log and their wall time,
 paused while the loop evaluates or saves, so samples/s counts training alone. `RunTime` adds up a
@@ -20,9 +20,12 @@ class ThroughputWindow(Generic[T]):
 
     `add` records a step (loss None: a skipped step, counted but without a loss); `paused()` stops
     the clock while the loop does other work; `close()` returns (losses, steps, seconds) and opens
-    the next window. `train_seconds` sums the closed windows. `sync` waits for the device's queued
-    work (dlrm.distributed.topology.synchronizer): called when the clock stops (a pause, a close) so that
-    the window's time holds its steps' device work, and nowhere else.
+    the next window. `train_seconds` sums the closed windows.
+
+    Args:
+        clock: seconds, monotonic.
+        sync: waits for the device's queued work; called only when the clock stops (a pause, a close),
+            so that the window's time holds its steps' device work.
     """
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter, sync: Callable[[], None] = lambda: None) -> None:

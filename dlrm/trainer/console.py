@@ -140,10 +140,12 @@ def end_lines(
 
 
 def comm_lines(breakdown: dict, versus: dict | None) -> list[str]:
-    """The collectives of the profiled steps: their own time (last entry to last exit, where measured),
-    and a rank's transfer apart from waiting for peers and from time behind a collective of another kind
-    (said where there was any); and (added outside the core, dlrm.comms.measured) their own time
-    against the cost model where the comparison means something, else why not."""
+    """The console lines of the profiled steps' collectives, one per kind.
+
+    Each says its own time (last entry to last exit, where measured), and a rank's transfer apart from
+    waiting for peers and from time behind a collective of another kind (where there was any); with
+    `versus` (per kind, the cost model's comparison), that comparison or why there is none.
+    """
     wait, transfer = breakdown.get("comm_wait_s", {}), breakdown.get("comm_transfer_s", {})
     behind, critical = breakdown.get("comm_behind_s", {}), breakdown.get("comm_critical_s", {})
     parts = []

@@ -57,10 +57,16 @@ class Evaluator:
 
     @torch.no_grad()
     def evaluate(self, model: torch.nn.Module, batches: Iterable) -> dict:
-        """The figures of `score_on_rank0` over `batches` (this rank's slice of the eval split, at
-        least one batch on every rank): `model(batch)` -> (loss, (loss, logits, labels)), logits and labels [B] for
-        one task, [B, T] for T, under bf16 autocast as in training. Rank 0 computes the figures on the
-        training device; every rank returns them. `model` is back in train mode after."""
+        """Score `model` on `batches`, under bf16 autocast as in training; a collective.
+
+        Args:
+            model: `model(batch)` -> (loss, (loss, logits, labels)), logits and labels [B] for one task,
+                [B, T] for T tasks; back in train mode after.
+            batches: this rank's slice of the eval split, at least one batch on every rank.
+
+        Returns:
+            The figures of `score_on_rank0`, computed on rank 0 and the same on every rank.
+        """
         return score_on_rank0(self._scores(model, batches), self.pg, self.tasks)
 
     def _scores(self, model: torch.nn.Module, batches: Iterable) -> torch.Tensor:

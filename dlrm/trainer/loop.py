@@ -107,8 +107,8 @@ def _log_window(t: Trainer, last: bool, first_step: int) -> None:
 
 
 def _stop(t: Trainer, signum: int) -> None:
-    """End the run at this log step because some rank got `signum` (dlrm.trainer.stop): every rank is
-    here at the same step. Save a checkpoint with checkpoint.on_signal (or where one is due), close
+    """End the run at this log step because some rank got stop signal `signum`: every rank is here at
+    the same step. Save a checkpoint with checkpoint.on_signal (or where one is due), close
     the logs, raise TrainingStopped naming the step, the last checkpoint and how to continue."""
     t.stop.stopping = True
     on_signal = t.settings.checkpoint.on_signal

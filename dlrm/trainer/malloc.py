@@ -1,13 +1,9 @@
-"""The host allocator of a training process: glibc's malloc keeps the memory a step frees.
+"""The host allocator of a training process: glibc's malloc set to keep the memory a step frees.
 
-Every step allocates and frees the same large host tensors (activations, their gradients, the
-pooled embeddings: 0.1-10 MB each on CPU). With glibc's defaults the blocks above a moving mmap
-threshold are unmapped when freed, and a free top of heap above the trim threshold is given back to
-the kernel, so the next step page-faults the same memory in again: on bench_cpu (1 process, bf16)
-about 3,000 page faults per 2,048-sample step, and ~15% of its time. Fixing the mmap threshold at glibc's
-maximum (32 MiB: larger blocks, the tables, are still mapped on their own) and the trim threshold
-at 1 GiB keeps those blocks in the heap, to be reused by the next step. Peak RSS is unchanged: the
-step's high-water mark is reached either way.
+Every step allocates and frees the same large host tensors (activations, their gradients, the pooled
+embeddings). Fixing glibc's mmap threshold at its maximum (larger blocks, the tables, are still mapped
+on their own) and raising its trim threshold keeps those blocks in the heap for the next step, instead
+of unmapping them and page-faulting them in again. Peak RSS is unchanged.
 """
 
 from __future__ import annotations
@@ -30,10 +26,11 @@ def user_set_malloc() -> bool:
 
 
 def keep_freed_memory() -> bool:
-    """Set this process's malloc to keep freed blocks (see the module docstring).
+    """Set this process's malloc to keep freed blocks (`MMAP_THRESHOLD`, `TRIM_THRESHOLD`).
 
-    Returns whether it did: False off glibc (another C library, or macOS) and when the environment
-    already tunes malloc (a user's settings win).
+    Returns:
+        Whether it did: False off glibc (another C library, or macOS) and when the environment already
+        tunes malloc (a user's settings win).
     """
     if platform.libc_ver()[0] != "glibc" or user_set_malloc():
         return False

@@ -1,17 +1,13 @@
 """Training metrics: AUC, log loss, normalized entropy and calibration per task, throughput, peak memory,
 metrics.jsonl and TensorBoard.
 
-Who computes what, and why: the trainer imports neither torchmetrics nor torchrec.metrics (they import
-matplotlib: ~30 MiB of resident memory on every rank), so the four figures are a few torch ops here,
-run on rank 0 where the scores are, each checked in the tests against the libraries. AUC is
-`exact_auc` (the Mann-Whitney statistic in float64, exact up to 2^53 samples; torchmetrics'
-BinaryAUROC, the tests' cross-check, sums its ROC trapezoids in float32). Log loss is torch's
-BCE-with-logits from the logits. NE and calibration follow TorchRec's NEMetric and CalibrationMetric
-(`torchrec.metrics.ne`, `.calibration`, the tests' oracles): NE = cross-entropy of the predicted
-probabilities / entropy of the base rate (the label mean), both clamped at 1e-12 as TorchRec does;
-calibration = sum of predicted probabilities / sum of labels. With sample weights
-(data.parquet.weight) each row counts its weight's times in all four (`weighted_auc`: with integer
-weights, the AUC of the rows repeated).
+The four figures are a few torch ops, run on rank 0 where the scores are (neither torchmetrics nor
+torchrec.metrics is imported). AUC is `exact_auc`, the Mann-Whitney statistic in float64 (exact up to
+2^53 samples). Log loss is torch's BCE-with-logits from the logits. NE and calibration follow
+TorchRec's NEMetric and CalibrationMetric: NE = cross-entropy of the predicted probabilities /
+entropy of the base rate (the label mean), both clamped at 1e-12 as TorchRec does; calibration = sum
+of predicted probabilities / sum of labels. With sample weights (data.parquet.weight) each row counts
+its weight's times in all four (`weighted_auc`: with integer weights, the AUC of the rows repeated).
 """
 
 from __future__ import annotations
@@ -95,10 +91,17 @@ def _sum(x: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
 def task_metrics(
     logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None
 ) -> dict[str, float | None]:
-    """{"auc", "logloss", "ne", "calibration"} of one task's logits [N] against 0/1 labels [N],
-    computed where the tensors are; with sample `weights` [N], each row counted that many times
-    (`weighted_auc_and_logloss`, and weighted sums in NE and calibration). AUC and NE are None when
-    the labels hold one class only, calibration when they hold no positive (undefined then)."""
+    """One task's figures, computed where the tensors are.
+
+    Args:
+        logits: [N] float.
+        labels: [N] 0/1.
+        weights: [N] sample weights (>= 0), each row counted that many times; None: 1 each.
+
+    Returns:
+        {"auc", "logloss", "ne", "calibration"}: AUC and NE None when the labels hold one class only,
+        calibration None when they hold no positive (undefined then).
+    """
     w = None if weights is None else weights.reshape(-1).double()
     auc, logloss = auc_and_logloss(logits, labels) if w is None else weighted_auc_and_logloss(logits, labels, w)
     y = labels.reshape(-1).double()
@@ -127,12 +130,20 @@ def evaluation_record(per_task: dict[str, dict[str, float | None]]) -> dict[str,
 
 
 def score_on_rank0(local: torch.Tensor, group: dist.ProcessGroup, tasks: list[str] | None = None) -> dict:
-    """`evaluation_record` of every rank's slice, local [2, N] (row 0 logits, row 1 0/1 labels) or
-    [2, T, N] for T tasks (N equal on all ranks), or [3, ...] with row 2 the sample weights (the
-    weighted figures), computed on rank 0 where the tensors are (the
-    training device): one gather of the slices to rank 0, `task_metrics` there, one broadcast of
-    the figures, so every rank returns the same dict, with "samples" added (None where undefined).
-    `tasks`: the T names (default ["label"])."""
+    """The evaluation's figures over every rank's slice, computed on rank 0; a collective.
+
+    One gather of the slices to rank 0 (on the training device), `task_metrics` there, one broadcast
+    of the figures.
+
+    Args:
+        local: this rank's slice, [2, N] (row 0 logits, row 1 0/1 labels) or [2, T, N] for T tasks,
+            or [3, ...] with row 2 the sample weights; N equal on all ranks.
+        group: the process group of all ranks.
+        tasks: the T task names (default ["label"]).
+
+    Returns:
+        The same `evaluation_record` on every rank, with "samples" added (None where undefined).
+    """
     local = local if local.dim() == 3 else local.unsqueeze(1)
     n_tasks = local.shape[1]
     tasks = tasks if tasks is not None else ["label"]

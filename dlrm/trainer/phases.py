@@ -326,7 +326,7 @@ class Waits:
     one rank's transfer can be less); where several are in flight together (DDP's allreduce beside the
     gradient alltoall, entered before or after it) the link serves them in turn, so in order of their
     ends each counts from its start or the previous one's end, whichever is later: each one's time
-    alone, what the cost model and `dlrm.comms.measure` price.
+    alone, as a cost model prices it.
     """
 
     wait_s: dict[str, float]
@@ -342,11 +342,14 @@ def split_waits(
     rank: int,
     exits: list[dict[str, list[float]]] | None = None,
 ) -> Waits:
-    """Waiting apart from transfer. own: this rank's collectives per kind (`collective_spans`); entries:
-    every rank's entry (start) times per kind, in rank order, in seconds of one clock (the profiler's,
-    Unix time: the ranks of one host share it, hosts as far as their clocks agree); exits: their exit
-    (end) times likewise, for `Waits.critical_s`. The i-th collective of a kind is the same one on every
-    rank (collectives are issued in the same order everywhere)."""
+    """This rank's collectives' waiting for peers apart from their transfer.
+
+    Args:
+        own: this rank's (start, end) spans per collective kind (`collective_spans`); the i-th of a kind
+            is the same collective on every rank.
+        entries: every rank's entry times per kind, in rank order, in seconds of the profiler's Unix clock.
+        exits: every rank's exit times likewise, for `Waits.critical_s`; None: not measured.
+    """
     p = len(entries)
     wait: dict[str, float] = {}
     behind: dict[str, float] = {}

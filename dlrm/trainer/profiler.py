@@ -1,12 +1,11 @@
-"""The training loop's profiling, a component with its own cadence (see `dlrm.trainer.phases`).
+"""The training loop's profiling, a component with its own cadence.
 
 With trainer.breakdown, the last step of every trainer.breakdown_every-th log window (and the run's
 last step) runs under torch.profiler and its time is split into phases and collectives; starting,
 stopping and reading the profiler happen off the throughput clock (the loop's `paused`). On CUDA the
 profiled step's device time comes from CUDA events around it and, per phase, from the profiler's
-device activity (`phases.device_breakdown`). With trainer.profile=[first, last], those steps are traced
-on rank 0 to <run dir>/profile (TensorBoard, Perfetto). The measured communication is put beside the
-cost model's prediction outside the core (dlrm.comms.measured).
+device activity (`device_breakdown`). With trainer.profile=[first, last], those steps are traced
+on rank 0 to <run dir>/profile (TensorBoard, Perfetto).
 """
 
 from __future__ import annotations
@@ -41,13 +40,8 @@ COMM_KINDS = ("alltoall", "reduce_scatter", "allgather", "allreduce")
 def end_gloo_ranges(pg) -> None:
     """Return once Gloo's threads have ended the profiler ranges of every collective `pg` has run.
 
-    A Gloo work completes its future (what DDP waits on) before its thread ends the work's profiler
-    range (c10d's Work::finish), so a profiled step can return while that thread still writes into the
-    profiler: on 2 ranks, 22% of profiled steps had a `gloo:` range ending after the step returned.
-    Stopping the profiler then has its finalize read what another thread writes; torch serializes
-    neither (cf. pytorch/pytorch#187483, the all-threads mode). A Gloo barrier waits for every earlier
-    work of the group to finish, its range included. NCCL records on the launching thread: nothing to
-    wait for. A collective: every rank calls it (profiled and traced steps are the same on all ranks).
+    A Gloo barrier on `pg` (a no-op on other backends), so the profiler is never stopped while a Gloo
+    thread still writes a range into it. A collective: every rank calls it.
     """
     if dist.get_backend(pg) == "gloo":
         dist.barrier(group=pg)

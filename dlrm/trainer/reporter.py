@@ -32,8 +32,17 @@ log = logging.getLogger(__name__)
 def global_mean_and_signal(
     losses: list[torch.Tensor], signum: int | None, pg: dist.ProcessGroup, world_size: int
 ) -> tuple[float, int | None]:
-    """Mean over steps and ranks of per-rank losses (each rank's loss is over its slice), and the
-    stop signal any rank got (dlrm.trainer.stop; SIGTERM, then SIGHUP, then SIGINT), in one all-reduce."""
+    """Mean over steps and ranks of per-rank losses, and the stop signal any rank got, in one all-reduce.
+
+    Args:
+        losses: this rank's per-step losses (0-d tensors, each over its slice of the batch).
+        signum: the stop signal this rank got, or None.
+        pg: the process group of all ranks.
+        world_size: the ranks in `pg`.
+
+    Returns:
+        (mean loss, the signal reported: SIGTERM before SIGHUP before SIGINT, or None).
+    """
     total = torch.stack(losses).sum().float()
     flags = [float(signum == s) for s in _STOP_ORDER]
     figures = torch.cat([total.reshape(1), total.new_tensor(flags)])

@@ -68,7 +68,7 @@ class StopRequest:
 
     Args:
         is_main: whether this is rank 0, which prints the line of a second signal's immediate exit.
-        exit: how a second signal ends the process (os._exit; replaceable in tests).
+        exit: how a second signal ends the process (default os._exit).
     """
 
     def __init__(self, is_main: bool = True, exit=os._exit) -> None:

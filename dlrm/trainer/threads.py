@@ -1,11 +1,10 @@
 """Intra-op threads per rank: chosen from the cores this process may use and the ranks on the node.
 
-torch starts with one OpenMP thread per usable core in every process; torchrun sets OMP_NUM_THREADS=1
-for several ranks per node, but `python -m dlrm.train` alone (or a launcher that sets nothing) keeps
-every core's threads, and ranks sharing a node then oversubscribe it. `intra_op_threads` picks
-cores // local ranks (at least 1); `apply_intra_op_threads` applies it unless the user chose: the
-config key trainer.intra_op_threads, OMP_NUM_THREADS / MKL_NUM_THREADS in the environment, or a
-`torch.set_num_threads` call made before (torch's count no longer its default, one per usable core).
+torch starts one OpenMP thread per usable core in every process, so ranks sharing a node oversubscribe
+it unless a launcher set OMP_NUM_THREADS. `intra_op_threads` picks cores // local ranks (at least 1);
+`apply_intra_op_threads` applies it unless the user chose: the config key trainer.intra_op_threads,
+OMP_NUM_THREADS / MKL_NUM_THREADS in the environment, or an earlier `torch.set_num_threads` call
+(torch's count differs from one per usable core).
 """
 
 from __future__ import annotations

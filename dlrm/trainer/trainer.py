@@ -1,5 +1,5 @@
-"""One rank's trainer as built (`dlrm.trainer.build.build`): its parts, and what one training step, one
-evaluation and one checkpoint do with them. When they happen is the loop's (`dlrm.trainer.loop.train`)."""
+"""One rank's trainer as built: its parts, and what one training step, one evaluation and one
+checkpoint do with them (not when they happen)."""
 
 from __future__ import annotations
 
@@ -67,14 +67,14 @@ class TrainerSettings:
 class Trainer:
     """One rank's share of a DLRM training job, as `build` makes it.
 
-    Fields: the config's `settings` and this rank (`world`); `run_dir` where rank 0 writes (None elsewhere or for no
-    files); the training `device`, its `sync` (waits for the device's queued work) and process group
-    `pg`; the batch `source` (replaceable before training: the bench caches it, tests inject faults
-    into it); the sharding `plan`, the sharded `model` and its `dense_params`; the `optimizer`, the lr
-    `schedule`, `local_sgd` (None without trainer.dense_sync=local_sgd) and the training `pipeline`
-    (None without trainer.pipeline); the checkpointed `state`; the periodic components (`reporter`,
-    `evaluator`, `profiler`, `checkpointer` and `deltas`, None without a directory) and the `stop`
-    request of a signal; `summary_parts`, more components whose `summary_fields` the summary takes.
+    Fields: the config's `settings` and this rank (`world`); `run_dir` where rank 0 writes (None elsewhere
+    or for no files); the training `device`, its `sync` (waits for the device's queued work) and process
+    group `pg`; the batch `source` (replaceable before training); the sharding `plan`, the sharded `model`
+    and its `dense_params`; the `optimizer`, the lr `schedule`, `local_sgd` (None without
+    trainer.dense_sync=local_sgd) and the training `pipeline` (None without trainer.pipeline); the
+    checkpointed `state`; the periodic components (`reporter`, `evaluator`, `profiler`, `checkpointer`
+    and `deltas`, None without a directory) and the `stop` request of a signal; `summary_parts`, more
+    components whose `summary_fields` the summary takes.
     """
 
     settings: TrainerSettings
@@ -143,16 +143,21 @@ class Trainer:
         return fields
 
     def save_checkpoint(self, background: bool = False) -> Path:
-        """Checkpoint the current step (all ranks call it); returns the checkpoint's directory. background
-        (with checkpoint.async_save): returns once the state is staged on the host, the files follow
-        (`Checkpointer.save`); the next save, a clean stop and the run's end wait for them."""
+        """Checkpoint the current step (all ranks call it); returns the checkpoint's directory.
+
+        background (with checkpoint.async_save): return once the state is staged on the host; the files
+        follow, and the next save, a clean stop and the run's end wait for them.
+
+        Raises:
+            CheckpointError: no checkpoint directory, or the save was refused (`Checkpointer.save`).
+        """
         if self.checkpointer is None:
             raise CheckpointError("no checkpoint directory: set checkpoint.dir or give the trainer a run dir")
         return self.checkpointer.save(self.step, self.state.state_dict(), self.state.manifest(), background)
 
     def batches(self, split: str, start_step: int, count: int | None) -> Iterator:
         """This rank's batches of `split` from global step `start_step` (count None: all), prefetched
-        off the training thread where that pays (dlrm.data.prefetch)."""
+        off the training thread where that pays."""
         batches = self.source.batches(split, self.world.rank, self.world.world_size, start_step)
         batches = itertools.islice(batches, count) if count is not None else batches
         if self.device.type != "cpu" and batches_on(self.source, self.device):
@@ -173,11 +178,10 @@ class Trainer:
         asynchronously; an unpinned one is staged as a blocking copy would be).
 
         With trainer.on_nonfinite=skip, a batch whose loss is not finite on any rank is dropped by
-        every rank before its backward pass (nothing is updated); returns None then. That decision
-        is this option's one wait for the device per step, and no device-side mask can replace it:
-        the fused embedding update runs inside the backward pass and cannot be undone, a NaN
-        activation makes every gradient behind it NaN (0 x NaN = NaN), and a stateful optimizer
-        (Adam's moments) moves on a zero gradient too.
+        every rank before its backward pass (nothing is updated): one wait for the device per step.
+
+        Returns:
+            The step's loss (0-d, detached), or None for a skipped batch.
         """
         with record_function("## zero_grad ##"):
             self.optimizer.zero_grad()
