@@ -1,14 +1,13 @@
-"""A bundle a server loads without this package: `python -m dlrm.export CKPT OUT --format bundle [--int8]`.
+"""The serving bundle: `python -m dlrm.export CKPT OUT --format bundle [--int8]`.
 
 OUT is a new directory holding
-    model.pt2   the serving module (`dlrm.export.serving`) captured by `torch.export` with a dynamic
-                batch dimension and compiled by AOTInductor into a model package
-                (`torch._inductor.aoti_compile_and_package`): load it with
+    model.pt2   the serving module captured by `torch.export` with a dynamic batch dimension and
+                compiled by AOTInductor into a model package: load it with
                 `torch._inductor.aoti_load_package` in Python or `torch::inductor::AOTIModelPackageLoader`
                 in C++, no Python model code needed
-    spec.json   the feature spec (`dlrm.export.spec`): how rows become the program's inputs
-It is built in a temporary directory beside OUT, checked (the compiled program's probabilities on a
-probe batch equal the eager model's), then renamed to OUT in one step; an existing OUT is refused.
+    spec.json   the feature spec: how rows become the program's inputs
+It is built in a temporary directory beside OUT, checked (the compiled program's probabilities on
+probe batches equal the eager model's), then renamed to OUT in one step; an existing OUT is refused.
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""The feature spec of a bundle (`spec.json`): how a reader turns rows into the program's inputs, written
-so that a reader needs nothing but it (examples/serving/score_parquet.py is one, docs/serving.md lists
-the fields).
+"""The feature spec of a bundle (`spec.json`): all a reader needs to turn rows into the program's inputs.
 
     {"format": "dlrm-serving-spec", "version": 1,
      "program": {"file", "inputs": [{"name", "dtype", "shape"}], "output": {"name", "dtype", "shape"}},
@@ -11,7 +9,7 @@ the fields).
      "tasks": [{"name", "label"}],
      "model": {"interaction", "weighted", "tables", "step", "int8", "export_sha256"},
      "versions": {"torch", "torchrec", "fbgemm_gpu", "dlrm", "python"},
-     "dlrm": {"model": the model config, "data": the export's data record}}   # for dlrm.predict
+     "dlrm": {"model": the model config, "data": the export's data record}}   # for this package's scorer
 
 Sparse kinds: id (an integer per row), ids (a list of integers per row), string / strings (hashed,
 `hashing`), hex (Criteo's hexadecimal strings: int(s, 16)). id_map says how a column's value becomes

@@ -1,5 +1,5 @@
-"""The scorer's Criteo inputs: a `dlrm.data.criteo.preprocess` directory (verified as the trainer's loader
-verifies it) or a raw Criteo TSV (plain or .gz) parsed with the preprocessing's options."""
+"""The scorer's Criteo inputs: a preprocessed Criteo directory (verified as training verifies it) or a
+raw Criteo TSV (plain or .gz) parsed with the preprocessing's options."""
 
 from __future__ import annotations
 
