@@ -1,28 +1,18 @@
-"""The checkpointer's save and load (`dlrm.checkpoint.Checkpointer`) against plain `dcp.save` / `dcp.load`.
+"""Benchmark of the checkpointer's save and load against plain `dcp.save` / `dcp.load`.
 
     python -m dlrm.bench.checkpoint_save                  # 2 ranks, 2 GB of tables in all, 2 rounds
     python -m dlrm.bench.checkpoint_save --gb 0.2 --rounds 1   # a quick run
 
-Each rank holds `--gb`/`--ranks` GB of float32 embedding rows as `--tables` tables that are views of one
-buffer (as TorchRec's fused tables are: DCP clones such a view before writing it), under names of its
-own (each rank writes its own). In each round every variant runs in fresh processes (2 Gloo ranks,
-torch.multiprocessing), in the listed order in odd rounds and reversed in even ones:
-
-- `dcp`: `dcp.save(state, checkpoint_id=dir)`, torch's default writer (one file per rank, 1 thread),
-  then `dcp.load` of it into zeroed tables;
-- `ours`: `Checkpointer.save` (the non-finite check, DCP's write, the digests, manifest.json, the rename),
-  then `Checkpointer.load` (the manifest, each rank's share of the sizes and digests, DCP's read);
-- `ours_async`: `Checkpointer.save(..., background=True)` (checkpoint.async_save: the checks and DCP's
-  staging on the host, then the write on a thread), then `wait`, then the same load.
-  The loads are checked to give back the saved rows exactly.
-
-Each rank sets malloc as the trainer does (`dlrm.trainer.malloc`) and one intra-op thread (as torchrun
-does for several ranks), as a save in a training process runs.
-Prints, per round and variant, the save's and the load's wall time (rank 0, barrier to return), the
-training stall (rank 0: until `save` returns; the whole save but for `ours_async`) and the
-peak RSS of the busiest rank during the save, with the RSS before it; then medians, `ours`' ratios to
-`dcp` of the same round, and `ours_async`'s stall against `ours`' save. `--threads N` overrides the
-checkpointer's writer threads (`WRITER_THREADS`) to compare counts.
+Each rank holds `--gb`/`--ranks` GB of float32 rows as `--tables` tables that are views of one buffer
+(as fused tables are), under names of its own. Each round runs every variant in fresh Gloo processes,
+the order reversed in even rounds:
+- `dcp`: `dcp.save` with torch's default writer, then `dcp.load` into zeroed tables;
+- `ours`: `Checkpointer.save`, then `Checkpointer.load`;
+- `ours_async`: `Checkpointer.save(..., background=True)`, `wait`, then the same load.
+Loads are checked to give back the saved rows exactly. Ranks set malloc as the trainer does and use
+one intra-op thread. Prints per round and variant the save's and load's wall time, the training
+stall, and the busiest rank's peak RSS during the save; then medians, `ours`' ratios to `dcp`, and
+`ours_async`'s stall against `ours`' save. `--threads N` sets the checkpointer's writer threads.
 """
 
 from __future__ import annotations

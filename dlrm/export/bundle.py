@@ -1,6 +1,6 @@
-"""The serving bundle: `python -m dlrm.export CKPT OUT --format bundle [--int8]`.
+"""The serving bundle (`--format bundle [--int8]`): a directory a server loads without this package.
 
-OUT is a new directory holding
+The bundle is a new directory OUT holding
     model.pt2   the serving module captured by `torch.export` with a dynamic batch dimension and
                 compiled by AOTInductor into a model package: load it with
                 `torch._inductor.aoti_load_package` in Python or `torch::inductor::AOTIModelPackageLoader`

@@ -1,4 +1,4 @@
-"""The file format of `python -m dlrm.export CHECKPOINT_DIR OUT.pt` (`--format file`, the default).
+"""The exported file (`--format file`, the default): its format, writer and reader.
 
 Runs in one process, no process group: the model described by the checkpoint's manifest is built
 whole on the CPU, DCP fills it from the shards, and one file is written atomically with torch.save:
