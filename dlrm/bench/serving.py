@@ -85,7 +85,17 @@ def latencies(call: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...
 
 
 def bench_model(name: str, cfg: ModelConfig, work: Path, int8: bool, rounds: int) -> dict:
-    """Size, load time and latencies of one model's bundle against its eager network."""
+    """Size, compile and load time, and latencies of one model's bundle against its eager network.
+
+    Args:
+        name: the model's label in the results.
+        int8: bundle with row-wise int8 tables (the eager network is then not timed).
+        rounds: interleaved rounds of calls per batch size.
+
+    Returns:
+        The figures as a flat dict: bundle_mib, compile_s, load_s, and per program and batch size b
+        `{program}_b{b}_p50_ms` and `_p99_ms`, and `{program}_rows_per_s_b1024`.
+    """
     model = build_model(cfg, torch.device("cpu"))
     initialize(model, cfg, seed=0)
     net = model.model.eval()

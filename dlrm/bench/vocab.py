@@ -101,7 +101,18 @@ def batches(day: dict[str, np.ndarray], batch_size: int, modulo: int | None):
 
 
 def run(log: list[dict[str, np.ndarray]], table_rows: int, policy: str, batch_size: int, lr: float) -> dict:
-    """Train on every day but the last, evaluate on the last: {"eval_auc", "eval_logloss", "samples_per_s"}."""
+    """Train on every day but the last, evaluate on the last.
+
+    Args:
+        log: the days of rows from `click_log`.
+        table_rows: rows of the user and the item table.
+        policy: the vocabulary policy, or "none" for ids modulo the table rows.
+        batch_size: rows per training batch.
+        lr: Adagrad's learning rate.
+
+    Returns:
+        {"eval_auc", "eval_logloss", "samples_per_s"}.
+    """
     managed = policy != "none"
     cfg = model_config(table_rows, policy)
     model = build_model(cfg, torch.device("cpu"))

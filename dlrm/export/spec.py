@@ -151,8 +151,15 @@ def dense_inputs(cfg: ModelConfig, data: ExportedData) -> int:
 
 
 def build_spec(cfg: ModelConfig, data: ExportedData, record: dict | None, step: int, sha256: str, int8: bool) -> dict:
-    """The spec of a bundle of the model `cfg` (trained at `step`, its export content `sha256`), which
-    read its rows as `data` (the export's data record `record`); int8: tables stored row-wise int8."""
+    """The feature spec of a bundle, as written to spec.json.
+
+    Args:
+        cfg: the model config.
+        data: how the model read its rows; `record` is the export's raw data record.
+        step: the training step of the exported weights.
+        sha256: the export's content digest.
+        int8: the tables are stored row-wise int8.
+    """
     dense, sparse, tasks = _columns(cfg, data)
     inputs = []
     for name in input_names(cfg):
