@@ -10,7 +10,9 @@ and for a model trained on Parquet, Parquet files (a file, directory, glob or UR
 columns its export recorded, in file order; label columns are optional.
 `--max-rows N` keeps the first N selected rows. Writes the click probabilities, float32 [N] in row
 order ([N, T] for T tasks), to `--out` atomically; prints AUC and log loss where the rows have
-labels (per task, weighted where the model was trained with a sample-weight column the files have).
+labels (per task, weighted where the model was trained with a sample-weight column the files have;
+AUC is missing where the rows hold one class). Criteo rows have one label, so a model of several
+tasks scoring them gets its scores only.
 """
 
 from __future__ import annotations
@@ -179,8 +181,11 @@ def _run(a: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, torch.Tensor
     """Score --data with the model and write the probabilities to --out.
 
     Returns:
-        (the model config, logits [N] or [N, T], labels of the same shape or None, sample weights [N]
-        or None, counts, seconds).
+        (the model config, logits [N] or [N, T], labels [N] or [N, L] (L = 0: unlabeled rows), sample
+        weights [N] or None, counts, seconds).
+
+    Raises:
+        UserError: bad arguments, no rows to score, or a row scored as NaN or infinite (nothing written).
     """
     _check_args(a)
     counts: dict[str, int] = {"labeled": 1}

@@ -112,7 +112,7 @@ def plan_overrides(
             node match the series', else emu_4x1 (1, 2 and 4 nodes) or emu_2x2 (1 and 2).
 
     Returns:
-        (overrides, node counts as "1,2" or "1,2,4").
+        (overrides, node counts as "1,N" or "1,2,4").
     """
     from dlrm.config.compose import compose
 
