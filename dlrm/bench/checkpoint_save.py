@@ -37,11 +37,17 @@ VARIANTS = ("dcp", "ours", "ours_async")
 
 
 def rss_mib() -> float:
+    """This process's resident memory now, in MiB."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def make_state(rank: int, gb: float, ranks: int, tables: int) -> dict:
+    """Rank `rank`'s share of `gb` GB of float32 rows over `ranks` ranks, as `tables` views of one buffer.
+
+    Returns:
+        {"model": {name: rows [R, 64] float32}}, names unique to this rank.
+    """
     dim = 64
     rows = max(tables, int(gb * 2**30 / ranks / 4 / dim)) // tables * tables
     buffer = torch.rand(rows, dim)  # one fused buffer; each table a view of its rows
@@ -50,6 +56,7 @@ def make_state(rank: int, gb: float, ranks: int, tables: int) -> dict:
 
 
 def rank_main(rank: int, args: argparse.Namespace, variant: str, port: int, where: str) -> None:
+    """One rank of one run: save and load with `variant`, check the rows, write where/rank{rank}.json."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     from dlrm.checkpoint import Checkpointer, checkpointer
@@ -93,6 +100,7 @@ def rank_main(rank: int, args: argparse.Namespace, variant: str, port: int, wher
 
 
 def one_run(args: argparse.Namespace, variant: str) -> dict:
+    """Run `variant` once on fresh ranks; rank 0's times with the busiest rank's peak RSS and the files written."""
     where = tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir)
     try:
         with socket.socket() as s:

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 
 def tables(rows: int) -> dict[str, pa.Table]:
+    """The same `rows` random rows in each layout: {"columns", "list", "binary": table}."""
     rng = np.random.default_rng(0)
     ids = (rng.random((rows, 26)) * 1e6).astype(np.int32)
     dense = rng.random((rows, 13)).astype(np.float32)
@@ -59,6 +60,7 @@ def ids_of(kind: str, group: pa.Table) -> np.ndarray:
 
 
 def best_ms(run, count: int) -> float:
+    """The best of 3 passes of `run()`, in ms per each of its `count` row groups."""
     times = []
     for _ in range(3):
         t0 = time.perf_counter()

@@ -72,6 +72,7 @@ def missing_right() -> str | None:
 
 
 def tool_path(tool: str) -> str | None:
+    """The path of `tool` on PATH or in /usr/sbin or /sbin; None when missing."""
     return shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/sbin")
 
 

@@ -253,6 +253,7 @@ def log_every(steps: int) -> int:
 
 
 def cluster_command(opts: Options, spec: Spec, run_dir: Path) -> list[str]:
+    """The emulated-cluster command line of one job, writing into `run_dir`."""
     cmd = [
         sys.executable,
         "-m",
@@ -310,6 +311,7 @@ def run_plan(opts: Options, gbit: float, series: str, calibration: Path) -> dict
 
 
 def save(out: Path, results: dict, with_figures: bool) -> None:
+    """Write results.json (and with_figures, findings.md and findings.png) into `out`, each atomically."""
     write_json_atomic(out / "results.json", results)
     if with_figures:
         write_atomic(out / "findings.md", findings_md(results).encode())
@@ -351,6 +353,14 @@ def _project(opts: Options, out: Path, k: int, results: dict) -> None:
 
 
 def run(opts: Options, now: Callable[[], float] = time.monotonic) -> int:
+    """Run every round's jobs, saving the results after each job and the findings after each round.
+
+    Returns:
+        0 when every job succeeded, else 1.
+
+    Raises:
+        UsageError: this process cannot build the emulated cluster (rights or tools missing).
+    """
     from dlrm.cluster.emulator import missing_right
 
     reason = missing_right()
