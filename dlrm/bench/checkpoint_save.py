@@ -50,7 +50,7 @@ def make_state(rank: int, gb: float, ranks: int, tables: int) -> dict:
     """
     dim = 64
     rows = max(tables, int(gb * 2**30 / ranks / 4 / dim)) // tables * tables
-    buffer = torch.rand(rows, dim)  # one fused buffer; each table a view of its rows
+    buffer = torch.rand(rows, dim)  # one buffer, each table a view of it, as fused tables are: DCP clones views
     per = rows // tables
     return {"model": {f"rank{rank}.table{t}.weight": buffer[t * per : (t + 1) * per] for t in range(tables)}}
 
