@@ -1,39 +1,19 @@
-"""The data path alone: samples/s of the batch sources at a training shape, one GPU-feeding process.
+"""Data-path benchmark: samples/s of each batch source at a training shape, in one process on the host.
 
     python -m dlrm.bench.batches [--sources synthetic,criteo,parquet] [--threads N] [--rows N]
                                       [--warmup N --window N --windows N] [--parquet-layout base|lists]
                                       [--row-group-rows N] [--reader-workers 1,2,4] [--out F]
                                       [hydra overrides]
 
-The goals: synthetic and multi-hot Criteo batches at >= 3M samples/s per GPU-feeding process
-(`--target`), and the Parquet source at least as fast as the `.npy` loader on the same rows.
-The config is composed as for training, default `experiment=bench_dcnv2` (MLPerf
-DLRM-DCNv2: 26 tables, the multi-hot sizes of `data=criteo_1tb_multihot`, 214 ids per sample, global
-batch 65,536 on 8 ranks: 8,192 per rank). Each source is timed by `dlrm.bench.training --source-only`'s loop
-(rank 0's slice of `--ranks` ranks, median samples/s of `--windows` windows, samples per CPU-second),
-on the host:
-- synthetic: `dlrm.data.synthetic.SyntheticSource`, its batches made on the CPU (torch ops, `--threads`
-  intra-op threads);
-- criteo: `dlrm.data.criteo.loader.CriteoSource` over one preprocessed day of `--rows` random rows
-  (ids uniform below the model's table sizes) written to a new temporary directory and removed at
-  the end, with the model's pooling as `multi_hot_sizes`: rows read from the memory-mapped files
-  (in the page cache), ids expanded on the host in the loader's reader thread, what the training
-  thread receives;
-- parquet: `dlrm.data.parquet.source.ParquetSource` over the same rows, written once as one Parquet file
-  (`write_parquet_day`: as `dlrm.data.convert --required` writes it, PLAIN-encoded numbers, snappy,
-  REQUIRED columns; row groups of one rank's batch, or `--row-group-rows`) in the layout
-  `data.source=parquet` reads: 13 float32 dense columns, an int32 label and 26 sparse ones, by
-  `--parquet-layout`: base (the default), the .npy day's ids as int columns, expanded by the source as
-  the criteo source expands them (`data.parquet.multi_hot_sizes`), the same data stored; lists, the
-  expanded ids the criteo source gives the model stored (an int column where the pooling is 1, else
-  list<int>: 214 ids per sample to decode, not 26); decoded, checked and made into a KeyedJaggedTensor
-  on the source's reader workers (`--reader-workers`: data.parquet.reader_workers, each count
-  measured in turn). `--rows` must hold more than 4 + N - 1 global batches and row groups for N
-  workers (the default: 6 at 65,536, enough for 2): the reader keeps its last
-  4 + N - 1 decoded row groups, and rank 0 cycling through fewer would be timed from that cache.
-  (0, the source's default, is min(4, cores // ranks) here: one process stands for rank 0.)
-criteo and parquet read in file order (shuffle off), so they give the same batches.
-Prints one line per source and, with `--out`, writes the figures as JSON.
+The config is composed as for training (default `experiment=bench_dcnv2`). Each source is timed as
+rank 0's slice of `--ranks` ranks against `--target` samples/s per process:
+- synthetic: batches made on the CPU with `--threads` intra-op threads;
+- criteo: one preprocessed day of `--rows` random rows in a temporary directory;
+- parquet: the same rows as one Parquet file, `--parquet-layout` base (ids expanded by the source)
+  or lists (expanded ids stored), once per `--reader-workers` count. `--rows` must exceed the
+  reader's row-group cache, so that no window is served from it.
+criteo and parquet read in file order, so they give the same batches. Prints one line per source
+and writes the figures as JSON to `--out`.
 """
 
 from __future__ import annotations
@@ -50,13 +30,16 @@ from dlrm.common.errors import ArgumentParser, UserError, exit_on_user_error
 from dlrm.common.io import size_and_sha256, write_json_atomic
 from dlrm.config import Config, CriteoConfig
 
-TARGET_SAMPLES_PER_S = 3e6  # per GPU-feeding process: the data path's goal (about 1.8x the 1.7M a GPU trains)
+TARGET_SAMPLES_PER_S = 3e6  # per GPU-feeding process: the data path's goal, above what one GPU trains
 SOURCES = ("synthetic", "criteo", "parquet")
 
 
 def write_random_day(directory: Path, rows: int, table_rows: list[int], seed: int = 0) -> Path:
-    """Day 0 of a preprocessed Criteo directory (`dlrm.data.criteo.preprocess`'s layout and manifest) of
-    `rows` random rows: dense log-normal-ish, ids uniform in [0, table_rows[c]), labels 0/1."""
+    """Write day 0 of a preprocessed Criteo directory (arrays and manifest) of `rows` random rows.
+
+    Dense values are log-normal-ish, ids of column c uniform in [0, table_rows[c]), labels 0/1.
+    Returns `directory`.
+    """
     from dlrm.data.criteo.format import NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, day_paths
 
     if len(table_rows) != NUM_SPARSE:
@@ -88,13 +71,20 @@ def write_random_day(directory: Path, rows: int, table_rows: list[int], seed: in
 def write_parquet_day(
     day: Path, out: Path, pooling: list[int], table_rows: list[int], row_group_rows: int, lists: bool = False
 ) -> Path:
-    """Day 0 of the preprocessed directory `day` written once as one Parquet file under `out` in the
-    layout `dlrm.data.convert --required` writes (`write_options`: PLAIN numbers, snappy; columns
-    REQUIRED, no nulls), row groups of `row_group_rows`:
-    float32 I1..I13, C1..C26, int32 label. C1..C26 hold the day's ids as they are (int columns: the
-    source expands them with data.parquet.multi_hot_sizes) or, `lists`, the ids `CriteoSource` gives
-    the model (pooling 1: the int column; more: list<int> of the multi-hot ids, (id +
-    `multi_hot_offsets`) % rows in its order)."""
+    """Write day 0 of the preprocessed directory `day` as `out/day_0.parquet` (REQUIRED columns).
+
+    Args:
+        day: a preprocessed Criteo directory holding day 0.
+        out: the directory to write.
+        pooling: ids per sample of each sparse column, [F].
+        table_rows: rows of each column's table, [F].
+        row_group_rows: rows per row group.
+        lists: store the multi-hot ids, (id + multi-hot offset) % rows, as list<int> columns where
+            the pooling is above 1; otherwise store each column's single ids as int columns.
+
+    Returns:
+        `out`, holding float32 I1..I13, C1..C26 and an int32 label.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -123,13 +113,18 @@ def write_parquet_day(
 def use_random_day(
     cfg: Config, source: str, directory: Path, rows: int, row_group_rows: int, parquet_layout: str = "base"
 ) -> None:
-    """Point `cfg.data` at one day of `rows` random rows under `directory` for `source`: criteo, the
-    preprocessed day (`write_random_day`); parquet, the same rows as Parquet (`write_parquet_day`) in
-    the layout `data.source=parquet` reads: `parquet_layout` base, the day's ids, expanded by the source
-    (data.parquet.multi_hot_sizes, as the criteo source expands them), or lists, the expanded ids
-    stored (list<int> columns). Each is written the first time it is asked for. Both are
-    read in file order (shuffle off: a shuffle only reorders whole batches or row groups), so the two
-    sources give the same batches and the same ids expanded from them."""
+    """Point `cfg.data` at one day of `rows` random rows under `directory`, writing it on first use.
+
+    Args:
+        cfg: the config to change in place.
+        source: "criteo" (the preprocessed day) or "parquet" (the same rows as Parquet).
+        directory: where the day's files are kept between calls.
+        rows: rows of the day.
+        row_group_rows: rows per Parquet row group.
+        parquet_layout: "base" (single ids, expanded by the source) or "lists" (expanded ids stored).
+
+    Both sources read in file order, so they give the same batches.
+    """
     from dlrm.config import ParquetConfig, SparseColumnConfig
     from dlrm.config.choices import SparseKind
     from dlrm.data.criteo.format import SPARSE_NAMES
@@ -163,9 +158,16 @@ def use_random_day(
 
 
 def measure(args: argparse.Namespace, cfg: Config, source: str, directory: Path, ranks: int, workers: int = 0) -> dict:
-    """`dlrm.bench.training.source_only` of one source of this config on the host (see the module
-    docstring); criteo and parquet read the random day under `directory`, parquet with `workers`
-    reader workers (data.parquet.reader_workers)."""
+    """Time one source on the host; criteo and parquet read the random day under `directory`.
+
+    Args:
+        source: "synthetic", "criteo" or "parquet".
+        ranks: the world size whose rank 0 is timed.
+        workers: the Parquet source's reader workers (0: its default).
+
+    Returns:
+        The source-only figures as a dict.
+    """
     from dlrm.bench.training import source_only
 
     timing = argparse.Namespace(

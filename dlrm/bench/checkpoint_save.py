@@ -1,28 +1,18 @@
-"""The checkpointer's save and load (`dlrm.checkpoint.Checkpointer`) against plain `dcp.save` / `dcp.load`.
+"""Benchmark of the checkpointer's save and load against plain `dcp.save` / `dcp.load`.
 
     python -m dlrm.bench.checkpoint_save                  # 2 ranks, 2 GB of tables in all, 2 rounds
     python -m dlrm.bench.checkpoint_save --gb 0.2 --rounds 1   # a quick run
 
-Each rank holds `--gb`/`--ranks` GB of float32 embedding rows as `--tables` tables that are views of one
-buffer (as TorchRec's fused tables are: DCP clones such a view before writing it), under names of its
-own (each rank writes its own). In each round every variant runs in fresh processes (2 Gloo ranks,
-torch.multiprocessing), in the listed order in odd rounds and reversed in even ones:
-
-- `dcp`: `dcp.save(state, checkpoint_id=dir)`, torch's default writer (one file per rank, 1 thread),
-  then `dcp.load` of it into zeroed tables;
-- `ours`: `Checkpointer.save` (the non-finite check, DCP's write, the digests, manifest.json, the rename),
-  then `Checkpointer.load` (the manifest, each rank's share of the sizes and digests, DCP's read);
-- `ours_async`: `Checkpointer.save(..., background=True)` (checkpoint.async_save: the checks and DCP's
-  staging on the host, then the write on a thread), then `wait`, then the same load.
-  The loads are checked to give back the saved rows exactly.
-
-Each rank sets malloc as the trainer does (`dlrm.trainer.malloc`) and one intra-op thread (as torchrun
-does for several ranks), as a save in a training process runs.
-Prints, per round and variant, the save's and the load's wall time (rank 0, barrier to return), the
-training stall (rank 0: until `save` returns; the whole save but for `ours_async`) and the
-peak RSS of the busiest rank during the save, with the RSS before it; then medians, `ours`' ratios to
-`dcp` of the same round, and `ours_async`'s stall against `ours`' save. `--threads N` overrides the
-checkpointer's writer threads (`WRITER_THREADS`) to compare counts.
+Each rank holds `--gb`/`--ranks` GB of float32 rows as `--tables` tables that are views of one buffer
+(as fused tables are), under names of its own. Each round runs every variant in fresh Gloo processes,
+the order reversed in even rounds:
+- `dcp`: `dcp.save` with torch's default writer, then `dcp.load` into zeroed tables;
+- `ours`: `Checkpointer.save`, then `Checkpointer.load`;
+- `ours_async`: `Checkpointer.save(..., background=True)`, `wait`, then the same load.
+Loads are checked to give back the saved rows exactly. Ranks set malloc as the trainer does and use
+one intra-op thread. Prints per round and variant the save's and load's wall time, the training
+stall, and the busiest rank's peak RSS during the save; then medians, `ours`' ratios to `dcp`, and
+`ours_async`'s stall against `ours`' save. `--threads N` sets the checkpointer's writer threads.
 """
 
 from __future__ import annotations
@@ -47,19 +37,26 @@ VARIANTS = ("dcp", "ours", "ours_async")
 
 
 def rss_mib() -> float:
+    """This process's resident memory now, in MiB."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def make_state(rank: int, gb: float, ranks: int, tables: int) -> dict:
+    """Rank `rank`'s share of `gb` GB of float32 rows over `ranks` ranks, as `tables` views of one buffer.
+
+    Returns:
+        {"model": {name: rows [R, 64] float32}}, names unique to this rank.
+    """
     dim = 64
     rows = max(tables, int(gb * 2**30 / ranks / 4 / dim)) // tables * tables
-    buffer = torch.rand(rows, dim)  # one fused buffer; each table a view of its rows
+    buffer = torch.rand(rows, dim)  # one buffer, each table a view of it, as fused tables are: DCP clones views
     per = rows // tables
     return {"model": {f"rank{rank}.table{t}.weight": buffer[t * per : (t + 1) * per] for t in range(tables)}}
 
 
 def rank_main(rank: int, args: argparse.Namespace, variant: str, port: int, where: str) -> None:
+    """One rank of one run: save and load with `variant`, check the rows, write where/rank{rank}.json."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     from dlrm.checkpoint import Checkpointer, checkpointer
@@ -103,6 +100,7 @@ def rank_main(rank: int, args: argparse.Namespace, variant: str, port: int, wher
 
 
 def one_run(args: argparse.Namespace, variant: str) -> dict:
+    """Run `variant` once on fresh ranks; rank 0's times with the busiest rank's peak RSS and the files written."""
     where = tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir)
     try:
         with socket.socket() as s:

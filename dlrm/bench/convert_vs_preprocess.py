@@ -1,15 +1,12 @@
-"""`python -m dlrm.data.convert` (text to Parquet) against `python -m dlrm.data.criteo.preprocess` on the same rows.
+"""Benchmark: rows/s of the Parquet converter against Criteo preprocessing on the same rows.
 
     python -m dlrm.bench.convert_vs_preprocess                 # 1M rows, 2 rounds
     python -m dlrm.bench.convert_vs_preprocess --rows 200000 --rounds 1
 
-Writes `--rows` Criteo rows (the real sample rows of ../shared/data, or `--sample`, repeated with their
-hashed ids varied so that the tables see many values) once as a raw Criteo TSV day (no header: what
-preprocess reads) and once as the same text with a header line (what convert reads, `--delimiter tab`),
-then times each command in a fresh process, alternating which goes first from round to round. Both
-run with their defaults (preprocess: `--table-sizes kaggle`, its default workers; convert: string
-columns for the hex ids, hashed when read). Prints rows/s per command and round, and convert's ratio
-to preprocess in the same round.
+Writes `--rows` Criteo rows (the shared sample rows, or `--sample`, repeated with their ids varied)
+once as a raw TSV day (no header) and once with a header line, then times each command with its
+defaults in a fresh process, alternating which goes first. Prints rows/s per command and round, and
+the converter's ratio to preprocessing in the same round.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""Benchmark: rows/s of `dlrm.data.criteo.preprocess` vs TorchRec's `BinaryCriteoUtils.tsv_to_npys`,
+"""Benchmark: rows/s of Criteo preprocessing against TorchRec's `BinaryCriteoUtils.tsv_to_npys`,
 and loader samples/s.
 
     python -m dlrm.bench.criteo_preprocess --sample criteo_sample.tsv [--rows 1000000] [--workers 2] [--dir DIR]
                                          [--skip-torchrec]
 
 Generates a Criteo-format file of `--rows` lines from a real sample (`--sample`, or $CRITEO_SAMPLE) by
-perturbing its ids and counts, converts it with both tools (same file, same run) and reads it back
-with `CriteoSource` on 2 ranks (each rank's iterator in turn, in one process). Everything is written
-into a new private directory (under --dir if given, else the system's temp dir), removed at the end.
+perturbing its ids and counts, converts it with both tools and reads it back with `CriteoSource` on
+2 ranks in one process. Everything is written into a new private directory (under --dir if given,
+else the system's temp dir) and removed at the end.
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
 """A generated multi-day click log, and what training over time costs and gains on it.
 
-`write DIR`: days 1..N of a log partitioned as `DIR/day=D/part-0.parquet` (label, dense f0..f3,
-sparse c0..c3), each day bringing new ids: day d draws each feature's ids from the first
-BASE_IDS + d * NEW_IDS ids, the newest the most popular, and the label from a hidden logistic model
-of per-id effects and the dense features, so a model must learn each new day's ids.
-
-`measure`: on such a log, for each day d > 1, the AUC on day d of (a) the model continued day by
-day (`dlrm.progressive`: one pass over each new day, from the previous day's checkpoint) and (b)
-a model trained from scratch on days 1..d-1 (one pass), with each one's wall time; then the size of
-a delta published after one day against a full export, and samples/s with and without the
-tracking of changed rows. Run from the repository root (see docs/training-over-time.md):
-
     python -m dlrm.bench.daily_log write data/log --days 4
     python -m dlrm.bench.daily_log measure --days 4 --out daily_log.json
+
+`write DIR`: days 1..N partitioned as `DIR/day=D/part-0.parquet` (label, dense f0..f3, sparse
+c0..c3); day d draws each feature's ids from the first BASE_IDS + d * NEW_IDS ids, the newest the
+most popular, and labels from a hidden logistic model of per-id effects and the dense features.
+
+`measure`: for each day d > 1, the AUC on day d and wall time of (a) the model continued day by day
+(one pass over each new day from the previous day's checkpoint) and (b) a model trained from
+scratch on days 1..d-1; then the size of a one-day delta against a full export, and samples/s with
+and without tracking changed rows.
 """
 
 from __future__ import annotations
@@ -77,7 +75,7 @@ def write_log(out: Path, days: int, rows_per_day: int, seed: int = 0) -> list[Pa
 
 
 def overrides(data: Path) -> list[str]:
-    """The `dlrm.train` overrides of a small model on a log written by `write_log` (partitioned by day)."""
+    """The training overrides of a small model on a log written by `write_log` (partitioned by day)."""
     tables = ",".join(f"{{name:t{f},rows:{TABLE_ROWS},dim:8,features:[c{f}]}}" for f in range(FEATURES))
     return [
         "model=tiny",
@@ -93,7 +91,14 @@ def overrides(data: Path) -> list[str]:
 
 
 def _train(args: list[str], cwd: Path) -> tuple[dict, float]:
-    """`python -m dlrm.train ARGS` in `cwd` (raising on failure): its summary.json and wall seconds."""
+    """Run the training command with `args` in `cwd`.
+
+    Returns:
+        (the run's summary.json as a dict, its wall seconds).
+
+    Raises:
+        UserError: the run failed (the message holds its last line of output).
+    """
     run_dir = Path(next(a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")))
     started = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "dlrm.train", *args], cwd=cwd, capture_output=True, text=True)
@@ -103,8 +108,12 @@ def _train(args: list[str], cwd: Path) -> tuple[dict, float]:
 
 
 def tracking_cost(base: list[str], days: int, passes: int, rounds: int, work: Path) -> dict:
-    """samples/s of runs of `passes` passes over days 1..days-1 without and with the tracking of changed
-    rows (a delta at the end only), alternating which goes first; the cost from the medians."""
+    """Training samples/s over days 1..days-1 without and with tracking changed rows, alternated.
+
+    Returns:
+        {"samples_per_s": {"without": [...], "with": [...]} per round, "tracking_cost": 1 - the ratio
+        of the medians, with to without}.
+    """
     window = [f"data.parquet.periods.train=[1,{days - 1}]", f"data.parquet.periods.eval=[{days},{days}]"]
     rates: dict[str, list[float]] = {"without": [], "with": []}
     for i in range(rounds):
@@ -121,7 +130,21 @@ def tracking_cost(base: list[str], days: int, passes: int, rounds: int, work: Pa
 
 
 def measure(days: int, rows_per_day: int, batch: int, rounds: int, work: Path, tracking_only: bool = False) -> dict:
-    """The figures of the module's docstring, on a log written into `work`."""
+    """Write a log of `days` days into `work` and measure it.
+
+    Args:
+        rows_per_day: rows of each generated day.
+        batch: the global batch size of every run.
+        rounds: rounds of the with/without tracking comparison.
+        tracking_only: measure only the cost of tracking changed rows.
+
+    Returns:
+        The figures as a dict: per day the continued and from-scratch eval AUC and wall seconds, the
+        delta's and the full export's sizes, and the tracking cost.
+
+    Raises:
+        UserError: a training run failed.
+    """
     data = work / "log"
     write_log(data, days, rows_per_day)
     base = [*overrides(data), f"data.global_batch_size={batch}", "data.eval_batches=1000", "trainer.progress=none"]

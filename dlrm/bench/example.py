@@ -1,21 +1,14 @@
-"""Interleaved rounds of TorchRec's DLRM example and of `dlrm.bench.training`: this project's speed as ratios.
-
-On a shared machine one run's samples/s moves with the neighbours' load (TorchRec's example alone
-gave 24k to 35k samples/s within one session here); the ratio of two runs made back to back moves
-far less. Each round runs the example and each chosen configuration of ours once, in alternating
-order (as listed in odd rounds, reversed in even ones, so a load that drifts favours neither), and
-reports, per configuration, the median over the rounds of its ratio to the same round's example:
-samples/s, samples per CPU-second, peak RSS per rank. The example is the real script of a checkout
-named by `--example` (facebookresearch/dlrm's `torchrec_dlrm/dlrm_main.py`), run unchanged by
-`example_timer.py` on 2 ranks with its own flags for the bench_cpu shape (`EXAMPLE_ARGS`; fp32, its
-random data; Gloo on the CPU). Run from the repository root (see docs/benchmarks.md):
+"""This project's training speed as ratios to TorchRec's DLRM example, over interleaved rounds.
 
     git clone https://github.com/facebookresearch/dlrm ~/src/dlrm
     .venv/bin/python -m dlrm.bench.example --example ~/src/dlrm --rounds 5 --configs fp32,bf16 --out F
     .venv/bin/python -m dlrm.bench.example --example ~/src/dlrm --short   # the regression guard: minutes
 
-`--short` (the regression guard, docs/benchmarks.md) runs 2 rounds of fp32 and bf16 with short windows
-and ends with one line of the guarded ratios against their goals (`GOALS`).
+Each round runs the example (unchanged, on 2 ranks, the bench_cpu shape in its own flags:
+`EXAMPLE_ARGS`) and each chosen configuration of ours once, the order reversed in even rounds.
+Reports per configuration the median, min and max over the rounds of its ratio to the same round's
+example: samples/s, samples per CPU-second, peak RSS per rank. `--short` runs 2 rounds of fp32 and
+bf16 with short windows and ends with one line of the guarded ratios against `GOALS`.
 """
 
 from __future__ import annotations
@@ -50,7 +43,7 @@ BF16 = ("trainer.dense_precision=bf16",)
 DEFAULT_CONFIGS = "fp32,bf16,bf16_1p2t"
 # --short: what is not given on the command line (rounds, configs, warmup, window, windows)
 SHORT = {"rounds": 2, "configs": "fp32,bf16", "warmup": 10, "window": 10, "windows": 3}
-# The guarded figures (issue 52): (configuration, ratio key, goal, "min" or "max")
+# The guarded figures: (configuration, ratio key, goal, "min" or "max")
 GOALS = (
     ("fp32", "samples_per_s", 1.3, "min"),
     ("bf16", "samples_per_s", None, "min"),
@@ -92,8 +85,11 @@ class RunFailed(Exception):
 def command(
     name: str, timing: Sequence[str], out: Path, cache_batches: int, example: Path | None = None
 ) -> tuple[list[str], dict[str, str]]:
-    """The command line and environment of one run of SETUPS[name], writing its figures to `out`;
-    `example`: the example's script (see `example_timer.find_script`)."""
+    """The command line and environment of one run of SETUPS[name], writing its figures to `out`.
+
+    Raises:
+        ValueError: the example's run without `example`, the path of its script.
+    """
     setup = SETUPS[name]
     if name == EXAMPLE:
         if example is None:
@@ -114,7 +110,11 @@ def command(
 def run_once(
     name: str, timing: Sequence[str], cache_batches: int, timeout_s: float, example: Path | None = None
 ) -> dict:
-    """Run SETUPS[name] once; its figures (the JSON `--out` of dlrm.bench.training or of the example's timer)."""
+    """Run SETUPS[name] once and return the figures it wrote as JSON.
+
+    Raises:
+        RunFailed: the run exited with an error, wrote no figures or outlived `timeout_s`.
+    """
     with tempfile.TemporaryDirectory(prefix="against_example_") as tmp:
         out = Path(tmp) / "figures.json"
         cmd, env = command(name, timing, out, cache_batches, example)
@@ -201,8 +201,13 @@ def summary(rows: list[dict], names: Sequence[str]) -> dict[str, dict]:
 def compare(
     names: Sequence[str], rounds: int, run: Callable[[str], dict], report: Callable[[str], None], done=None
 ) -> list[dict]:
-    """`rounds` rounds of the example and `names` (see `round_order`); one row of figures per run.
-    `report` gets a line per run; `done(rows)` (if given) is called after each round."""
+    """Run `rounds` rounds of the example and `names` in `round_order`; one row of figures per run.
+
+    Args:
+        run: runs one setup by name and returns its figures.
+        report: receives a progress line per run.
+        done: if given, called with the rows so far after each round.
+    """
     rows: list[dict] = []
     for rnd in range(1, rounds + 1):
         this_round = {}

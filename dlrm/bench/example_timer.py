@@ -1,25 +1,15 @@
-"""Run TorchRec's DLRM example script itself, unchanged, and time it as `dlrm.bench.training` times ours.
+"""Run TorchRec's DLRM example script unchanged and time its training steps as our benchmark times ours.
 
-The baseline is the real example: `torchrec_dlrm/dlrm_main.py` of a checkout of
-https://github.com/facebookresearch/dlrm (or `examples/dlrm/dlrm_main.py` of a TorchRec checkout
-that still has it), named by `--example PATH`. Nothing of it is copied here: this script runs the
-file with `runpy` as `python dlrm_main.py ARGS` would (its directory first on `sys.path`, for its
-own `data`, `lr_scheduler` and `multi_hot` modules), with the example's own command-line flags
-after `--`. Device and backend are the example's choice (CUDA and NCCL when there is a GPU, else
-the CPU and Gloo); its random data (`RandomRecDataset`) is used when no dataset path is given.
-
-What this adds is measurement only. `TrainPipelineSparseDist.progress` (the class the example
-imports from torchrec) is wrapped to note the time after each training step (calls made while
-the model is in training mode), and `--limit_train_batches` is set to `--warmup` + `--windows` x
-`--window`; the example then evaluates (its val and test passes) as it always does. Reported like
-`dlrm.bench.training`: the median window's samples/s (global batch = `--batch_size` x world size), samples
-per CPU-second (all ranks' CPU time over the windows, child processes such as DataLoader workers
-included), peak RSS per rank (`ru_maxrss` at the end, after the example's evaluation). Rank 0
-writes them as JSON to `--out`; the example's process group, still open when its `main` returns,
-gathers them. Run under torchrun, one process per rank (see docs/benchmarks.md):
+`--example PATH` names the script or a checkout holding it; it runs with `runpy` as its own
+command would, with the example's flags after `--`, under torchrun, one process per rank:
 
     .venv/bin/python -m dlrm.torchrun --standalone --nproc_per_node=2 dlrm/bench/example_timer.py \
         --example ~/src/dlrm --out F -- --batch_size 1024 --embedding_dim 16 ...
+
+The example's pipeline `progress` is wrapped to note the time after each training step, and its
+training is limited to `--warmup` + `--windows` x `--window` batches. Rank 0 writes the median
+window's samples/s, samples per CPU-second (child processes included) and peak RSS per rank as
+JSON to `--out`.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from dlrm.data.parquet.source import ParquetSource
 
 
 def write(path: Path, rows: int, features: int, mean_ids: float, row_group: int) -> list[str]:
+    """Write the benchmark file: a dense, a label and `features` list<int64> columns; returns the latter's names."""
     rng = np.random.default_rng(0)
     columns: dict[str, object] = {"d0": rng.random(rows), "label": rng.integers(0, 2, rows)}
     for f in range(features):
@@ -39,10 +40,12 @@ def write(path: Path, rows: int, features: int, mean_ids: float, row_group: int)
 
 
 def source_pass(source: ParquetSource) -> int:
+    """Ids in one pass of the source's eval batches."""
     return sum(b.sparse_features.values().numel() for b in source.batches("eval", 0, 1))
 
 
 def bare_pass(path: Path, names: list[str], batch: int) -> int:
+    """Ids in one pass of `iter_batches` turned into numpy lengths and values per column."""
     ids = 0
     for rb in pq.ParquetFile(path).iter_batches(batch_size=batch, columns=[*names, "d0", "label"]):
         lengths, values = [], []

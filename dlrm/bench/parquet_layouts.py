@@ -1,19 +1,15 @@
-"""What decoding one 8,192-row group of Criteo's shape costs in three Parquet layouts (pyarrow alone).
+"""What decoding one row group of Criteo's one-hot shape costs in three Parquet layouts (pyarrow alone).
 
     python -m dlrm.bench.parquet_layouts [--rows 8192] [--groups 8] [--repeats 50]
 
-The one-hot Parquet source trails the `.npy` loader (docs/benchmark-results.md: 0.22x on a quiet machine);
-this measures what another layout would take, on random rows of 13 float32 dense values, an int32
-label and 26 int32 ids, every column REQUIRED and PLAIN (as `dlrm.data.convert --required` writes), per
-compression (snappy, none), the row group memory-mapped and read with `read_row_group`:
-
+Random rows of 13 float32 dense values, an int32 label and 26 int32 ids, every column REQUIRED and
+PLAIN, per compression (snappy, none), the row group memory-mapped and read with `read_row_group`:
 - columns: the source's layout, 40 columns, the 26 id columns copied into one [26, n] block;
-- list: the ids as one fixed_size_list<int32>[26] column (Parquet stores it with repetition levels);
-- binary: the ids as one fixed_size_binary(104) column (opaque to other Parquet tools);
-
-each ending with the ids key-major ([26, n], what the KeyedJaggedTensor holds: a transpose for the last
-two); and `iter_batches` over every other row group (a rank's) against `read_row_group` one by one, in
-the columns layout. Prints ms per row group (the best of 3 passes); nothing is written outside a temporary directory.
+- list: the ids as one fixed_size_list<int32>[26] column;
+- binary: the ids as one fixed_size_binary(104) column;
+each ending with the ids key-major, [26, n]; and `iter_batches` over every other row group against
+`read_row_group` one by one, in the columns layout. Prints ms per row group (the best of 3 passes);
+writes only in a temporary directory.
 """
 
 from __future__ import annotations
@@ -29,6 +25,7 @@ import pyarrow.parquet as pq
 
 
 def tables(rows: int) -> dict[str, pa.Table]:
+    """The same `rows` random rows in each layout: {"columns", "list", "binary": table}."""
     rng = np.random.default_rng(0)
     ids = (rng.random((rows, 26)) * 1e6).astype(np.int32)
     dense = rng.random((rows, 13)).astype(np.float32)
@@ -63,6 +60,7 @@ def ids_of(kind: str, group: pa.Table) -> np.ndarray:
 
 
 def best_ms(run, count: int) -> float:
+    """The best of 3 passes of `run()`, in ms per each of its `count` row groups."""
     times = []
     for _ in range(3):
         t0 = time.perf_counter()

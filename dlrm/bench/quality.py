@@ -2,17 +2,15 @@
 
     python -m dlrm.bench.quality --work /tmp/quality --rows 350000 --steps 300 --batch 1024
 
-Writes a team-shaped log with a known generating model (`dlrm.bench.teamlog`, one CSV per day),
-then trains twice on the same rows with the same model sizes, steps, batch and seed, evaluating
-on the last day:
-- default: `convert --multi tags` (the train days and the last day apart), `inspect --label click`,
-  `python -m dlrm.train -cd CONF model=team data=team` with the eval day as data.parquet.eval_path;
+Writes a team-shaped log with a known generating model (one CSV per day), then trains twice on the
+same rows with the same model sizes, steps, batch and seed, evaluating on the last day:
+- default: `convert --multi tags`, `inspect --label click`, then training with the generated
+  config groups and the eval day as data.parquet.eval_path;
 - hand: each categorical column mapped to 0..n-1 over the train days (an unseen value: row 0), the
-  counts and prices log1p'd/standardised with missing flags, the row id, day and hour dropped.
-Each path runs `--repeats` times, alternated (AUC and memory: the first run, the same seed each
-time; samples/s: the best, a neighbour's load being what varies). Prints eval AUC, peak RSS and
-train samples/s of each and the ratios (goals: AUC within 0.005,
-memory at most 1.5x, samples/s at least 0.9x), and writes them as JSON to WORK/quality.json.
+  counts and prices log1p'd and standardised with missing flags, the row id, day and hour dropped.
+Each path runs `--repeats` times, alternated (AUC and memory of the first run, samples/s the best).
+Prints eval AUC, peak RSS and train samples/s of each and their ratios, and writes them as JSON to
+WORK/quality.json.
 """
 
 from __future__ import annotations

@@ -1,24 +1,16 @@
-"""Serving latency on the CPU: a compiled bundle (`dlrm.export.bundle`) against the eager model.
+"""Serving latency on the CPU: a compiled bundle against the eager model, and int8 tables' accuracy.
 
     python -m dlrm.bench.serving --out serving.json [--threads 1] [--large-rows 250000] [--int8]
-
-Two models, weights from the trainer's seeded initialisation (timing does not depend on training):
-the README's main job's (conf/model/dlrm_small.yaml: 26 tables of 2,000 rows, dim 16) and the same
-network with large tables (26 tables of --large-rows rows). For each: the serving module captured by
-torch.export and compiled by AOTInductor into a .pt2 (its size and the time of
-`aoti_load_package`), then, interleaved per batch size (1, 64 and 1,024 one-hot Criteo-shaped rows of
-uniform ids), the latency of a call of the compiled program on plain tensors and of the eager
-trainer's network (`DLRMTrain.model` on the KeyedJaggedTensor built from the same tensors, then
-sigmoid), under `torch.inference_mode`. Reports p50 and p99 of the calls (ms) and rows/s at 1,024
-(rows / mean latency). --int8 also bundles the large model with row-wise int8 tables (size, latency).
-Threads: torch's intra-op threads (--threads) for both.
-
     python -m dlrm.bench.serving --int8-auc RUN_DIR [--eval-batches 20]
 
-measures instead what row-wise int8 tables cost in accuracy: the run's last checkpoint (a run of
-`python -m dlrm.train`, its composed config in RUN_DIR/.hydra/config.yaml) scored on its held-out
-eval batches by the serving module with fp32 and with int8 tables (the modules the bundles compile:
-tests/export check program == module), AUC and log loss of each.
+Latency: two models with seeded initial weights, conf/model/dlrm_small.yaml and the same network
+with `--large-rows` rows per table. For each, the bundle's size and load time, then, interleaved per
+batch size (1, 64 and 1,024 one-hot rows of uniform ids), p50 and p99 latency of the compiled
+program and of the eager network under `torch.inference_mode`, and rows/s at 1,024. `--int8` adds
+the large model with row-wise int8 tables. `--threads` sets torch's intra-op threads for both.
+
+`--int8-auc`: AUC and log loss of a training run's last checkpoint on its eval batches, scored by
+the serving module with fp32 and with int8 tables.
 """
 
 from __future__ import annotations
@@ -93,7 +85,17 @@ def latencies(call: Callable[..., torch.Tensor], inputs: tuple[torch.Tensor, ...
 
 
 def bench_model(name: str, cfg: ModelConfig, work: Path, int8: bool, rounds: int) -> dict:
-    """Size, load time and latencies of one model's bundle against its eager network."""
+    """Size, compile and load time, and latencies of one model's bundle against its eager network.
+
+    Args:
+        name: the model's label in the results.
+        int8: bundle with row-wise int8 tables (the eager network is then not timed).
+        rounds: interleaved rounds of calls per batch size.
+
+    Returns:
+        The figures as a flat dict: bundle_mib, compile_s, load_s, and per program and batch size b
+        `{program}_b{b}_p50_ms` and `_p99_ms`, and `{program}_rows_per_s_b1024`.
+    """
     model = build_model(cfg, torch.device("cpu"))
     initialize(model, cfg, seed=0)
     net = model.model.eval()
@@ -152,7 +154,7 @@ def int8_auc(run: Path, eval_batches: int) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    """The results as a Markdown table (docs/serving.md)."""
+    """The results as a Markdown table."""
     lines = [
         "| model | program | size MiB | load s | p50/p99 ms b=1 | b=64 | b=1024 | rows/s b=1024 |",
         "|---|---|---|---|---|---|---|---|",

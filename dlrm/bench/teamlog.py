@@ -4,7 +4,7 @@
 
 Columns, as a team's export has them: `row_id` (unique), `day`, `user` (63-bit ids from a pool),
 `item` (hex strings), `hour` (YYMMDDHH), `category` (a small int), `n_views` (heavy-tailed counts,
-20% missing), `price_cents` (around 1e6, 20% missing), `tags` ("|"-joined ints, 0 to 4 per row) and
+one in five missing), `price_cents` (around 1e6, one in five missing), `tags` ("|"-joined ints, 0 to 4 per row) and
 `click` (0/1). Clicks come from a logistic model of the user, item, category, tags, log1p of the
 views and the standardised price; `bayes_auc` is that model's own AUC on the last day (the best any
 learner can do).

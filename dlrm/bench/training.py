@@ -1,32 +1,15 @@
-"""Training-speed benchmark: stable samples/s on a shared machine, peak memory, an optional profile.
+"""Training-speed benchmark: median samples/s over timed windows, samples per CPU-second, peak memory.
 
     python -m dlrm.bench.training [options] [hydra overrides]            # 1 process
     torchrun --nproc_per_node=2 -m dlrm.bench.training [options] [overrides]
+    python -m dlrm.bench.training --source-only --ranks 2 experiment=bench_cpu   # the data source alone
 
-The config is composed from conf/ as for `dlrm.train` (default `experiment=bench_cpu`). The run
-trains `--warmup` steps untimed, then `--windows` windows of `--window` steps each, timed one by
-one (CUDA is synchronised at each window's end), and reports the median window's samples/s (with
-the slowest and fastest) -- a median is robust to another process taking the cores for a while --
-and samples per CPU-second (all ranks' process CPU time over the windows: on a machine shared
-with other jobs it moves far less than wall-clock speed, so compare variants with it too).
-Then: eval AUC on the eval split, peak RSS per rank (and peak CUDA memory), the data source's own
-speed (batches generated per second on one rank, outside the training loop), and with
-`--profile K` a torch.profiler table of K further steps (not part of the timed windows) and their
-mean ms per phase (`dlrm.trainer.phases`): on the training thread, and on CUDA of device time too.
-`--cache-batches N` trains on the first N batches of each rank in a loop (materialised once,
-like a preprocessed dataset), to measure the model when the data source is slower than it.
-Prints one summary line and writes the figures as JSON to `--out` (rank 0).
-
-`--source-only` times the data source alone, in one process, without a model or process group
-(malloc set as the trainer sets it, `dlrm.trainer.malloc`): the slice of rank 0 of `--ranks`
-(default: the topology's nodes x ranks per node) of 1 + `--warmup` untimed then `--windows` windows
-of `--window` global batches, made on `--device` (synthetic data; default cuda if there is one), and
-reports the median samples/s per rank against the 1.7M samples/s per GPU that MLPerf DLRM-DCNv2
-trains at on H100 (~13.8M on 8): what a source must sustain there. `python -m dlrm.bench.batches`
-runs it for the synthetic and the multi-hot Criteo source on the host.
-
-    python -m dlrm.bench.training --source-only experiment=bench_dcnv2 topology=dgx_h100   # 8,192 per rank
-    python -m dlrm.bench.training --source-only --ranks 2 experiment=bench_cpu              # 1,024 per rank
+Trains `--warmup` untimed steps, then `--windows` timed windows of `--window` steps; reports the
+median window's samples/s, samples per CPU-second of all ranks, eval AUC, peak RSS per rank (and
+peak CUDA memory) and the source's own speed; `--profile K` adds a profiler table and ms per phase
+of K further steps. `--source-only` times rank 0's slice of the data source without a model or
+process group, against the samples/s one GPU consumes. Rank 0 prints a summary and writes the JSON
+to `--out`.
 """
 
 from __future__ import annotations
@@ -84,9 +67,13 @@ class CachedSource:
 
 
 def compose_config(overrides: list[str], max_table_rows: int = 0, config_dir: str | None = None) -> Config:
-    """The config of `dlrm.train` for these overrides (experiment=bench_cpu unless one is given),
-    with every table capped at `max_table_rows` rows if that is > 0; `config_dir` as `dlrm.train -cd`
-    (a team's own model and data config groups)."""
+    """Compose and validate the training config for `overrides` (`experiment=bench_cpu` unless one is given).
+
+    Args:
+        overrides: Hydra overrides, as on the training command line.
+        max_table_rows: cap on every table's rows; 0 keeps the configured sizes.
+        config_dir: an extra directory of config groups (the training command's `-cd`).
+    """
     if not any(o.startswith(("experiment=", "+experiment=")) for o in overrides):
         overrides = ["experiment=bench_cpu", *overrides]
     with hydra_session():
@@ -117,7 +104,15 @@ def source_speed(source, rank: int, world_size: int, batches: int = 3) -> float:
 
 
 def source_only(args: argparse.Namespace, cfg: Config) -> dict:
-    """The source's own speed for rank 0's slice (see the module's docstring); no process group."""
+    """Time rank 0's slice of the data source alone, without a model or process group.
+
+    Returns:
+        The figures as a dict: median and per-window samples/s per rank, samples per CPU-second,
+        ids per sample, and the median's fraction of `GPU_BUDGET_SAMPLES_PER_S`.
+
+    Raises:
+        UserError: the global batch does not divide by the number of ranks.
+    """
     from dlrm.data.source import make_source
 
     tp = cfg.topology
@@ -168,10 +163,13 @@ def source_only(args: argparse.Namespace, cfg: Config) -> dict:
 
 
 def _measure(trainer, args: argparse.Namespace, steps: int) -> tuple[list[float], float, dict | None]:
-    """Train `steps` steps: warm-up, timed windows, profiled steps. Returns samples/s per window, this
-    process's CPU seconds over the windows, and with --profile: the profile table, and the mean ms per
-    step of each phase on the training thread (`dlrm.trainer.phases.step_breakdown`) and, on CUDA, of
-    device time (`device_breakdown`)."""
+    """Train `steps` steps: warm-up, timed windows, then `--profile` profiled steps.
+
+    Returns:
+        Samples/s per window, this process's CPU seconds over the windows, and with `--profile` a dict
+        of the profile table and mean ms per step of each phase (training thread; device time on CUDA),
+        else None.
+    """
     device, batch = trainer.device, trainer.settings.global_batch_size
     batches = trainer.batches("train", 0, steps)
     trainer.model.train()
@@ -223,6 +221,7 @@ def _measure(trainer, args: argparse.Namespace, steps: int) -> tuple[list[float]
 
 
 def run(args: argparse.Namespace, cfg: Config) -> dict:
+    """Build the trainer on this process group, measure it, evaluate it; returns the figures as a dict."""
     world = World.from_env()
     validate_world(cfg, world.world_size, world.local_world_size)
     from dlrm.trainer.build import build  # imports TorchRec (seconds): only once the config is valid

@@ -4,17 +4,14 @@
     python -m dlrm.bench.vocab --days 4 --rows-per-day 10000 --table-rows 2048 --out vocab.json
 
 The log is generated (`click_log`): days in time order, each bringing new users and items with
-63-bit ids while older ones fade, and a label from a known model (a per-user and a per-item effect
-plus a dense value), so the Bayes AUC is known. The same DLRM (one dense feature, a user and an item
-table of `--table-rows` rows each, dim 8) trains one pass over every day but the last, in batches of
-`--batch-size`, with Adagrad, once per id mapping; the last day is evaluated:
-
-- modulo: row = id mod rows (data.parquet.id_policy=modulo), ids of later days sharing rows with older ones;
-- managed: the tables' vocabularies (model.tables[*].vocabulary, `--policy`): a row per id while there
-  is room, eviction when full. The vocabulary's state (a few int64 per row) is on top of the tables.
-
+63-bit ids while older ones fade, labels from a known model, so the Bayes AUC is known. The same
+DLRM (one dense feature, a user and an item table of `--table-rows` rows, dim 8) trains one pass
+over every day but the last with Adagrad, once per id mapping, and is evaluated on the last day:
+- modulo: row = id mod rows;
+- managed: the tables' vocabularies (`--policy`): a row per id while there is room, eviction when
+  full; its state is held on top of the tables.
 Prints one line per mapping (eval AUC, log loss, training samples/s) and the Bayes AUC; `--out`
-writes them as JSON. One process, in turn, on the same machine: the samples/s are comparable.
+writes them as JSON.
 """
 
 from __future__ import annotations
@@ -101,7 +98,18 @@ def batches(day: dict[str, np.ndarray], batch_size: int, modulo: int | None):
 
 
 def run(log: list[dict[str, np.ndarray]], table_rows: int, policy: str, batch_size: int, lr: float) -> dict:
-    """Train on every day but the last, evaluate on the last: {"eval_auc", "eval_logloss", "samples_per_s"}."""
+    """Train on every day but the last, evaluate on the last.
+
+    Args:
+        log: the days of rows from `click_log`.
+        table_rows: rows of the user and the item table.
+        policy: the vocabulary policy, or "none" for ids modulo the table rows.
+        batch_size: rows per training batch.
+        lr: Adagrad's learning rate.
+
+    Returns:
+        {"eval_auc", "eval_logloss", "samples_per_s"}.
+    """
     managed = policy != "none"
     cfg = model_config(table_rows, policy)
     model = build_model(cfg, torch.device("cpu"))

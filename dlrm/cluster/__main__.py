@@ -1,4 +1,4 @@
-"""`python -m dlrm.cluster`: the emulated cluster's command line."""
+"""Entry point of the emulated cluster's command."""
 
 import sys
 

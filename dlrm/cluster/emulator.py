@@ -4,9 +4,9 @@
         [--kill-agent NODE@AT_S] [--max-restarts N] -- [overrides]
     python -m dlrm.cluster --nodes 2 --ranks-per-node 2 --gbit G --module dlrm.comms.measure -- [its arguments]
 
-Node i runs `python -m dlrm.torchrun --nnodes=N --nproc_per_node=R -m dlrm.train OVERRIDES` in its
-namespace (topology=emu_NxR unless the overrides name one), its sockets on the node's shaped uplink, the
-c10d store in the switch's namespace so it outlives every agent. The uplink is shaped to R x the
+Node i runs a torchrun agent (`--nnodes=N --nproc_per_node=R`) of the trainer, or of `--module`, with
+OVERRIDES in its namespace (topology=emu_NxR unless the overrides name one), its sockets on the node's
+shaped uplink, the c10d store in the switch's namespace so it outlives every agent. The uplink is shaped to R x the
 topology's per-rank inter_node.bandwidth_GBps; `--gbit G` sets the uplink instead and passes the
 matching per-rank bandwidth to the trainer. Everything is removed on exit, Ctrl-C, SIGTERM or failure.
 Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2.
@@ -116,7 +116,7 @@ def plan_job(nodes: int | None, ranks: int | None, gbit: float | None, overrides
 
 
 def agent_command(job: Job, fabric: Fabric, i: int) -> list[str]:
-    """`ip netns exec NODE torchrun ... -m dlrm.train OVERRIDES` for node i."""
+    """The command of node i's agent: `ip netns exec NODE torchrun ... -m MODULE OVERRIDES`."""
     torchrun = [os.environ["TORCHRUN"]] if os.environ.get("TORCHRUN") else [sys.executable, "-m", "dlrm.torchrun"]
     return [
         fabric.ip, "netns", "exec", fabric.node(i), *torchrun,
@@ -304,8 +304,12 @@ def parse_args(argv: Sequence[str] | None) -> tuple[Namespace, list[Fault]]:
 
 
 def _check_other_module(args: Namespace) -> None:
-    """A --module other than dlrm.train reads no trainer config: the sizes must be given, and the faults
-    (timed from dlrm.train's metrics) cannot be."""
+    """Check the options of a `--module` other than the trainer, which reads no trainer config.
+
+    Raises:
+        UsageError: a size (`--nodes`, `--ranks-per-node`, `--gbit`) is missing, or a fault is given
+            (faults are timed from the trainer's metrics).
+    """
     lacking = [
         f
         for f, v in (("--nodes", args.nodes), ("--ranks-per-node", args.ranks_per_node), ("--gbit", args.gbit))

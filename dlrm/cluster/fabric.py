@@ -72,6 +72,7 @@ def missing_right() -> str | None:
 
 
 def tool_path(tool: str) -> str | None:
+    """The path of `tool` on PATH or in /usr/sbin or /sbin; None when missing."""
     return shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/sbin")
 
 
@@ -109,7 +110,7 @@ class Fabric:
         self._run(self.ip, "-n", name, "link", "set", "lo", "up")
 
     def _shape(self, namespace: str, dev: str) -> None:
-        """tbf on dev's egress: rate = the uplink, a bucket of 2 ms of it (>= 64 KiB), 50 ms of queue."""
+        """Shape dev's egress in `namespace` with a token bucket filter at the uplink's rate."""
         rate = self.uplink_gbit * 1e9
         burst = max(64 * 1024, int(rate / 8 * 0.002))
         self._run(self.ip, "netns", "exec", namespace, self.tc, "qdisc", "add", "dev", dev, "root", "tbf",

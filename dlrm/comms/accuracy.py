@@ -23,7 +23,7 @@ def geomean_abs_error(
         min_bytes: smaller (latency-bound, noisy) sizes are left out.
 
     Returns:
-        The error (0.05 = 5%), or None when no size is large enough.
+        The error as a fraction, or None when no size is large enough.
     """
     errs = [max(abs(p / m - 1.0), FLOOR) for n, m, p in zip(sizes, measured, predicted, strict=True) if n >= min_bytes]
     if not errs:

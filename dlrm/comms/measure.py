@@ -226,6 +226,7 @@ def plot_png(rows: list[dict], title: str) -> bytes:
 
 
 def format_table(rows: list[dict]) -> str:
+    """The result rows as a fixed-width text table."""
     lines = [
         f"{'collective':16} {'scope':6} {'p':>2} {'bytes':>10} {'median_us':>10} {'p95_us':>10} "
         f"{'algbw_GB/s':>10} {'busbw_GB/s':>10}"

@@ -39,6 +39,7 @@ def table(rows: Sequence[Sequence], header: Sequence[str]) -> str:
 
 
 def fmt_bytes(n: float) -> str:
+    """A byte count in the largest binary unit it reaches (B, KiB, MiB, GiB)."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:g} {unit}"
@@ -46,6 +47,7 @@ def fmt_bytes(n: float) -> str:
 
 
 def fmt_us(seconds: float) -> str:
+    """Seconds as microseconds, 4 significant digits."""
     return f"{seconds * 1e6:.4g}"
 
 
@@ -132,6 +134,7 @@ def _label(key: str) -> str:
 
 
 def model_plot(sizes, by_size, node_counts, by_nodes, ranks: int, scale_bytes: int) -> bytes:
+    """PNG bytes: modelled time against message size, and against node count at `scale_bytes` per rank."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -163,6 +166,7 @@ def model_plot(sizes, by_size, node_counts, by_nodes, ranks: int, scale_bytes: i
 
 
 def bench_plot(curves: dict[tuple, tuple]) -> bytes:
+    """PNG bytes: measured and modelled time against message size per (collective, scope)."""
     import matplotlib
 
     matplotlib.use("Agg")

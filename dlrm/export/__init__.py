@@ -1,9 +1,8 @@
 """Export a trained model: `python -m dlrm.export CHECKPOINT_DIR OUT [--format file|bundle] [--int8]`.
 
-file (`dlrm.export.file`): one weights-only torch file of the unsharded weights and configs, scored by
-`python -m dlrm.predict`. bundle (`dlrm.export.bundle`): a directory a server loads without this
-package: the model compiled with AOTInductor (`model.pt2`) and its feature spec (`spec.json`,
-`dlrm.export.spec`); see docs/serving.md.
+file: one weights-only torch file of the unsharded weights and configs, which the scorer reads.
+bundle: a directory a server loads without this package, the model compiled with AOTInductor
+(`model.pt2`) and its feature spec (`spec.json`).
 """
 
 from dlrm.export.file import (
@@ -35,7 +34,7 @@ __all__ = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m dlrm.export` (see `dlrm.export.cli`)."""
+    """Run the export command on `argv`; returns its exit status."""
     from dlrm.export.cli import main as cli_main
 
     return cli_main(argv)

@@ -1,14 +1,13 @@
-"""A bundle a server loads without this package: `python -m dlrm.export CKPT OUT --format bundle [--int8]`.
+"""The serving bundle (`--format bundle [--int8]`): a directory a server loads without this package.
 
-OUT is a new directory holding
-    model.pt2   the serving module (`dlrm.export.serving`) captured by `torch.export` with a dynamic
-                batch dimension and compiled by AOTInductor into a model package
-                (`torch._inductor.aoti_compile_and_package`): load it with
+The bundle is a new directory OUT holding
+    model.pt2   the serving module captured by `torch.export` with a dynamic batch dimension and
+                compiled by AOTInductor into a model package: load it with
                 `torch._inductor.aoti_load_package` in Python or `torch::inductor::AOTIModelPackageLoader`
                 in C++, no Python model code needed
-    spec.json   the feature spec (`dlrm.export.spec`): how rows become the program's inputs
-It is built in a temporary directory beside OUT, checked (the compiled program's probabilities on a
-probe batch equal the eager model's), then renamed to OUT in one step; an existing OUT is refused.
+    spec.json   the feature spec: how rows become the program's inputs
+It is built in a temporary directory beside OUT, checked (the compiled program's probabilities on
+probe batches equal the eager model's), then renamed to OUT in one step; an existing OUT is refused.
 """
 
 from __future__ import annotations
@@ -56,8 +55,11 @@ def torch_problem(version: str | None = None) -> str | None:
 def probe_inputs(
     cfg: ModelConfig, batch: int = PROBE_BATCH, seed: int = 0, dense_inputs: int | None = None
 ) -> tuple[torch.Tensor, ...]:
-    """A batch of valid inputs for the program (rows of 0..3 ids per feature, ids within the tables;
-    dense [B, dense_inputs], default model.dense_in_features)."""
+    """A batch of B = `batch` valid program inputs, in `input_names` order.
+
+    dense [B, dense_inputs] float32 (default model.dense_in_features), then per feature values int64
+    [N_f] of 0..3 ids per row within its table, lengths int64 [B] (and weights float32 [N_f]).
+    """
     g = torch.Generator().manual_seed(seed)
     rows = {f: int(t.rows) for t in cfg.tables for f in t.features}
     width = cfg.dense_in_features if dense_inputs is None else dense_inputs
@@ -139,7 +141,21 @@ def check_out(out: Path, checkpoint: Path) -> None:
 
 
 def bundle(checkpoint: Path, out: Path, int8: bool = False, verify: bool = True) -> dict:
-    """Write the bundle of the checkpoint's model to the new directory `out`; returns its spec."""
+    """Write the bundle of the checkpoint's model to the new directory `out`.
+
+    Args:
+        checkpoint: a checkpoint directory.
+        out: the bundle directory to create; it must not exist, its parent must.
+        int8: store the tables row-wise int8.
+        verify: check the checkpoint's data files' sha256 before loading.
+
+    Returns:
+        The bundle's feature spec, as written to spec.json.
+
+    Raises:
+        UserError: this torch cannot write bundles, `out` exists or cannot be written, the model
+            cannot be exported, or the compiled program disagrees with the eager model.
+    """
     problem = torch_problem()
     if problem:
         raise UserError(f"{problem}; install the pinned torch (launch/setup.sh) to write a bundle")

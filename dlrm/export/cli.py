@@ -1,10 +1,9 @@
 """Export a checkpoint's model: `python -m dlrm.export CHECKPOINT_DIR OUT [--format file|bundle] [--int8]`.
 
---format file (the default): OUT is one weights-only torch file (`dlrm.export.file`) that
-`python -m dlrm.predict` scores. --format bundle: OUT is a new directory a server loads without this
-package (`dlrm.export.bundle`: an AOTInductor model package and its feature spec); --int8 stores its
-tables row-wise int8. Runs in one process, no process group; the checkpoint is verified first
-(`--no-verify` skips the data files' sha256).
+--format file (the default): OUT is one weights-only torch file the scorer reads. --format bundle:
+OUT is a new directory a server loads without this package (an AOTInductor model package and its
+feature spec); --int8 stores its tables row-wise int8. Runs in one process, no process group; the
+checkpoint is verified first (`--no-verify` skips the data files' sha256).
 """
 
 from __future__ import annotations

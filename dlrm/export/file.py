@@ -1,4 +1,4 @@
-"""The file format of `python -m dlrm.export CHECKPOINT_DIR OUT.pt` (`--format file`, the default).
+"""The exported file (`--format file`, the default): its format, writer and reader.
 
 Runs in one process, no process group: the model described by the checkpoint's manifest is built
 whole on the CPU, DCP fills it from the shards, and one file is written atomically with torch.save:
@@ -18,8 +18,7 @@ whole on the CPU, DCP fills it from the shards, and one file is written atomical
 recorded it); version 1 files (no "data") are still read, as Criteo-shaped models.
 Only tensors, dicts, lists, str, int, float, bool and None: `torch.load(OUT, weights_only=True)` reads
 it anywhere, and `load_exported(OUT)` rebuilds the model from it alone (checking keys, shapes and
-finite values). The checkpoint is verified first (see dlrm.checkpoint; `--no-verify` skips the data
-files' sha256).
+finite values). The checkpoint is verified first (`--no-verify` skips the data files' sha256).
 """
 
 from __future__ import annotations
@@ -47,9 +46,12 @@ READS = (1, 2)  # version 1: no "data" (a Criteo-shaped model)
 
 @dataclass(frozen=True)
 class ExportedData:
-    """How an exported model read its rows: `source` (synthetic, criteo or parquet; None when the
-    export does not say: version 1, or a checkpoint older than the record) and, with source parquet,
-    the data.parquet columns (`path` unset: the files to score are given to the scorer)."""
+    """How an exported model read its rows.
+
+    Attributes:
+        source: "synthetic", "criteo" or "parquet"; None where the export does not record it.
+        parquet: with source parquet, the data.parquet columns (`path` unset).
+    """
 
     source: str | None
     parquet: ParquetConfig | None = None
@@ -73,8 +75,10 @@ def table_metadata(cfg: ModelConfig) -> list:
 
 
 def content_sha256(payload: dict, progress: Progress | None = None) -> str:
-    """sha256 of an export's metadata (canonical JSON) and every tensor (name, dtype, shape, bytes), in
-    name order; `progress`: updated after each tensor (bytes hashed of its total, tensors so far)."""
+    """Hex sha256 of an export's metadata (canonical JSON) and every tensor (name, dtype, shape, bytes).
+
+    Tensors are hashed in name order; `progress`, if given, is updated after each one.
+    """
     h = hashlib.sha256()
     keys = ("format", "version", "step", "model", "tables") + (("data",) if payload.get("version") != 1 else ())
     meta = {k: payload.get(k) for k in keys}
@@ -122,7 +126,19 @@ def read_checkpoint(checkpoint: Path, verify: bool = True) -> dict:
 
 
 def export(checkpoint: Path, out: Path, verify: bool = True) -> dict:
-    """Write the checkpoint's model, unsharded and with its config, to `out` (atomically); returns its state dict."""
+    """Write the checkpoint's model, unsharded and with its config, to the file `out` atomically.
+
+    Args:
+        checkpoint: a checkpoint directory.
+        out: the file to write, in an existing directory.
+        verify: check the checkpoint's data files' sha256 before loading.
+
+    Returns:
+        The written state dict.
+
+    Raises:
+        UserError: `out` is the checkpoint, a directory, or cannot be written.
+    """
     refuse_alias(out, "the output", {"the checkpoint": checkpoint})
     if not out.parent.is_dir() or out.is_dir():
         raise UserError(
@@ -201,8 +217,15 @@ def data_of(path: Path, record, cfg: ModelConfig) -> ExportedData:
 
 
 def read_exported(path: Path) -> tuple[ModelConfig, dict, ExportedData]:
-    """(model config, state dict, how it read its rows) of an exported file, its structure checked;
-    UserError naming the file and the fix."""
+    """Read an exported file and check its structure, digest and tensors against its model config.
+
+    Returns:
+        (model config, state dict, how the model read its rows).
+
+    Raises:
+        UserError: the file is missing, unreadable, of another format or version, damaged, or its
+            tensors disagree with its model config; the message names the file and the fix.
+    """
     path = Path(path)
     data = _load(path)
     try:

@@ -8,11 +8,8 @@ forward(dense, *sparse) -> probabilities:
             sum = N_f), and for a weighted model (model.weighted) weights float32 [N_f] (one per id)
     returns float32 [B] (one task) or [B, T] (T tasks, in model.tasks order): sigmoid of the logits.
 
-Values and lengths rather than ids and offsets: lengths are [B], so every input but the values shares
-the one dynamic batch dimension, and any lengths >= 0 summing to N_f describe a valid batch, where
-offsets must also start at 0 and never decrease (a malformed offsets vector would silently pool the
-wrong ids); they are the KeyedJaggedTensor's own layout (`KJT.values()` / `KJT.lengths()` of one
-key), and an Arrow list column's lengths are `diff(offsets)`.
+Every input but the values shares the one dynamic batch dimension B; values and lengths are one
+KeyedJaggedTensor key's `values()` and `lengths()`.
 
 Hooks (`ServingHooks`, made by `hooks_of`): `dense_transform` maps dense [B, n] -> [B, n] before the
 bottom MLP, and `id_remap[table]` maps a feature's values [N_f] -> [N_f] (ids into its table) before
@@ -48,10 +45,13 @@ class ServingHooks:
 
 
 def hooks_of(net: DLRM, cfg: ModelConfig, parquet: ParquetConfig | None = None) -> ServingHooks:
-    """The hooks the serving module of `net` (built from `cfg`, trained on `parquet`'s columns) runs:
-    each managed vocabulary frozen as a `TableVocabulary` (raw ids -> table rows, as training maps them
-    at evaluation), identity for the other tables; the dense transforms of `parquet`, if any, else
-    identity."""
+    """The hooks of the serving module of `net`, built from `cfg` and trained on `parquet`'s columns.
+
+    Returns:
+        Hooks whose id_remap holds each managed vocabulary frozen as a `TableVocabulary` (raw ids ->
+        table rows, as at evaluation) and identity for the other tables, and whose dense_transform is
+        `parquet`'s dense transforms, if any, else identity.
+    """
     from dlrm.data.parquet.transform_module import DenseTransformModule
     from dlrm.data.parquet.transforms import DenseTransform
     from dlrm.models.vocabulary import TableVocabulary, serving_vocabularies

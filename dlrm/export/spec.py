@@ -1,6 +1,4 @@
-"""The feature spec of a bundle (`spec.json`): how a reader turns rows into the program's inputs, written
-so that a reader needs nothing but it (examples/serving/score_parquet.py is one, docs/serving.md lists
-the fields).
+"""The feature spec of a bundle (`spec.json`): all a reader needs to turn rows into the program's inputs.
 
     {"format": "dlrm-serving-spec", "version": 1,
      "program": {"file", "inputs": [{"name", "dtype", "shape"}], "output": {"name", "dtype", "shape"}},
@@ -11,7 +9,7 @@ the fields).
      "tasks": [{"name", "label"}],
      "model": {"interaction", "weighted", "tables", "step", "int8", "export_sha256"},
      "versions": {"torch", "torchrec", "fbgemm_gpu", "dlrm", "python"},
-     "dlrm": {"model": the model config, "data": the export's data record}}   # for dlrm.predict
+     "dlrm": {"model": the model config, "data": the export's data record}}   # for this package's scorer
 
 Sparse kinds: id (an integer per row), ids (a list of integers per row), string / strings (hashed,
 `hashing`), hex (Criteo's hexadecimal strings: int(s, 16)). id_map says how a column's value becomes
@@ -153,8 +151,15 @@ def dense_inputs(cfg: ModelConfig, data: ExportedData) -> int:
 
 
 def build_spec(cfg: ModelConfig, data: ExportedData, record: dict | None, step: int, sha256: str, int8: bool) -> dict:
-    """The spec of a bundle of the model `cfg` (trained at `step`, its export content `sha256`), which
-    read its rows as `data` (the export's data record `record`); int8: tables stored row-wise int8."""
+    """The feature spec of a bundle, as written to spec.json.
+
+    Args:
+        cfg: the model config.
+        data: how the model read its rows; `record` is the export's raw data record.
+        step: the training step of the exported weights.
+        sha256: the export's content digest.
+        int8: the tables are stored row-wise int8.
+    """
     dense, sparse, tasks = _columns(cfg, data)
     inputs = []
     for name in input_names(cfg):

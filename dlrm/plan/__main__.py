@@ -1,4 +1,4 @@
-"""`python -m dlrm.plan`: the dry-run planner's command line."""
+"""Entry point of the dry-run planner's command."""
 
 import sys
 

@@ -1,4 +1,7 @@
-"""`python -m dlrm.plan [--json] [--ranks-per-node N] [--proposer P] [-cd DIR] [-cn NAME] [hydra overrides]`."""
+"""The dry-run planner's command.
+
+python -m dlrm.plan [--json] [--ranks-per-node N] [--proposer P] [-cd DIR] [-cn NAME] [hydra overrides]
+"""
 
 from __future__ import annotations
 

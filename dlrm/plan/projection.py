@@ -1,7 +1,5 @@
 """Step time projected over node counts (weak scaling): compute, alltoall and allreduce per step.
 
-    python -m dlrm.plan [overrides] --scale 1,2,4 [--sync-period H] [--measured run_dir/summary.json]
-
 The per-rank batch stays fixed; N nodes train a global batch of b * N * g. Per N and dense sync mode
 (allreduce, hierarchical, local_sgd) a row splits the step into phases that sum to it:
 

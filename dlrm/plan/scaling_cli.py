@@ -1,4 +1,7 @@
-"""`python -m dlrm.plan ... --scale 1,2,4 [--sync-period H] [--measured summary.json] [--out DIR] [--json]`."""
+"""The planner's scaling projection command.
+
+python -m dlrm.plan ... --scale 1,2,4 [--sync-period H] [--measured summary.json] [--out DIR] [--json]
+"""
 
 from __future__ import annotations
 

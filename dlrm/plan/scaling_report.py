@@ -91,6 +91,7 @@ def findings(rows: list[dict]) -> list[str]:
 
 
 def markdown(rows: list[dict], title: str, source: str, calibration: str | None = None) -> str:
+    """The scaling report page: title, compute source and calibration, the table and the findings."""
     return "\n".join(
         [
             f"# Step-time projection: {title}",

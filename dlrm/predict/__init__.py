@@ -1,2 +1,2 @@
-"""Scoring rows with an exported model: `python -m dlrm.predict MODEL --data DATA` (`cli`), the
-scoring itself (`score`), and one input module per format (`criteo`, `parquet`)."""
+"""Scoring rows with an exported model: the command (`cli`), the scoring itself (`score`), and one
+input module per format (`criteo`, `parquet`) and for bundles (`bundle`)."""

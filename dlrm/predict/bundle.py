@@ -1,6 +1,5 @@
-"""The scorer's bundles (`python -m dlrm.predict BUNDLE_DIR --data ...`): a directory written by
-`python -m dlrm.export CKPT OUT --format bundle`, its compiled program run on the same batches the
-scorer reads for an exported file (its spec records the model config and data record)."""
+"""The scorer's bundle input: a bundle directory's compiled program run on the batches the scorer reads
+for an exported file (the bundle's spec records the model config and data record)."""
 
 from __future__ import annotations
 
@@ -28,7 +27,14 @@ def is_bundle(path: Path) -> bool:
 
 
 def read_bundle(path: Path) -> tuple[ModelConfig, ExportedData, Any]:
-    """(model config, how it read its rows, the loaded program) of a bundle; UserError naming the fix."""
+    """Load a bundle directory.
+
+    Returns:
+        (model config, how the model read its rows, the loaded program).
+
+    Raises:
+        UserError: the spec or program is missing or unreadable; the message names the fix.
+    """
     fix = f"re-export it with `python -m dlrm.export CHECKPOINT_DIR {path} --format bundle`"
     spec = parse_json(read_bounded(path / SPEC_FILE, SPEC_LIMIT))
     if not isinstance(spec, dict) or spec.get("format") != SPEC_FORMAT or spec.get("version") != SPEC_VERSION:
@@ -66,8 +72,12 @@ def program_inputs(batch: Batch, cfg: ModelConfig) -> list[torch.Tensor]:
 
 
 def bundle_logits(runner: Any, cfg: ModelConfig, batches: Iterator[Batch]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits, labels) as `dlrm.predict.score.score` gives them, the logits those of the program's
-    probabilities (logit p, float64: their sigmoid rounds back to the program's float32 p)."""
+    """Run a bundle's program over `batches`.
+
+    Returns:
+        (logits, labels) shaped as `score.score` gives them: logits [N] or [N, T] float64, the logit
+        of the program's float32 probabilities; labels [N] or [N, L] float32.
+    """
     tasks = len(cfg.tasks)
     probabilities, labels = [torch.zeros(0, tasks)], []
     for batch in batches:

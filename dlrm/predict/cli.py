@@ -1,27 +1,18 @@
 """Score rows with an exported model: `python -m dlrm.predict MODEL.pt --data DIR|FILE|GLOB`.
 
-One process, no torchrun. MODEL is a file written by `python -m dlrm.export`, or a bundle directory
-written by `python -m dlrm.export ... --format bundle` (its compiled program scores the same batches,
-`dlrm.predict.bundle`). DATA is, for a model
-trained on Criteo-shaped data (data.source=criteo or synthetic),
-- a directory written by `python -m dlrm.data.criteo.preprocess` (verified like the trainer's loader:
-  headers, row counts, ids within the model's tables, finite values, sha256): the rows of `--days`
-  (default all, in order) seen as one array, or its held-out last `--eval-fraction` (the rule of
-  `data.criteo.eval_fraction`), or
-- a raw Criteo TSV (plain or .gz; with a label column, or without one like Kaggle's test.txt),
-  parsed with the options recorded in `--options-from DIR`'s manifest.json or given by
-  `--table-sizes` (ids hashed `int(hex, 16) % size`, as preprocessing does);
-and for a model trained on Parquet (data.source=parquet)
-- Parquet files (a file, a directory, a glob or a URI, as data.parquet.path takes them), read with the
-  columns its export recorded, every row in file order (`dlrm.predict.parquet`); label columns are
-  optional (unlabeled rows are scored only).
-`--max-rows N` keeps the first N selected rows: the trainer's eval covers
-`data.eval_batches * data.global_batch_size` rows (the last partial batch is dropped).
-Writes the click probabilities, float32 [N] in row order ([N, T] for a model of T tasks, one column
-per task of model.tasks), to `--out` (atomically); prints AUC and log loss when the rows have labels,
-per task when they have one per task, weighted when the model was trained with a sample-weight column
-(data.parquet.weight) that the files have (AUC is missing when they hold one class; Criteo rows have one
-label, so a model of several tasks scoring them gets its scores only).
+One process, no torchrun. MODEL is an exported file, or a bundle directory (its compiled program
+scores the same batches). DATA is, for a model trained on Criteo-shaped data (criteo or synthetic),
+- a preprocessed Criteo directory (verified as training verifies it): the rows of `--days` (default
+  all) as one array, or its held-out last `--eval-fraction`, or
+- a raw Criteo TSV (plain or .gz, with or without a label column), parsed with the options in
+  `--options-from DIR`'s manifest.json or given by `--table-sizes`;
+and for a model trained on Parquet, Parquet files (a file, directory, glob or URI) read with the
+columns its export recorded, in file order; label columns are optional.
+`--max-rows N` keeps the first N selected rows. Writes the click probabilities, float32 [N] in row
+order ([N, T] for T tasks), to `--out` atomically; prints AUC and log loss where the rows have
+labels (per task, weighted where the model was trained with a sample-weight column the files have;
+AUC is missing where the rows hold one class). Criteo rows have one label, so a model of several
+tasks scoring them gets its scores only.
 """
 
 from __future__ import annotations
@@ -179,7 +170,7 @@ def _criteo_batches(a: argparse.Namespace, names: list[str], rows: list[int], co
 
 
 def _keeping_weights(batches: Iterator, kept: list[torch.Tensor]) -> Iterator:
-    """`batches`, each one's sample weights (a WeightedBatch's: data.parquet.weight) appended to `kept`."""
+    """Yield `batches`, appending each weighted batch's sample weights [B] to `kept`."""
     for batch in batches:
         if getattr(batch, "weights", None) is not None:
             kept.append(batch.weights.float())
@@ -187,8 +178,15 @@ def _keeping_weights(batches: Iterator, kept: list[torch.Tensor]) -> Iterator:
 
 
 def _run(a: argparse.Namespace) -> tuple[ModelConfig, torch.Tensor, torch.Tensor, torch.Tensor | None, dict, float]:
-    """Score --data with the model: (its config, logits, labels, the rows' sample weights or None,
-    counts, seconds); writes --out."""
+    """Score --data with the model and write the probabilities to --out.
+
+    Returns:
+        (the model config, logits [N] or [N, T], labels [N] or [N, L] (L = 0: unlabeled rows), sample
+        weights [N] or None, counts, seconds).
+
+    Raises:
+        UserError: bad arguments, no rows to score, or a row scored as NaN or infinite (nothing written).
+    """
     _check_args(a)
     counts: dict[str, int] = {"labeled": 1}
     kept: list[torch.Tensor] = []

@@ -1,5 +1,5 @@
-"""The scorer's Criteo inputs: a `dlrm.data.criteo.preprocess` directory (verified as the trainer's loader
-verifies it) or a raw Criteo TSV (plain or .gz) parsed with the preprocessing's options."""
+"""The scorer's Criteo inputs: a preprocessed Criteo directory (verified as training verifies it) or a
+raw Criteo TSV (plain or .gz) parsed with the preprocessing's options."""
 
 from __future__ import annotations
 
@@ -62,7 +62,19 @@ def directory_batches(
     multi_hot_sizes: list[int] | None = None,
     checksums: bool = True,
 ) -> Iterator[Batch]:
-    """Batches of the selected rows, in order, verified by the trainer's loader (`CriteoSource`)."""
+    """Batches of a preprocessed Criteo directory's selected rows, in order, verified as training verifies them.
+
+    Args:
+        names, rows: the model's features in key order and each feature's table rows.
+        days: the days to read (default all), seen as one array.
+        eval_fraction: read only the held-out last fraction of those rows instead (0: all of them).
+        max_rows: keep the first max_rows rows if given.
+        multi_hot_sizes: ids per sample of each feature, as training expanded them.
+        checksums: verify the files' sha256.
+
+    Raises:
+        UserError: a day is named twice or absent from the manifest, or eval_fraction is outside [0, 1).
+    """
     manifest = load_manifest(directory)
     have = [int(d["day"]) for d in manifest["days"]]
     days = have if days is None else days

@@ -1,13 +1,10 @@
-"""The scorer's Parquet input (`python -m dlrm.predict MODEL.pt --data PARQUET`): the rows of a file,
-directory, glob or URI (as `data.parquet.path` takes them), read by the trainer's own reader
-(`ParquetSource.rows_in_order`) with the columns the export recorded (its
-`data.parquet`: dense, sparse, labels, id_policy, multi_hot_sizes), every row in file order.
+"""The scorer's Parquet input: every row of a file, directory, glob or URI, in file order, read by the
+training reader with the columns the export recorded (dense, sparse, labels, id_policy, multi_hot_sizes).
 
-Label columns are optional: all of them present gives labels [N] (one task) or [N, T]; none of them
-present (rows to score, not to evaluate) gives none. With labels, the recorded sample-weight column
-(data.parquet.weight), where the files have it, weights the metrics (the batches carry it). Columns
-the model reads that the files lack, and some but not all label columns, are one-line errors naming
-the file and the column.
+Label columns are optional: all present gives labels [N] (one task) or [N, T]; none present gives
+none. With labels, the recorded sample-weight column, where the files have it, weights the metrics.
+Columns the model reads that the files lack, and some but not all label columns, are one-line errors
+naming the file and the column.
 """
 
 from __future__ import annotations
@@ -54,7 +51,11 @@ def is_parquet(data: str) -> bool:
 
 def check_source(a: argparse.Namespace, exported: ExportedData, parquet: bool) -> None:
     """Refuse Parquet --data for a model trained on Criteo-shaped data, the reverse, and Criteo's flags
-    with Parquet (`a`: dlrm.predict's arguments)."""
+    with Parquet (`a`: the scorer's parsed arguments).
+
+    Raises:
+        UserError: the data and the model's training data disagree, or a Criteo flag is given with Parquet.
+    """
     model, data = a.model, a.data
     flags = {
         "--days": a.days,
@@ -146,8 +147,18 @@ def parquet_batches(
     counts: dict,
     raw_dense: bool = False,
 ) -> Iterator[Batch]:
-    """Batches of every row of `data` in file order (the first max_rows), labels when the files have them
-    (counts['labeled'] = 0 when not); raw_dense: dense values as read, NaN where missing."""
+    """Batches of every row of `data` in file order.
+
+    Args:
+        data: a Parquet file, directory, glob or URI.
+        columns: the recorded data.parquet columns.
+        max_rows: keep the first max_rows rows if given.
+        counts: receives counts['labeled'], 1 when the files have the label columns, else 0.
+        raw_dense: dense values as read (NaN where missing), for a program that transforms them.
+
+    Raises:
+        UserError: a column the model reads is missing, or some label columns but not all are present.
+    """
     labels = present_labels(data, columns)
     counts["labeled"] = int(bool(labels))
     weight = columns.weight if labels and columns.weight in _first_schema(data).names else None

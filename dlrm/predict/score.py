@@ -18,9 +18,16 @@ QUANTIZE = {"int8": torch.qint8, "fp16": torch.float16}  # TorchRec's inference 
 
 @torch.inference_mode()
 def score(model: torch.nn.Module, batches: Iterator[Batch], tasks: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits [N] for one task, [N, T] for `tasks` T; labels [N] for one label a row, [N, L] for L
-    (L = 0: unlabeled rows)) of every batch, in order (float32).
-    `model`: the exported DLRMTrain, whose network (`model.model`) gives the logits: no loss."""
+    """Logits and labels of every batch, in order, from the exported model's network (no loss).
+
+    Args:
+        model: the exported DLRMTrain; its `model` attribute gives the logits.
+        tasks: T, the model's tasks.
+
+    Returns:
+        (logits [N] float32 for one task, else [N, T]; labels [N] float32 for one label a row, else
+        [N, L], L = 0 for unlabeled rows).
+    """
     logits, labels = [torch.zeros(0, tasks)], []
     net = cast(torch.nn.Module, model.model)
     for batch in batches:
@@ -34,7 +41,7 @@ def score(model: torch.nn.Module, batches: Iterator[Batch], tasks: int = 1) -> t
 
 
 def save_atomic(path: Path, scores: np.ndarray) -> None:
-    """np.save through the project's atomic writer (dlrm.common.io)."""
+    """np.save `scores` to `path` atomically; UserError when it cannot be written."""
     try:
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             np.save(f, scores)

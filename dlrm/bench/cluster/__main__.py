@@ -1,4 +1,4 @@
-"""`python -m dlrm.bench.cluster`: the cluster experiments' command line."""
+"""Entry point of the cluster experiments' command."""
 
 import sys
 

@@ -2,7 +2,7 @@
 """The Zion paper's questions measured on the emulated cluster, beside the model.
 
     python -m dlrm.bench.cluster --out outputs/cluster_bench              # all experiments, 3 rounds
-    python -m dlrm.bench.cluster --quick --out outputs/cluster_bench_q    # about 2-3 minutes
+    python -m dlrm.bench.cluster --quick --out outputs/cluster_bench_q    # fewer rounds and runs
 
 Needs root: each run is an emulated-cluster job. Experiments (`--experiments`):
 
@@ -188,7 +188,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
 
 @dataclass(frozen=True)
 class Spec:
-    """One dlrm.cluster job: `kind` train or comms, its shape, uplink (None: one node, no link), variant."""
+    """One emulated-cluster job: `kind` train or comms, its shape, uplink (None: one node, no link), variant."""
 
     kind: str
     nodes: int
@@ -228,7 +228,7 @@ def round_specs(opts: Options, round_index: int) -> list[Spec]:
 
 
 def train_overrides(opts: Options, spec: Spec, run_dir: Path) -> list[str]:
-    """dlrm.train's overrides for one run: weak scaling at batch_per_rank, quiet, one small eval."""
+    """The training overrides of one run: weak scaling at batch_per_rank, quiet, one small eval."""
     ranks = spec.nodes * spec.ranks_per_node
     topology = emulated_name(spec.nodes, spec.ranks_per_node)
     return [
@@ -253,6 +253,7 @@ def log_every(steps: int) -> int:
 
 
 def cluster_command(opts: Options, spec: Spec, run_dir: Path) -> list[str]:
+    """The emulated-cluster command line of one job, writing into `run_dir`."""
     cmd = [
         sys.executable,
         "-m",
@@ -276,7 +277,11 @@ def cluster_command(opts: Options, spec: Spec, run_dir: Path) -> list[str]:
 
 
 def run_job(opts: Options, spec: Spec, run_dir: Path) -> tuple[bool, str, float]:
-    """Run one dlrm.cluster job; (ok, the tail of its stderr, seconds)."""
+    """Run one emulated-cluster job.
+
+    Returns:
+        (whether it succeeded, the tail of its stderr, its wall seconds).
+    """
     t0 = time.monotonic()
     proc = subprocess.Popen(
         cluster_command(opts, spec, run_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -306,6 +311,7 @@ def run_plan(opts: Options, gbit: float, series: str, calibration: Path) -> dict
 
 
 def save(out: Path, results: dict, with_figures: bool) -> None:
+    """Write results.json (and with_figures, findings.md and findings.png) into `out`, each atomically."""
     write_json_atomic(out / "results.json", results)
     if with_figures:
         write_atomic(out / "findings.md", findings_md(results).encode())
@@ -334,7 +340,7 @@ def _record(spec: Spec, k: int, ok: bool, tail: str, seconds: float, run_dir: Pa
 
 
 def _project(opts: Options, out: Path, k: int, results: dict) -> None:
-    """Round k's `dlrm.plan --scale --measured` projections from its one-node runs, into results."""
+    """Add round k's measured-calibration scaling projections, from its one-node runs, to results."""
     for series, rpn in (("1x1", 1), ("1x2", 2)):
         cal = out / "runs" / f"r{k + 1}" / Spec("train", 1, rpn, None, "auto").name
         if not (cal / "summary.json").is_file():
@@ -347,6 +353,14 @@ def _project(opts: Options, out: Path, k: int, results: dict) -> None:
 
 
 def run(opts: Options, now: Callable[[], float] = time.monotonic) -> int:
+    """Run every round's jobs, saving the results after each job and the findings after each round.
+
+    Returns:
+        0 when every job succeeded, else 1.
+
+    Raises:
+        UsageError: this process cannot build the emulated cluster (rights or tools missing).
+    """
     from dlrm.cluster.emulator import missing_right
 
     reason = missing_right()

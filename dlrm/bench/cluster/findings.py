@@ -169,6 +169,7 @@ def _contention(results: dict, cpus) -> str:
 
 
 def findings_md(results: dict) -> str:
+    """The findings page: the machine and options, the findings, and the tables."""
     m = dict(results.get("machine", {}))
     for key in ("loadavg_start", "loadavg_end"):
         if isinstance(m.get(key), list | tuple):

@@ -104,9 +104,16 @@ def emulated_name(nodes: int, ranks_per_node: int) -> str:
 def plan_overrides(
     model: str, batch_per_rank: int, gbit: float, series: str, shape: tuple[int, int] = (2, 2)
 ) -> tuple[list[str], str]:
-    """(dlrm.plan's overrides, its --scale node counts) for the projection calibrated on `series` ('1x1', '1x2'):
-    on the topology fitted on `shape` (the train experiment's N x R) where the series has its ranks per node,
-    else on emu_4x1 (1, 2 and 4 nodes) or emu_2x2 (1 and 2)."""
+    """The planner's overrides and `--scale` node counts for the projection calibrated on `series`.
+
+    Args:
+        series: the one-node calibration, "1x1" or "1x2" (ranks per node last).
+        shape: the train experiment's (nodes, ranks per node); its topology is used where its ranks per
+            node match the series', else emu_4x1 (1, 2 and 4 nodes) or emu_2x2 (1 and 2).
+
+    Returns:
+        (overrides, node counts as "1,N" or "1,2,4").
+    """
     from dlrm.config.compose import compose
 
     rpn = int(series[-1])
@@ -125,7 +132,7 @@ def plan_overrides(
 
 
 def projection_rows(plan: dict, round_index: int, gbit: float, series: str) -> list[dict]:
-    """The rows of `dlrm.plan --json --scale` (one node included: the calibration run modelled again)."""
+    """One results row per node count of a planner scaling report (`--json --scale`), one node included."""
     rows = []
     for r in plan["scaling"]:
         if r["nodes"] >= 1:

@@ -70,6 +70,7 @@ def plot_series(results: dict) -> list[Series]:
 
 
 def plot(results: dict) -> bytes:
+    """findings.png as PNG bytes: the `PANELS`, measured lines solid and modelled ones dashed."""
     import matplotlib
 
     matplotlib.use("Agg")

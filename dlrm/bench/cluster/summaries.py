@@ -68,6 +68,7 @@ def train_record(run_dir: Path) -> dict:
 
 
 def median(values: Sequence[float | None]) -> float | None:
+    """The median of the values that are not None (None: no such value)."""
     got = [v for v in values if v is not None]
     return statistics.median(got) if got else None
 
@@ -83,6 +84,7 @@ def runs_of(results: dict, nodes: int, rpn: int, gbit: float | None, variant: st
 
 
 def train_cell(results: dict, nodes: int, rpn: int, gbit: float | None, variant: str, key: str) -> list[float]:
+    """Figure `key` of each successful run of that shape, uplink and variant, where it has one."""
     return [r[key] for r in runs_of(results, nodes, rpn, gbit, variant) if r.get(key) is not None]
 
 
@@ -118,6 +120,7 @@ def _ms(x: float | None) -> str:
 
 
 def pct(x: float | None) -> str:
+    """A share as a whole percentage, or "-"."""
     return "-" if x is None else f"{x:.0%}"
 
 
@@ -126,6 +129,7 @@ def _x(x: float | None) -> str:
 
 
 def table(rows: Sequence[Sequence], header: Sequence[str]) -> str:
+    """A Markdown table."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
 
@@ -205,6 +209,7 @@ def scale_table(results: dict) -> str:
 
 
 def comms_table(results: dict) -> str:
+    """Markdown: the cost model's error per (uplink, collective, scope) against the comms goal."""
     rows = [
         [f"{e['gbit']:g}", e["collective"], e["scope"], "-" if e["error"] is None else f"{e['error']:.0%}",
          _x(e["ratio_median"]), "met" if e["error"] is not None and e["error"] <= GOALS["comms_error"] else "missed"]
@@ -217,6 +222,7 @@ def comms_table(results: dict) -> str:
 
 
 def describe(rec: dict) -> str:
+    """One line summing up a job's record for the progress log."""
     if not rec.get("ok"):
         return f"FAILED: {rec.get('error', '')}"
     if rec["kind"] == "comms":
@@ -228,6 +234,7 @@ def describe(rec: dict) -> str:
 
 
 def machine() -> dict:
+    """The machine and library versions the results were measured on."""
     model = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
