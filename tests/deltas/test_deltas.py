@@ -10,12 +10,11 @@ from dlrm.deltas.__main__ import main as deltas_main
 from dlrm.deltas.publish import read_manifest
 from dlrm.export import export
 from tests.helpers.equivalence import tiny
-from tests.helpers.families import PAIR
+from tests.helpers.families import PAIR, runs
 from tests.helpers.workers import train_summary
 
 CKPT, DELTAS = PAIR.dir("deltas_ckpt"), PAIR.dir("deltas")
-RUN = PAIR.add(
-    "deltas/row_wise",
+RUN = PAIR.job(
     train_summary,
     tiny(
         "sharding=row_wise",
@@ -31,8 +30,9 @@ RUN = PAIR.add(
 
 
 @pytest.mark.slow
-def test_deltas_applied_to_an_export_equal_the_full_export(tmp_path, capsys):
-    RUN.results()
+@runs(run=RUN)
+def test_deltas_applied_to_an_export_equal_the_full_export(tmp_path, capsys, run):
+    assert [summary["steps"] for summary in run] == [12, 12]
     entries = read_manifest(DELTAS)
     assert [(e["base_step"], e["step"]) for e in entries] == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10), (10, 12)]
     base, full = tmp_path / "at4.pt", tmp_path / "at12.pt"

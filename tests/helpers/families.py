@@ -115,10 +115,6 @@ class Family:
         self.jobs[key] = job
         return Scenario(self, key)
 
-    def add(self, key: str, fn, *args, expect_error: bool = False) -> Scenario:
-        """Declare fn(*args) at import, named `key` (for a module not declaring its runs with `runs`)."""
-        return self.declare(self.job(fn, *args, expect_error=expect_error), key)
-
     def dir(self, name: str) -> Path:
         """A directory path (not created) for one job's files, unique to this family."""
         return _root() / self.name / name
