@@ -70,7 +70,7 @@ def test_collection_declares_the_selected_tests_jobs_unless_skipped():
 
 
 PLAIN_FAMILY = Family("plain", nproc=2)
-PLAIN_SCENARIO = PLAIN_FAMILY.add("plain/job", rank_function, 1)
+PLAIN_SCENARIO = PLAIN_FAMILY.declare(PLAIN_FAMILY.job(rank_function, 1), "plain/job")
 
 
 def test_a_reader_is_known_without_declaring_its_jobs():
