@@ -1,13 +1,16 @@
-"""Run functions on local Gloo ranks with torch's elastic launcher (spawned processes).
+"""Run functions on local Gloo ranks with torch's elastic launcher.
 
-`launch_jobs` runs a list of jobs (fn(*args) on every rank) in turn in ONE launch (one process group,
-one set of imports): a launch costs ~6 CPU-seconds of imports per rank, a tiny training inside it
-well under one. A rank function may use
-the default process group (the Trainer, or `default_group()`) but never destroys it: the harness
-tears it down once, after the last job.
+`launch_jobs` runs a list of jobs (fn(*args) on every rank) in turn in ONE launch: one process group
+and one set of imports for all of them. A rank function may use the default process group (the
+Trainer, or `default_group()`) but never destroys it: the harness tears it down after the last job.
 
 nnodes=N simulates N nodes on this machine: one elastic agent per "node", each in its own process,
 meeting at one loopback c10d rendezvous, as N torchruns would.
+
+Agents and ranks start from multiprocessing's fork server, which imports PRELOAD (torch, TorchRec,
+the trainer) once per test process; each starts with those imports done, in a process that has run no
+step, opened no process group and started no thread. The server keeps the environment of the test
+process at its first launch; a rank's launcher variables come from its agent.
 """
 
 from __future__ import annotations
@@ -119,6 +122,23 @@ def run_in_turn(jobs: list[Job]) -> list[tuple]:
     return results
 
 
+PRELOAD = [
+    "torch",
+    "torchrec",
+    "dlrm.trainer.build",
+    "dlrm.trainer.loop",
+    "tests.helpers.harness",
+    "tests.helpers.workers",
+]
+
+
+def _forkserver() -> multiprocessing.context.BaseContext:
+    """multiprocessing's fork server context, its server (started on first use) importing PRELOAD."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    return context
+
+
 def _config(nnodes: int, nproc: int, run_id: str, endpoint: str) -> LaunchConfig:
     return LaunchConfig(
         min_nodes=nnodes,
@@ -128,12 +148,13 @@ def _config(nnodes: int, nproc: int, run_id: str, endpoint: str) -> LaunchConfig
         rdzv_backend="c10d",
         rdzv_endpoint=endpoint,
         max_restarts=0,
-        start_method="spawn",
+        start_method="forkserver",
         monitor_interval=0.1,
     )
 
 
 def _agent(config: LaunchConfig, jobs, queue) -> None:
+    _forkserver()  # this agent's ranks come from a fork server of its own
     try:
         # Plain pickle copies tensors; the queue's own pickler would share them through file
         # descriptors that die with this process.
@@ -149,10 +170,10 @@ def launch_jobs(jobs: list[Job], nproc: int, nnodes: int = 1, timeout: float = 6
     # torchrun --standalone does); several agents must know it in advance.
     port = 0 if nnodes == 1 else free_port()
     config = _config(nnodes, nproc, str(uuid.uuid4()), f"127.0.0.1:{port}")
+    ctx = _forkserver()
     if nnodes == 1:
         results = elastic_launch(config, run_in_turn)(jobs)
     else:
-        ctx = multiprocessing.get_context("spawn")
         queue = ctx.Queue()
         agents = [ctx.Process(target=_agent, args=(config, jobs, queue)) for _ in range(nnodes)]
         for agent in agents:
