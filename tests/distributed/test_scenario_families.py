@@ -1,6 +1,6 @@
 """The distributed tests' declarations (tests/helpers/families.py), without a launch: `runs` hands a
 test its jobs' values, equal jobs run once, a parametrized test gets the job of its parameters, and
-a test skipped by a mark declares nothing."""
+a test skipped by a mark declares nothing; the launcher's fork server preloads modules that exist."""
 
 import inspect
 
@@ -90,3 +90,14 @@ def test_a_reader_is_known_without_declaring_its_jobs():
     assert reads_a_family(_Item(with_runs)) and not family.jobs
     assert reads_a_family(_Item(naming_a_scenario))
     assert not reads_a_family(_Item(plain))
+
+
+def test_the_fork_servers_preload_imports():
+    """The fork server skips a preload module that fails to import: the ranks would then pay the imports
+    again, silently. Every name in PRELOAD must import."""
+    import importlib
+
+    from tests.helpers.harness import PRELOAD
+
+    for name in PRELOAD:
+        importlib.import_module(name)
