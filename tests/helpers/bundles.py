@@ -24,7 +24,7 @@ import pytest
 
 from dlrm.data.criteo.format import ParseOptions
 from dlrm.data.criteo.preprocess import preprocess
-from tests.helpers.cli import train_or_fail
+from tests.helpers.cli import train_quietly
 from tests.helpers.criteo import SAMPLE
 from tests.helpers.parquet_data import ROWS, table, two_task_overrides, write_dataset
 
@@ -59,16 +59,7 @@ def _train_and_export(root: Path, data: Path, *train: str) -> Job:
     from dlrm.export.file import export
 
     run = root / "run"
-    train_or_fail(
-        *train,
-        "optim=sgd",
-        f"trainer.max_steps={STEPS}",
-        "trainer.progress=none",
-        "trainer.breakdown=false",
-        "trainer.tensorboard=false",
-        f"hydra.run.dir={run}",
-    )
-    ckpt = run / "checkpoints" / f"step_{STEPS:08d}"
+    ckpt = train_quietly(run, STEPS, *train)
     job = Job(run, ckpt, data, root / "model.pt", root / "bundle")
     export(ckpt, job.file)
     with torch._inductor.config.patch(TEST_COMPILE):

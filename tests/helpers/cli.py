@@ -59,6 +59,14 @@ def train_or_fail(*args: str) -> None:
     assert code == 0, f"dlrm.train {' '.join(args)} exited with {code}"
 
 
+def train_quietly(run_dir: Path, steps: int, *overrides: str) -> Path:
+    """`dlrm.train OVERRIDES` with SGD for `steps` steps in `run_dir`, without progress, breakdown or
+    TensorBoard (`train_or_fail`). Returns the last checkpoint's directory."""
+    quiet = ("trainer.progress=none", "trainer.breakdown=false", "trainer.tensorboard=false")
+    train_or_fail(*overrides, "optim=sgd", f"trainer.max_steps={steps}", *quiet, f"hydra.run.dir={run_dir}")
+    return run_dir / "checkpoints" / f"step_{steps:08d}"
+
+
 def command_in_process(capture, command: Callable[[], object], cwd=None, env: dict | None = None):
     """Run `command()` as `python -m` runs a module's main, inside `process_state_kept`.
 

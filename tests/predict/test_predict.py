@@ -23,7 +23,7 @@ from dlrm.data.criteo.preprocess import preprocess
 from dlrm.export import content_sha256, export, load_exported
 from tests.helpers import REPO_ROOT as REPO
 from tests.helpers.cli import predict_in_process as predict
-from tests.helpers.cli import train_or_fail
+from tests.helpers.cli import train_quietly
 from tests.helpers.criteo import SAMPLE
 
 pytestmark = pytest.mark.skipif(not SAMPLE.exists(), reason=f"{SAMPLE} not found")
@@ -40,21 +40,17 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("predict")
     data, run_dir, model = root / "data", root / "run", root / "model.pt"
     preprocess([str(SAMPLE)], str(data), ParseOptions("fail", "modulo", (2000,) * 26))
-    train_or_fail(
+    ckpt = train_quietly(
+        run_dir,
+        20,
         "data=criteo_kaggle",
         f"data.criteo.dir={data}",
         f"data.criteo.eval_fraction={EVAL_FRACTION}",
         f"data.global_batch_size={GBS}",
         "data.eval_batches=100",
-        "optim=sgd",
-        "trainer.max_steps=20",
-        "trainer.progress=none",
-        "trainer.breakdown=false",
-        "trainer.tensorboard=false",
-        f"hydra.run.dir={run_dir}",
     )
-    export(run_dir / "checkpoints" / "step_00000020", model)
-    shutil.rmtree(run_dir / "checkpoints")
+    export(ckpt, model)
+    shutil.rmtree(ckpt.parent)
     return data, run_dir, model
 
 

@@ -21,7 +21,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dlrm.data.parquet.hashing import hash_strings
 from dlrm.export import content_sha256, export, load_exported
-from tests.helpers.cli import assert_one_error, train_or_fail
+from tests.helpers.cli import assert_one_error, train_quietly
 from tests.helpers.cli import predict_in_process as predict
 from tests.helpers.parquet_data import ROWS, TABLES, table, two_task_overrides, write_dataset
 
@@ -37,17 +37,9 @@ def trained(tmp_path_factory):
     write_dataset(train_dir)
     eval_dir.mkdir()
     pq.write_table(table(EVAL_ROWS, first=ROWS), eval_dir / "part-0.parquet", row_group_size=40)
-    train_or_fail(
-        *two_task_overrides(train_dir, eval_dir, GBS, EVAL_ROWS),
-        "optim=sgd",
-        "trainer.max_steps=20",
-        "trainer.progress=none",
-        "trainer.breakdown=false",
-        "trainer.tensorboard=false",
-        f"hydra.run.dir={run_dir}",
-    )
-    export(run_dir / "checkpoints" / "step_00000020", model)
-    shutil.rmtree(run_dir / "checkpoints")
+    ckpt = train_quietly(run_dir, 20, *two_task_overrides(train_dir, eval_dir, GBS, EVAL_ROWS))
+    export(ckpt, model)
+    shutil.rmtree(ckpt.parent)
     return eval_dir, run_dir, model
 
 
