@@ -7,4 +7,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash launch/setup.sh
+# The tests' processes keep Python's bytecode caches (pytest's rewritten test modules, dlrm's modules),
+# which a machine may turn off (PYTHONDONTWRITEBYTECODE): else every worker, rank and command compiles
+# those sources again.
+unset PYTHONDONTWRITEBYTECODE
 exec "${DLRM_VENV:-.venv}/bin/python" -m pytest -q -n "${DLRM_TEST_WORKERS:-3}" --dist loadgroup "$@"

@@ -7,7 +7,8 @@ PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, PIP_FIND_LINKS) on stdin, possibly empty whe
 Prints the arguments for `pip install`, one per line, and on stderr what it chose and why:
 
 - the configured indexes resolve a CPU build (a `+cpu` version, as from a local mirror or PyTorch's
-  CPU index): `torch==VERSION`, from them;
+  CPU index): that exact version, `torch==VERSION+cpu`, from them (a plain `torch==VERSION` lets an
+  installer prefer another index's CUDA build);
 - anything else (PyPI's Linux wheel is the CUDA build; or nothing resolved): the CPU build
   `torch==VERSION+cpu` from PyTorch's CPU wheel index, added with --extra-index-url.
 """
@@ -34,7 +35,7 @@ def choose(report: dict, version: str) -> tuple[list[str], str]:
     """(pip install arguments, what was decided and why) for torch==version on a CPU machine."""
     found, url = resolved_torch(report)
     if found.endswith("+cpu") or "+cpu" in unquote(url):
-        return [f"torch=={version}"], f"torch {found} from the configured indexes ({url})"
+        return [f"torch=={found}"], f"torch {found} from the configured indexes ({url})"
     why = (
         f"the configured indexes offer {url or found} (not a CPU build)"
         if found
