@@ -71,7 +71,9 @@ case "$*" in
   *--dry-run*) cat "$FAKE_REPORT" ;;
   "-m pip config list") printf '%s' "${FAKE_PIP_CONFIG:-}" ;;
   "-m pip"*) exit "${FAKE_PIP_RC:-0}" ;;
-  "-m uv"*) echo "uv sees UV_FIND_LINKS=${UV_FIND_LINKS:-} UV_INDEX=${UV_INDEX:-}" >> "$FAKE_LOG"; exit "${FAKE_UV_RC:-0}" ;;
+  "-m uv"*)
+    echo "uv sees UV_FIND_LINKS=${UV_FIND_LINKS:-} UV_INDEX=${UV_INDEX:-}" >> "$FAKE_LOG"
+    exit "${FAKE_UV_RC:-0}" ;;
   launch/torch_wheel.py*|launch/uv_env.py*) exec "$REAL_PYTHON" "$@" ;;
 esac
 """
