@@ -31,7 +31,7 @@ echo "setup: $DLRM_ACCEL environment in $VENV (one-time, about a minute)" >&2
 [ -x "$VENV/bin/python" ] || "${PYTHON:-python3.11}" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 # Packages install through uv, with pip's settings (launch/uv_env.py): parallel downloads and byte
-# compiling, about 45 s instead of 100 s on 2 cores. pip installs instead with DLRM_INSTALLER=pip, when
+# compiling, about 60 s instead of 100 s on 2 cores. pip installs instead with DLRM_INSTALLER=pip, when
 # pip holds a setting uv cannot take, or where uv fails.
 uv=()
 if [ "${DLRM_INSTALLER:-uv}" = uv ] && uv_env=$("$VENV/bin/python" -m pip config list | "$VENV/bin/python" launch/uv_env.py) &&
@@ -72,10 +72,13 @@ pin=()  # on cpu, the CPU build stays: a plain torch==X lets an installer take a
 [ "$DLRM_ACCEL" = cpu ] && pin=("torch==$TORCH+cpu")
 install -e ".[$extras]" "${pin[@]}"
 install --no-deps "torchrec==$TORCHREC"
-"$VENV/bin/python" -c "import torchrec, fbgemm_gpu, torch; print(f'setup: torch {torch.__version__}, torchrec {torchrec.__version__}', flush=True)" >&2
-if [ "$DLRM_ACCEL" = cpu ] && ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.version.cuda is not None)"; then
+# The versions; on cpu, exit status 3 if a CUDA torch slipped in.
+check=0
+"$VENV/bin/python" -c "import sys, torch, torchrec, fbgemm_gpu; print(f'setup: torch {torch.__version__}, torchrec {torchrec.__version__}', file=sys.stderr); sys.exit(3 if '$DLRM_ACCEL' == 'cpu' and torch.version.cuda else 0)" || check=$?
+if [ "$check" -eq 3 ]; then
   echo "setup: the installed torch is a CUDA build on a CPU machine; rerun with DLRM_INSTALLER=pip, or DLRM_ACCEL=cuda if this machine has a GPU" >&2
   exit 1
 fi
+[ "$check" -eq 0 ] || exit "$check"
 rm -f "$VENV"/.dlrm-setup-*
 touch "$stamp"

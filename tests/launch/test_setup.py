@@ -66,7 +66,7 @@ FAKE_PYTHON = """#!/usr/bin/env bash
 # A venv python that runs nothing heavy: it logs its arguments; pip's dry run prints $FAKE_REPORT.
 printf '%s\\n' "$*" >> "$FAKE_LOG"
 case "$*" in
-  "-c import torch, sys; sys.exit(torch.version.cuda"*) exit "${FAKE_CUDA_TORCH:-0}" ;;
+  "-c import sys, torch, torchrec, fbgemm_gpu;"*) [ -n "${FAKE_CUDA_TORCH:-}" ] && exit 3; exit 0 ;;
   "-c import torch, sys"*) exit 1 ;;
   *--dry-run*) cat "$FAKE_REPORT" ;;
   "-m pip config list") printf '%s' "${FAKE_PIP_CONFIG:-}" ;;
@@ -81,7 +81,7 @@ esac
 
 def run_setup(tmp_path: Path, rep: dict, pip_rc: int = 0, **fake: str) -> tuple[subprocess.CompletedProcess, list[str]]:
     """launch/setup.sh with the fake venv python; `fake`: FAKE_UV_RC, FAKE_PIP_CONFIG, FAKE_CUDA_TORCH
-    (1: the installed torch is a CUDA build), DLRM_INSTALLER."""
+    (set: the installed torch is a CUDA build), DLRM_INSTALLER."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     python = venv / "bin" / "python"
