@@ -34,11 +34,14 @@ pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 # compiling, about 60 s instead of 100 s on 2 cores. pip installs instead with DLRM_INSTALLER=pip, when
 # pip holds a setting uv cannot take, or where uv fails.
 uv=()
-if [ "${DLRM_INSTALLER:-uv}" = uv ] && uv_env=$("$VENV/bin/python" -m pip config list | "$VENV/bin/python" launch/uv_env.py) &&
-   "${pip[@]}" install "uv==$UV"; then
-  mapfile -t uv_env < <(printf '%s' "$uv_env")
-  uv=(env "${uv_env[@]}" UV_INDEX_STRATEGY=unsafe-best-match UV_COMPILE_BYTECODE=1
-      "$VENV/bin/python" -m uv pip install -q --python "$VENV/bin/python")
+if [ "${DLRM_INSTALLER:-uv}" = uv ] && uv_env=$("$VENV/bin/python" -m pip config list | "$VENV/bin/python" launch/uv_env.py); then
+  if "${pip[@]}" install "uv==$UV" 2>/dev/null; then
+    mapfile -t uv_env < <(printf '%s' "$uv_env")
+    uv=(env "${uv_env[@]}" UV_INDEX_STRATEGY=unsafe-best-match UV_COMPILE_BYTECODE=1
+        "$VENV/bin/python" -m uv pip install -q --python "$VENV/bin/python")
+  else
+    echo "setup: pip could not install uv==$UV; installing with pip" >&2
+  fi
 fi
 install() {  # pip install "$@": through uv when set up, with pip where uv fails
   if [ ${#uv[@]} -gt 0 ]; then

@@ -70,6 +70,7 @@ case "$*" in
   "-c import torch, sys"*) exit 1 ;;
   *--dry-run*) cat "$FAKE_REPORT" ;;
   "-m pip config list") printf '%s' "${FAKE_PIP_CONFIG:-}" ;;
+  *"install uv=="*) exit "${FAKE_UV_INSTALL_RC:-${FAKE_PIP_RC:-0}}" ;;
   "-m pip"*) exit "${FAKE_PIP_RC:-0}" ;;
   "-m uv"*)
     echo "uv sees UV_FIND_LINKS=${UV_FIND_LINKS:-} UV_INDEX=${UV_INDEX:-}" >> "$FAKE_LOG"
@@ -153,6 +154,7 @@ def test_setup_installs_through_uv_with_pips_settings(tmp_path):
         (dict(DLRM_INSTALLER="pip"), ""),
         (dict(FAKE_PIP_CONFIG="global.client-cert='/k.pem'\n"), "client-cert='/k.pem' has no uv equivalent"),
         (dict(FAKE_UV_RC="1"), "uv could not install"),
+        (dict(FAKE_UV_INSTALL_RC="1"), "pip could not install uv==0.13.9; installing with pip"),
     ],
 )
 def test_setup_installs_with_pip_when_asked_when_uv_cannot_take_a_setting_or_fails(tmp_path, fake, why):
