@@ -32,7 +32,7 @@ echo "setup: $DLRM_ACCEL environment in $VENV (one-time, about a minute)" >&2
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 # Packages install through uv, with pip's settings (launch/uv_env.py): parallel downloads and byte
 # compiling, about 60 s instead of 100 s on 2 cores. pip installs instead with DLRM_INSTALLER=pip, when
-# pip holds a setting uv cannot take, or where uv fails.
+# pip holds a setting uv cannot take, or where uv fails (and always for the ROCm builds below).
 uv=()
 if [ "${DLRM_INSTALLER:-uv}" = uv ] && uv_env=$("$VENV/bin/python" -m pip config list | "$VENV/bin/python" launch/uv_env.py); then
   if "${pip[@]}" install "uv==$UV" 2>/dev/null; then
