@@ -76,6 +76,7 @@ case "$*" in
     echo "uv sees UV_FIND_LINKS=${UV_FIND_LINKS:-} UV_INDEX=${UV_INDEX:-}" >> "$FAKE_LOG"
     exit "${FAKE_UV_RC:-0}" ;;
   launch/torch_wheel.py*|launch/uv_env.py*) exec "$REAL_PYTHON" "$@" ;;
+  "-m pytest"*) echo "pytest sees PYTHONDONTWRITEBYTECODE=${PYTHONDONTWRITEBYTECODE-unset}" >> "$FAKE_LOG" ;;
 esac
 """
 
@@ -208,15 +209,24 @@ def test_uv_gets_pips_settings_with_pips_precedence():
 
 def test_test_script_uses_the_same_venv_as_setup(tmp_path):
     """launch/test.sh runs pytest with DLRM_VENV's python, after setting that venv up, on 3 xdist
-    workers unless DLRM_TEST_WORKERS says otherwise."""
+    workers unless DLRM_TEST_WORKERS says otherwise, with bytecode caches on whatever the caller set."""
     r, log = run_setup(tmp_path, report("2.13.0+cpu", MIRROR))
-    env = dict(os.environ, DLRM_VENV=str(tmp_path / "venv"), DLRM_ACCEL="cpu", FAKE_LOG=str(tmp_path / "log"))
+    env = dict(
+        os.environ,
+        DLRM_VENV=str(tmp_path / "venv"),
+        DLRM_ACCEL="cpu",
+        FAKE_LOG=str(tmp_path / "log"),
+        PYTHONDONTWRITEBYTECODE="1",
+    )
     env.pop("DLRM_TEST_WORKERS", None)  # the default, whatever this session was started with
     r = subprocess.run(
         ["bash", str(ROOT / "launch" / "test.sh"), "-k", "nothing"], env=env, capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "log").read_text().splitlines()[-1] == "-m pytest -q -n 3 --dist loadgroup -k nothing"
+    assert (tmp_path / "log").read_text().splitlines()[-2:] == [
+        "-m pytest -q -n 3 --dist loadgroup -k nothing",
+        "pytest sees PYTHONDONTWRITEBYTECODE=unset",
+    ]
     r = subprocess.run(
         ["bash", str(ROOT / "launch" / "test.sh"), "-k", "nothing"],
         env=dict(env, DLRM_TEST_WORKERS="0"),
@@ -225,4 +235,4 @@ def test_test_script_uses_the_same_venv_as_setup(tmp_path):
         timeout=60,
     )
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "log").read_text().splitlines()[-1] == "-m pytest -q -n 0 --dist loadgroup -k nothing"
+    assert (tmp_path / "log").read_text().splitlines()[-2] == "-m pytest -q -n 0 --dist loadgroup -k nothing"
