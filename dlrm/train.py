@@ -10,6 +10,8 @@ from __future__ import annotations
 import faulthandler
 import gc
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
@@ -37,6 +39,9 @@ register_configs()
 def main() -> None:
     """The command: one run, or the config printed (--cfg), or Hydra's help (--help, --info...)."""
     _enable_fault_handler()
+    # No garbage collections until the run starts: the imports and the config make long-lived objects
+    # only, and the collector's passes over them would cost 0.5-1 s of CPU per process.
+    gc.disable()
     rank, cfg = 0, None  # until the launcher's variables are read, every process speaks
     try:
         world = World.from_env()
@@ -98,13 +103,33 @@ def run(cfg: Config, run_dir: Path | None = None, world: World | None = None) ->
     world = world or World.from_env()
     bench = checked_bench(cfg, world.local_world_size)  # a bad comms bench file: refused before training
     model = check_memory(cfg, world.world_size)  # refused before any process group
-    trainer = build(cfg, world, run_dir, model)
-    trainer.summary_parts.append(CommVsModel(cfg, world, trainer.plan, trainer.dense_params, bench))
-    summary = train(trainer)
-    gc.collect()  # the pipeline's reference cycles hold in-flight Gloo work: free it before the teardown
-    dist.barrier()
-    dist.destroy_process_group()
+    with _collections_skip_older_objects():
+        trainer = build(cfg, world, run_dir, model)
+        trainer.summary_parts.append(CommVsModel(cfg, world, trainer.plan, trainer.dense_params, bench))
+        summary = train(trainer)
+        gc.collect()  # the pipeline's reference cycles hold in-flight Gloo work: free it before the teardown
+        dist.barrier()
+        dist.destroy_process_group()
     return summary
+
+
+@contextmanager
+def _collections_skip_older_objects() -> Iterator[None]:
+    """Within the block the garbage collector runs and scans only objects made in it: the older ones
+    (the imports, some 350,000 objects) are frozen, so a full collection takes milliseconds instead
+    of 0.2 s. A caller that froze objects itself keeps its own policy."""
+    if gc.get_freeze_count():
+        yield
+        return
+    was_enabled = gc.isenabled()
+    gc.freeze()
+    gc.enable()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if not was_enabled:
+            gc.disable()
 
 
 def done_line(summary: dict, run_dir: Path) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import logging
 import os
 import signal
@@ -123,7 +124,7 @@ RESTORED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1
 def process_state() -> dict:
     """What a command may change in this process and a later test would meet: argv, path, environment,
     working directory, logging (root handlers, logger levels, warnings capture), warning filters,
-    signal handlers, the fault handler, torch's threads and RNG, the process group, Hydra."""
+    signal handlers, the fault handler, the garbage collector, torch's threads and RNG, the process group, Hydra."""
     import torch
     import torch.distributed as dist
     from hydra.core.global_hydra import GlobalHydra
@@ -141,6 +142,7 @@ def process_state() -> dict:
         "warning_filters": list(warnings.filters),
         "signals": {s: signal.getsignal(s) for s in RESTORED_SIGNALS},
         "faulthandler": faulthandler.is_enabled(),
+        "garbage_collector": (gc.isenabled(), gc.get_freeze_count()),
         "threads": torch.get_num_threads(),
         "rng": torch.random.get_rng_state(),
         "process_group": dist.is_initialized(),
@@ -189,6 +191,8 @@ def process_state_kept() -> Iterator[None]:
                 signal.signal(s, handler)
         if faulthandler.is_enabled() and not before["faulthandler"]:
             faulthandler.disable()
+        if before["garbage_collector"][0]:  # a command's process collects no garbage until its run starts
+            gc.enable()
         torch.set_num_threads(before["threads"])
         torch.random.set_rng_state(before["rng"])
         if dist.is_initialized() and not before["process_group"]:
