@@ -176,13 +176,18 @@ def weighted_task_loss(
     return loss
 
 
-def compile_dense(model: DLRMTrain) -> None:
+def compile_dense(model: DLRMTrain, backend: str = "inductor") -> None:
     """Compile the bottom MLP, the interaction and the top MLP in place (`nn.Module.compile`: same
     parameters and state-dict keys), each at its first call; the sparse arch (TorchRec's sharded
-    lookup and its awaitables) stays eager."""
+    lookup and its awaitables) stays eager.
+
+    Args:
+        model: the model to compile in place.
+        backend: torch.compile's backend; the trainer uses Inductor.
+    """
     net = model.model
     for part in (net.dense_arch, net.inter_arch, net.over_arch):
-        part.compile()
+        part.compile(backend=backend)
 
 
 def _build_net(cfg: ModelConfig, device: torch.device) -> DLRM:

@@ -35,11 +35,18 @@ def test_forward_shapes(make_config, model):
 
 
 @pytest.mark.slow
-def test_compile_dense_compiles_the_mlps_and_interaction_only(make_config):
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "aot_eager",  # TorchDynamo's capture and AOTAutograd's forward and backward graphs, run eagerly
+        pytest.param("inductor", marks=pytest.mark.long),  # and Inductor's C++ kernels: ~40 s of compiles here
+    ],
+)
+def test_compile_dense_compiles_the_mlps_and_interaction_only(make_config, backend):
     """Each part's forward runs under torch.compile after compile_dense, the lookup does not, the
     state-dict keys (checkpoints) stay those of the eager model, and the loss and every gradient equal
     the eager model's (fp32: a fused kernel reorders sums, so close, not equal). The 2-rank training
-    under compile_dense against the unsharded reference is in the long tier (test_equivalence)."""
+    under compile_dense (Inductor) against the unsharded reference is in the long tier (test_equivalence)."""
     cfg = make_config("model=tiny", "data.global_batch_size=8")
     net = build_model(cfg.model, torch.device("cpu"))
     initialize(net, cfg.model, seed=0)
@@ -55,7 +62,7 @@ def test_compile_dense_compiles_the_mlps_and_interaction_only(make_config):
         getattr(net.model, name).register_forward_pre_hook(
             lambda *_, seen=seen: seen.append(torch.compiler.is_compiling())
         )
-    compile_dense(net)
+    compile_dense(net, backend)
     loss, _ = net(batch)
     loss.backward()
     assert {name: any(seen) for name, seen in compiling.items()} == dict(zip(parts, [True, True, True, False]))
