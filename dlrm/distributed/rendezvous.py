@@ -8,6 +8,7 @@ launcher (`end_with_launcher`)."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import platform
 import signal
@@ -25,6 +26,7 @@ NOTICE_S = 5.0  # a rendezvous under torchrun takes well under this: past it, sa
 _POLL_S = 0.2
 _DEFAULT_TIMEOUT_S = 1800.0  # torch's default collective timeout
 _PR_SET_PDEATHSIG = 1  # prctl option, from linux/prctl.h
+_STORES = itertools.count()  # launcher stores opened by this process: each gets keys of its own
 
 
 def end_with_launcher() -> bool:
@@ -140,7 +142,9 @@ def launcher_store(world: World, timeout_s: float | None = None) -> dist.Store:
     """The rendezvous store at MASTER_ADDR:MASTER_PORT once every rank has joined.
 
     The store's prefix is new for every attempt: it carries the restart count where torchrun's agent hosts
-    the store (it outlives restarts), and is constant where rank 0 hosts a new store every round.
+    the store (it outlives restarts), and is constant where rank 0 hosts a new store every round. It also
+    counts the stores this process opened before: a process that makes its group again (runs in one
+    test process) reads none of its earlier group's addresses.
 
     Args:
         world: this process's place in the job.
@@ -156,6 +160,7 @@ def launcher_store(world: World, timeout_s: float | None = None) -> dist.Store:
     store = _connect(world, world.rank == 0 and not agent_hosts_it, address, deadline, timeout_s)
     store.set_timeout(timedelta(seconds=timeout_s))
     count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    prefixed = dist.PrefixStore(f"dlrm/attempt_{count}" if agent_hosts_it else "dlrm/job", store)
+    prefix = f"dlrm/attempt_{count}" if agent_hosts_it else "dlrm/job"
+    prefixed = dist.PrefixStore(f"{prefix}/{next(_STORES)}", store)
     _join(prefixed, world, address, deadline, timeout_s)
     return prefixed

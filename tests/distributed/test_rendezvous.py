@@ -113,3 +113,20 @@ def test_the_join_runs_on_torch_stores(store):
     """The calls as torch's own stores have them (the fake above mirrors them)."""
     rendezvous._join(store, World(0, 1, 0, 1), ADDRESS, time.monotonic() + 5, 5)
     assert store.check([rendezvous.ALL_JOINED]) and store.add(rendezvous.JOINED, 0) == 1
+
+
+def test_a_group_made_again_in_one_process_reads_none_of_the_earlier_groups_keys(monkeypatch):
+    """Runs in one process (a test launch's jobs) each make their group through the launcher store: the
+    second store must not show the first group's keys (Gloo's addresses: a rank that read its peer's old,
+    closed address failed to connect, at random, with "Connection refused")."""
+    shared = dist.HashStore()  # the agent's store, one per launch
+    monkeypatch.setattr(rendezvous, "_connect", lambda *args: shared)
+    monkeypatch.setattr(rendezvous, "_join", lambda *args: None)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    world = World(rank=0, world_size=2, local_rank=0, local_world_size=2)
+    first = rendezvous.launcher_store(world, 5)
+    first.set("default_pg/0//gloo/0", "127.0.0.1:6060")
+    second = rendezvous.launcher_store(world, 5)
+    assert not second.check(["default_pg/0//gloo/0"])
