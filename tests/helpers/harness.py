@@ -105,9 +105,12 @@ def run_in_turn(jobs: list[Job]) -> list[tuple]:
     # OpenMP threads that wait for a descheduled sibling make tiny steps several times slower. The
     # trainer keeps a count set before it (dlrm.trainer.threads).
     torch.set_num_threads(1)
+    # The fork server's objects (the imports) outlive every job: frozen, the collections after each job
+    # scan only what the jobs made. (A freeze before each job would also freeze a job's process groups
+    # and Gloo pairs that a later job releases, and they would never be collected.)
+    gc.freeze()
     results = []
     for job in jobs:
-        gc.freeze()  # what exists now outlives the job: the collection after it scans the job's objects only
         start = time.perf_counter()
         try:
             result = job.fn(*job.args)
