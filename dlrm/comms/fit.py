@@ -384,19 +384,20 @@ def check_sweep(sizes: Sequence[int], min_bytes: str, max_bytes: str) -> None:
 # long: parses, measures, fits and writes in one readable sequence
 def main(argv: Sequence[str] | None = None) -> TopologyConfig | None:
     """Measure, fit and write in this torchrun worker; rank 0 returns the fitted topology, others None."""
-    import torch.distributed as dist
-
-    from dlrm.comms import load_topology
-    from dlrm.distributed.topology import device_for, init_distributed
-    from dlrm.distributed.world import World
-
-    args = parse_args(argv)
+    args = parse_args(argv)  # the arguments are checked before torch is imported (seconds)
     collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]
     bad = [c for c in collectives if c not in COLLECTIVES]
     if bad or not collectives:
         raise CommsError(f"--collectives {args.collectives!r}: choose some of {','.join(COLLECTIVES)}")
     sizes = sweep_sizes(parse_size(args.min_bytes), parse_size(args.max_bytes))
     check_sweep(sizes, args.min_bytes, args.max_bytes)
+
+    import torch.distributed as dist
+
+    from dlrm.comms import load_topology
+    from dlrm.distributed.topology import device_for, init_distributed
+    from dlrm.distributed.world import World
+
     if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
         raise CommsError(
             "WORLD_SIZE/RANK are not set: run under torchrun, e.g. torchrun --standalone --nproc_per_node=2 "

@@ -337,13 +337,9 @@ def measure(req: Request, rank: int, world_size: int, device, warmup: int, iters
 
 def main(argv: Sequence[str] | None = None) -> list[dict] | None:
     """Run the benchmark in this torchrun worker; returns the result rows on rank 0, None elsewhere."""
-    import torch
-    import torch.distributed as dist
-
-    from dlrm.distributed.topology import backend_for, device_for, init_distributed
     from dlrm.distributed.world import World
 
-    args = parse_args(argv)
+    args = parse_args(argv)  # the arguments are checked before torch is imported (seconds)
     if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
         raise CommsError(
             "WORLD_SIZE/RANK are not set: run under torchrun, e.g. torchrun --nproc_per_node=2 -m dlrm.comms.measure"
@@ -353,6 +349,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict] | None:
     problem = output_dir_problem(args.out, "--out")  # before the benchmark, not after it
     if problem:
         raise CommsError(problem)
+
+    import torch
+    import torch.distributed as dist
+
+    from dlrm.distributed.topology import backend_for, device_for, init_distributed
+
     topo = req.topology
     use_cuda = args.device == "cuda" or (
         args.device == "auto" and torch.cuda.is_available() and (topo is None or topo.device == "cuda")

@@ -4,8 +4,6 @@ message naming the file (or the differing optimizer) and the fix, exit 2, on eve
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +12,8 @@ import torch
 from dlrm.checkpoint import CheckpointError
 from dlrm.config import Config, validate
 from dlrm.distributed.world import World
-from tests.helpers import REPO_ROOT as REPO
 from tests.helpers.checkpoints import NEW, OLD, SAVED, ckpts, digests, flip, saved_checkpoints
+from tests.helpers.cli import train_in_process
 from tests.helpers.families import PAIR, Overrides, runs
 from tests.helpers.harness import default_group
 
@@ -53,40 +51,36 @@ def resume_error_of_a_flipped_copy(cfg: Config, saved: str, copy: str, file: str
     return resume_error(cfg)
 
 
-def train_cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
-    """`python -m dlrm.train` in one process (no torchrun)."""
-    return subprocess.run(
-        [sys.executable, "-m", "dlrm.train", *RUN, f"hydra.run.dir={tmp_path / 'run'}", *overrides],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def train_cli(capfd, tmp_path: Path, *overrides: str) -> tuple[int, str]:
+    """`python -m dlrm.train` in one process (no torchrun), run in the test process: (exit status, stderr)."""
+    code, _, err = train_in_process(capfd, *RUN, f"hydra.run.dir={tmp_path / 'run'}", *overrides)
+    return code, err
 
 
-def assert_one_error(result: subprocess.CompletedProcess, run_dir: Path, *names: str) -> None:
+def assert_one_error(result: tuple[int, str], run_dir: Path, *names: str) -> None:
     """Exit 2, one `error:` line naming `names`, no traceback, no training outputs."""
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    code, stderr = result
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert code == 2, stderr[-3000:]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
     for name in names:
         assert name in errors[0], (name, errors[0])
     assert not (run_dir / "summary.json").exists() and not (run_dir / "checkpoints").exists()
 
 
 @pytest.mark.slow
-def test_resume_from_a_corrupt_checkpoint_is_refused(ckpts, tmp_path):
+def test_resume_from_a_corrupt_checkpoint_is_refused(ckpts, tmp_path, capfd):
     before = digests(ckpts / OLD)
     corrupt = ckpts / NEW / "__0_0.distcp"
     flip(corrupt, corrupt.stat().st_size // 2)
-    result = train_cli(tmp_path, "optim=rowwise_adagrad", f"trainer.resume={ckpts / NEW}")
+    result = train_cli(capfd, tmp_path, "optim=rowwise_adagrad", f"trainer.resume={ckpts / NEW}")
     assert_one_error(result, tmp_path / "run", str(ckpts / NEW / "__0_0.distcp"), f"trainer.resume={ckpts / OLD}")
     assert digests(ckpts / OLD) == before
 
 
 @pytest.mark.slow
-def test_resume_with_another_optimizer_is_refused(ckpts, tmp_path):
-    result = train_cli(tmp_path, "optim=sgd", f"trainer.resume={ckpts / NEW}")
+def test_resume_with_another_optimizer_is_refused(ckpts, tmp_path, capfd):
+    result = train_cli(capfd, tmp_path, "optim=sgd", f"trainer.resume={ckpts / NEW}")
     assert_one_error(
         result,
         tmp_path / "run",

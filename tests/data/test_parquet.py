@@ -26,7 +26,7 @@ from dlrm.data.parquet.hashing import hash_strings
 from dlrm.data.parquet.reader import RowGroupReader
 from dlrm.data.parquet.source import ParquetSource
 from tests.helpers import REPO_ROOT as ROOT
-from tests.helpers.cli import assert_one_error
+from tests.helpers.cli import assert_one_error, train_in_process
 from tests.helpers.pages import run_page
 from tests.helpers.parquet_data import ROWS, TABLES, overrides, table, write_dataset
 from tests.helpers.parquet_source import NAMES, ROWS_OF, B, assert_batches_equal, rows_of, source
@@ -478,17 +478,14 @@ def test_bad_values_in_files_without_statistics_are_found_as_batches_are_read(tm
 
 
 @pytest.mark.slow
-def test_a_bad_value_stops_training_with_one_line(tmp_path):
-    """Through `python -m dlrm.train`: the reader thread's error is one `error:` line, exit 2 (no
-    statistics in the file: the bad id is met as its batch is read, during training)."""
+def test_a_bad_value_stops_training_with_one_line(tmp_path, capfd):
+    """Through `python -m dlrm.train` (in the test process): the reader thread's error is one `error:`
+    line, exit 2 (no statistics in the file: the bad id is met as its batch is read, during training)."""
     d, _ = bad_dataset(tmp_path, "negative id", statistics=False)
     args = ["model=tiny", *overrides(d), "data.parquet.eval_fraction=0", "data.global_batch_size=100"]
     args += ["data.eval_batches=0", "trainer.max_steps=2", "trainer.progress=none", f"hydra.run.dir={tmp_path / 'run'}"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run(
-        [sys.executable, "-m", "dlrm.train", *args], env=env, capture_output=True, text=True, cwd=tmp_path
-    )
-    assert_one_error(r.returncode, r.stdout, r.stderr, "'user'", "id -4", "row 130")
+    code, out, err = train_in_process(capfd, *args, cwd=tmp_path)
+    assert_one_error(code, out, err, "'user'", "id -4", "row 130")
 
 
 WEIGHTED_SPARSE = "data.parquet.sparse=[{name:user},{name:items,kind:ids,weights:items_w},{name:city,kind:string}]"
