@@ -39,9 +39,6 @@ register_configs()
 def main() -> None:
     """The command: one run, or the config printed (--cfg), or Hydra's help (--help, --info...)."""
     _enable_fault_handler()
-    # No garbage collections until the run starts: the imports and the config make long-lived objects
-    # only, and the collector's passes over them would cost 0.5-1 s of CPU per process.
-    gc.disable()
     rank, cfg = 0, None  # until the launcher's variables are read, every process speaks
     try:
         world = World.from_env()

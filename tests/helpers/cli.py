@@ -191,8 +191,6 @@ def process_state_kept() -> Iterator[None]:
                 signal.signal(s, handler)
         if faulthandler.is_enabled() and not before["faulthandler"]:
             faulthandler.disable()
-        if before["garbage_collector"][0]:  # a command's process collects no garbage until its run starts
-            gc.enable()
         torch.set_num_threads(before["threads"])
         torch.random.set_rng_state(before["rng"])
         if dist.is_initialized() and not before["process_group"]:
