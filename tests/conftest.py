@@ -107,8 +107,10 @@ def pytest_collection_modifyitems(config, items):
     the tests not marked slow (one process), then the slow ones (several processes each), then those
     that read the families, then the timing-sensitive ones.
 
-    Under pytest-xdist (`launch/test.sh` starts 3 workers), the families' group comes first: its worker
-    launches them on first read while the other workers take the remaining groups; nothing is prefetched."""
+    Under pytest-xdist (`launch/test.sh` starts 3 workers, `--no-loadscope-reorder`), the workers take the
+    groups in this order: the families' (its worker launches them on first read), the timing-sensitive
+    checks, the modules with slow tests, then the one-process modules, which fill the gaps at the end;
+    nothing is prefetched."""
     from tests.helpers.families import FAMILIES, families_of, prefetch
 
     needed, light, heavy, readers, late = set(), [], [], [], []

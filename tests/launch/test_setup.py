@@ -224,7 +224,7 @@ def test_test_script_uses_the_same_venv_as_setup(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "log").read_text().splitlines()[-2:] == [
-        "-m pytest -q -n 3 --dist loadgroup -k nothing",
+        "-m pytest -q -n 3 --dist loadgroup --no-loadscope-reorder -k nothing",
         "pytest sees PYTHONDONTWRITEBYTECODE=unset",
     ]
     r = subprocess.run(
@@ -235,4 +235,4 @@ def test_test_script_uses_the_same_venv_as_setup(tmp_path):
         timeout=60,
     )
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "log").read_text().splitlines()[-2] == "-m pytest -q -n 0 --dist loadgroup -k nothing"
+    assert (tmp_path / "log").read_text().splitlines()[-2] == "-m pytest -q -n 0 --dist loadgroup --no-loadscope-reorder -k nothing"
