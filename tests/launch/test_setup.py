@@ -235,4 +235,6 @@ def test_test_script_uses_the_same_venv_as_setup(tmp_path):
         timeout=60,
     )
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "log").read_text().splitlines()[-2] == "-m pytest -q -n 0 --dist loadgroup --no-loadscope-reorder -k nothing"
+    assert (tmp_path / "log").read_text().splitlines()[
+        -2
+    ] == "-m pytest -q -n 0 --dist loadgroup --no-loadscope-reorder -k nothing"
