@@ -7,11 +7,8 @@ every rank meets) and exit status 2.
 
 from __future__ import annotations
 
-import faulthandler
 import gc
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
@@ -30,15 +27,17 @@ from dlrm.config.compose import (
 )
 from dlrm.distributed.world import World
 from dlrm.run.job import resolved_run_dir, run_in_hydra_job
-from dlrm.run.logs import setup_logging
+from dlrm.run.logs import done_line, enable_fault_handler, setup_logging
 from dlrm.run.start import StartSettings, check_output_places, placement, taken_run
+from dlrm.trainer.collector import collections_skip_older_objects
+from dlrm.trainer.stop import explained_failure
 
 register_configs()
 
 
 def main() -> None:
     """The command: one run, or the config printed (--cfg), or Hydra's help (--help, --info...)."""
-    _enable_fault_handler()
+    enable_fault_handler()
     rank, cfg = 0, None  # until the launcher's variables are read, every process speaks
     try:
         world = World.from_env()
@@ -59,7 +58,8 @@ def main() -> None:
                 return show_config(composed, args) if world.is_main else None
             start(composed, cfg, world)
     except BaseException as e:
-        exit_on_user_error(_failure_of(e, cfg), rank)
+        timeout_s = None if cfg is None else cfg.trainer.collective_timeout_s
+        exit_on_user_error(explained_failure(e, timeout_s), rank)
         raise
 
 
@@ -100,7 +100,7 @@ def run(cfg: Config, run_dir: Path | None = None, world: World | None = None) ->
     world = world or World.from_env()
     bench = checked_bench(cfg, world.local_world_size)  # a bad comms bench file: refused before training
     model = check_memory(cfg, world.world_size)  # refused before any process group
-    with _collections_skip_older_objects():
+    with collections_skip_older_objects():
         trainer = build(cfg, world, run_dir, model)
         trainer.summary_parts.append(CommVsModel(cfg, world, trainer.plan, trainer.dense_params, bench))
         summary = train(trainer)
@@ -108,54 +108,6 @@ def run(cfg: Config, run_dir: Path | None = None, world: World | None = None) ->
         dist.barrier()
         dist.destroy_process_group()
     return summary
-
-
-@contextmanager
-def _collections_skip_older_objects() -> Iterator[None]:
-    """Within the block the garbage collector scans only objects made in it: the older ones (the
-    imports, some 350,000 objects) are frozen, so a full collection takes milliseconds instead of
-    0.2 s. A caller that froze objects itself keeps its own policy."""
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
-def done_line(summary: dict, run_dir: Path) -> str:
-    """The closing line: steps, train samples/s, eval AUC and log loss, where the outputs are."""
-    speed, auc, logloss = summary["train_samples_per_s"], summary["eval_auc"], summary["eval_logloss"]
-    return (
-        f"done: {summary['steps']} steps, {f'{speed:.0f}' if speed else 'no'} train samples/s, "
-        f"eval auc {auc and round(auc, 4)}, logloss {logloss and round(logloss, 4)}; outputs in {run_dir}"
-    )
-
-
-def _failure_of(e: BaseException, cfg: Config | None) -> BaseException:
-    """`e`, or the user error behind it: a peer lost to a signal or a collective timeout, explained."""
-    if cfg is None or "torch.distributed" not in sys.modules:
-        return e
-    from torch.distributed.checkpoint import CheckpointException
-
-    from dlrm.distributed.topology import collective_failure
-    from dlrm.trainer.stop import stopped_meanwhile
-
-    failure = collective_failure(e, cfg.trainer.collective_timeout_s)
-    if failure is not None or isinstance(e, CheckpointException):  # a peer gone, maybe by a signal
-        failure = stopped_meanwhile() or failure
-    return failure or e
-
-
-def _enable_fault_handler() -> None:
-    """A rank that crashes in native code prints every thread's Python stack instead of dying silently."""
-    try:
-        if sys.__stderr__ is not None and not faulthandler.is_enabled():
-            faulthandler.enable(file=sys.__stderr__)
-    except (ValueError, OSError):  # a stderr without a file descriptor (an embedding host)
-        pass
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

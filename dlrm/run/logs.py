@@ -4,11 +4,15 @@ Rank 0 logs INFO and above to the console and everything it shows, time-stamped,
 `train.log` (DEBUG too with debug=True). Other ranks log warnings and errors only, to stderr, prefixed
 with their rank. Library noise is handled at its source (the root logger stays at WARNING, a few named
 library loggers and known notices are quieted), never by muting the `dlrm` loggers.
+
+`enable_fault_handler`: a crash in native code prints every thread's Python stack. `done_line`: the
+run's closing console line.
 """
 
 # Each library's noise and why it is quieted so: docs/design/logging.md.
 from __future__ import annotations
 
+import faulthandler
 import logging
 import sys
 import time
@@ -103,3 +107,21 @@ def setup_logging(rank: int, run_dir: Path | None, debug: bool = False) -> None:
         warnings.filterwarnings("ignore", category=FutureWarning, module=rf"{module}(\.|$)")
     warnings.filterwarnings("ignore", message=DENSE_LOOKUP_WARNING, category=UserWarning)
     logging.captureWarnings(True)
+
+
+def enable_fault_handler() -> None:
+    """A rank that crashes in native code prints every thread's Python stack instead of dying silently."""
+    try:
+        if sys.__stderr__ is not None and not faulthandler.is_enabled():
+            faulthandler.enable(file=sys.__stderr__)
+    except (ValueError, OSError):  # a stderr without a file descriptor (an embedding host)
+        pass
+
+
+def done_line(summary: dict, run_dir: Path) -> str:
+    """The closing line: steps, train samples/s, eval AUC and log loss, where the outputs are."""
+    speed, auc, logloss = summary["train_samples_per_s"], summary["eval_auc"], summary["eval_logloss"]
+    return (
+        f"done: {summary['steps']} steps, {f'{speed:.0f}' if speed else 'no'} train samples/s, "
+        f"eval auc {auc and round(auc, 4)}, logloss {logloss and round(logloss, 4)}; outputs in {run_dir}"
+    )

@@ -11,13 +11,14 @@ continue; exit status 128 + signal, as a shell reports a process killed by it. A
 before that step ends the process at once: rank 0 prints one `stopped:` line, and every rank exits
 with 128 + signal (os._exit: no clean-up, no checkpoint). Once the stop is under way (its checkpoint
 being saved), further signals change nothing. A rank that got one signal and then lost a peer that
-had got two reports the stop, not the lost connection (`stopped_meanwhile`).
+had got two reports the stop, not the lost connection (`stopped_meanwhile`, `explained_failure`).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from types import FrameType
@@ -143,3 +144,22 @@ def stopped_meanwhile() -> TrainingStopped | None:
         "trainer.resume=auto",
         stop.signum,
     )
+
+
+def explained_failure(e: BaseException, collective_timeout_s: float | None) -> BaseException:
+    """`e`, or the user error behind it: a peer lost to a signal or a collective timeout, explained.
+
+    Args:
+        e: what ended the run.
+        collective_timeout_s: the run's collective timeout; None: the config was never read (no peers yet).
+    """
+    if collective_timeout_s is None or "torch.distributed" not in sys.modules:
+        return e
+    from torch.distributed.checkpoint import CheckpointException
+
+    from dlrm.distributed.topology import collective_failure
+
+    failure = collective_failure(e, collective_timeout_s)
+    if failure is not None or isinstance(e, CheckpointException):  # a peer gone, maybe by a signal
+        failure = stopped_meanwhile() or failure
+    return failure or e
