@@ -14,8 +14,9 @@ import torch
 from dlrm.checkpoint import latest_checkpoint
 from dlrm.export import export, load_exported
 from tests.helpers import REPO_ROOT as REPO
+from tests.helpers.cli import train_in_process
 from tests.helpers.equivalence import assert_matches_reference, reference, tiny
-from tests.helpers.families import PAIR, SINGLE, TWO_NODES, error_of, runs
+from tests.helpers.families import PAIR, SINGLE, TWO_NODES, Overrides, error_of, runs
 from tests.helpers.workers import build_trainer, pieces_of, summary_and_records, train_and_report, train_summary
 
 
@@ -132,16 +133,12 @@ def test_export_is_the_unsharded_model(tmp_path, results):
 
 
 @pytest.mark.slow
-def test_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path):
-    """SIGKILL the whole job while DCP writes a 170 MB checkpoint; resume=auto takes the one before."""
+def test_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path, capfd):
+    """SIGKILL the whole 2-rank job while DCP writes a 170 MB checkpoint; resume=auto (here in one
+    process, the test's) takes the one before."""
     run_dir, root = tmp_path / "run", tmp_path / "run" / "checkpoints"
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     args = [
-        torchrun,
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "dlrm.train",
         "model=bench_cpu",
         f"hydra.run.dir={run_dir}",
         "trainer.max_steps=10",
@@ -151,7 +148,13 @@ def test_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path):
         "trainer.tensorboard=false",
     ]
     with open(tmp_path / "killed.log", "w") as log:
-        job = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        job = subprocess.Popen(
+            [torchrun, "--standalone", "--nproc_per_node=2", "-m", "dlrm.train", *args],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.time() + 240
         while not (root / ".step_00000010.partial").exists():
             assert job.poll() is None and time.time() < deadline, (tmp_path / "killed.log").read_text()[-2000:]
@@ -165,9 +168,9 @@ def test_kill_during_a_save_leaves_the_previous_checkpoint(tmp_path):
     assert (root / ".step_00000010.partial").exists(), "the save finished before the kill: nothing was tested"
     assert latest_checkpoint(root) == root / "step_00000005"
 
-    resumed = subprocess.run(args + ["trainer.resume=auto"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "step_00000005 at step 5" in resumed.stdout, resumed.stdout[-3000:]
+    code, out, err = train_in_process(capfd, *args, "trainer.resume=auto", cwd=REPO)
+    assert code == 0, err[-3000:]
+    assert "step_00000005 at step 5" in out, out[-3000:]
     assert not (root / ".step_00000010.partial").exists()  # cleared by the next save
     assert latest_checkpoint(root) == root / "step_00000010"  # saved again, complete this time
 
@@ -214,9 +217,22 @@ def test_nonfinite_loss_stops_and_names_the_checkpoint(first, diverged):
     assert re.search(pattern, error.message), error
 
 
-def _torchrun(run_dir: Path, *overrides: str) -> subprocess.Popen:
-    """torchrun with one restart allowed (its agent hosts the store on a port the kernel picks); output
-    goes to run_dir.log (a pipe could fill and block it)."""
+# The job of test_killed_rank_restarts_and_resumes, as overrides: the killed run's command line and,
+# on the PAIR family's ranks, its uninterrupted twin.
+RESTART_JOB = (
+    "trainer.max_steps=20",
+    "checkpoint.every_steps=10",
+    "trainer.resume=auto",
+    "trainer.progress=lines",
+    "trainer.log_every_steps=5",
+    "trainer.breakdown=false",  # no profiled steps: the test is about the restart
+    "trainer.tensorboard=false",
+)
+
+
+def _torchrun(run_dir: Path) -> subprocess.Popen:
+    """RESTART_JOB under torchrun with one restart allowed (its agent hosts the store on a port the kernel
+    picks); output goes to run_dir.log (a pipe could fill and block it)."""
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     log = open(f"{run_dir}.log", "w")
     return subprocess.Popen(
@@ -229,14 +245,7 @@ def _torchrun(run_dir: Path, *overrides: str) -> subprocess.Popen:
             "-m",
             "dlrm.train",
             f"hydra.run.dir={run_dir}",
-            "trainer.max_steps=20",
-            "checkpoint.every_steps=10",
-            "trainer.resume=auto",
-            "trainer.progress=lines",
-            "trainer.log_every_steps=5",
-            "trainer.breakdown=false",  # no profiled steps: the test is about the restart
-            "trainer.tensorboard=false",
-            *overrides,
+            *RESTART_JOB,
         ],
         cwd=REPO,
         stdout=log,
@@ -255,10 +264,10 @@ def _stop(job: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
-def test_killed_rank_restarts_and_resumes(tmp_path):
+@runs(clean=PAIR.job(train_summary, Overrides(f"checkpoint.dir={PAIR.dir('restart_clean')}", *RESTART_JOB)))
+def test_killed_rank_restarts_and_resumes(tmp_path, clean):
     """A rank SIGKILLed after the first checkpoint: torchrun restarts the job, which resumes and ends
-    with the weights of an uninterrupted run of the same command (started side by side with it)."""
-    clean = _torchrun(tmp_path / "clean")
+    with the weights of an uninterrupted run of the same job (on the PAIR family's 2 ranks)."""
     job = _torchrun(tmp_path / "killed")
     try:
         first = tmp_path / "killed" / "checkpoints" / "step_00000010"
@@ -270,15 +279,13 @@ def test_killed_rank_restarts_and_resumes(tmp_path):
         assert ranks, "no worker processes found under torchrun"
         os.kill(int(ranks[-1]), signal.SIGKILL)
         job.wait(timeout=300)
-        assert clean.wait(timeout=300) == 0, (tmp_path / "clean.log").read_text()[-3000:]
     finally:
         _stop(job)
-        _stop(clean)
     output = (tmp_path / "killed.log").read_text()
     assert job.returncode == 0, output[-3000:]
     assert "resumed from" in output, "the job must have restarted and resumed, not finished first"
 
-    a = export(tmp_path / "clean" / "checkpoints" / "step_00000020", tmp_path / "clean.pt")
+    a = export(PAIR.dir("restart_clean") / "step_00000020", tmp_path / "clean.pt")
     b = export(tmp_path / "killed" / "checkpoints" / "step_00000020", tmp_path / "killed.pt")
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=0, msg=name)
