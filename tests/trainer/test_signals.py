@@ -20,6 +20,7 @@ import torch
 from dlrm.distributed.topology import collective_failure
 from dlrm.distributed.world import World
 from tests.helpers import REPO_ROOT as REPO
+from tests.helpers.cli import train_in_process
 from tests.helpers.families import PAIR, runs
 from tests.helpers.harness import default_group
 
@@ -55,7 +56,7 @@ def _logged(run_dir: Path, job: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_and_ctrl_c_stop_two_ranks_cleanly_and_the_run_continues(tmp_path):
+def test_sigterm_and_ctrl_c_stop_two_ranks_cleanly_and_the_run_continues(tmp_path, capfd):
     term, intr = tmp_path / "term", tmp_path / "intr"
     jobs = {term: _start(term, "checkpoint.on_signal=true"), intr: _start(intr)}
     try:
@@ -91,13 +92,12 @@ def test_sigterm_and_ctrl_c_stop_two_ranks_cleanly_and_the_run_continues(tmp_pat
     assert "last checkpoint: none (checkpoint.on_signal=true saves one at a stop)" in outputs[intr]
 
     step = int(saved.name.removeprefix("step_"))
-    again = subprocess.run(
-        [sys.executable, "-m", "dlrm.train", *RUN, f"hydra.run.dir={term}", "trainer.resume=auto",
-         f"trainer.max_steps={step + 5}"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"resumed from {saved} at step {step}" in again.stdout + again.stderr
+    # The continuation, in one process (the test's).
+    code, out, err = train_in_process(
+        capfd, *RUN, f"hydra.run.dir={term}", "trainer.resume=auto", f"trainer.max_steps={step + 5}", cwd=REPO
+    )
+    assert code == 0, err[-3000:]
+    assert f"resumed from {saved} at step {step}" in out + err
 
 
 def _running(pid: int) -> bool:
