@@ -32,8 +32,7 @@ OUTAGE = "1:0.2:1"  # node 1's link down 0.2 s into training (faults are polled 
 # With a checkpoint every 2 steps, a node's agent killed 1 s into training (near step 12 here under load, of
 # about 3.9 s of training on an idle run): past the first checkpoint, well before the end.
 RESUMABLE = ("checkpoint.every_steps=2", "trainer.resume=auto", "trainer.collective_timeout_s=20")
-KILL_AT_S = 2.0  # node 0's agent (its rank 0 hosts the ranks' store) killed 0.8 s after the link is up
-KILL_AFTER_OUTAGE = f"0@{KILL_AT_S:g}"
+KILL_AFTER_OUTAGE = "0@2"  # node 0's agent (its rank 0 hosts the ranks' store) 0.8 s after the link is up
 TIMEOUT_S = 180
 SETPRIV = shutil.which("setpriv")
 needs_root = pytest.mark.skipif(bool(reason := cannot_build_namespaces()), reason=reason or "")
@@ -112,13 +111,8 @@ def test_two_nodes_ride_through_a_link_outage_and_resume_after_an_agent_kill_lik
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     starts = [i for i, r in enumerate(records) if r.get("event") == "start"]
     assert len(starts) == 2, f"one start event per attempt: {starts}"
-    # The first attempt: its start event, one record per step, then the kill (no earlier than KILL_AT_S
-    # after the start event: the faults are timed from the moment the emulator sees it). A step stalled
-    # by the outage may still wait for TCP's retransmission when the kill comes, so the stall can be
-    # the attempt's last gap.
-    times = [r["time"] for r in records[: starts[1]]]
-    times.append(times[0] + KILL_AT_S)
-    assert max(b - a for a, b in zip(times, times[1:], strict=False)) > 0.9, f"the outage must stall a step: {times}"
+    times = [r["time"] for r in records[: starts[1]]]  # the first attempt: its start event, then one record per step
+    assert max(b - a for a, b in zip(times, times[1:], strict=False)) > 0.9, "the outage must stall a step"
     ref_losses, ref_weights = reference(RUN)
     assert ref_losses[-1] < ref_losses[0], "the reference must learn, or the test proves little"
     # Every step's loss (the mean over the 4 ranks' slices), the restarted attempt's where both made the step.
