@@ -29,8 +29,8 @@ CLUSTER = [sys.executable, "-m", "dlrm.cluster"]
 RUN = tiny("sharding=table_wise", "trainer.max_steps=60")
 QUIET = ("trainer.tensorboard=false", "trainer.breakdown=false")  # no effect on the numbers, less work
 OUTAGE = "1:0.2:1"  # node 1's link down 0.2 s into training (faults are polled every 0.1 s), for 1 s
-# With a checkpoint every 2 steps, a node's agent killed 1 s into training (near step 12 here under load, of
-# about 3.9 s of training on an idle run): past the first checkpoint, well before the end.
+# With a checkpoint every 2 steps, a node's agent killed 2 s into training (of about 3.9 s of training on an
+# idle run; ~0.35 s a step under load): past the first complete checkpoint, before the end.
 RESUMABLE = ("checkpoint.every_steps=2", "trainer.resume=auto", "trainer.collective_timeout_s=20")
 TIMEOUT_S = 180
 SETPRIV = shutil.which("setpriv")
@@ -150,14 +150,14 @@ def test_a_killed_agent_is_started_again_and_the_job_resumes_in_place(tmp_path):
     checkpoint: one command, exit 0, the losses and final weights equal one process's, nothing left.
     (Node 1's kill is the same path with the roles swapped.)"""
     run_dir, before = tmp_path / "run", links()
-    # At 3 s: a checkpoint (every 2 steps, written in the background) is complete even under load (~0.35 s
-    # a step); at 1 s a loaded machine had none yet, and the job started over instead of resuming.
-    args = ["--nodes", "2", "--ranks-per-node", "2", "--kill-agent", "0@3", "--", *RUN, *QUIET, *RESUMABLE]
+    # At 1 s a loaded machine had no complete checkpoint yet (written in the background), and the job
+    # started over instead of resuming.
+    args = ["--nodes", "2", "--ranks-per-node", "2", "--kill-agent", "0@2", "--", *RUN, *QUIET, *RESUMABLE]
     proc = start(args, run_dir)
     out, err = finish(proc, TIMEOUT_S)
     assert proc.returncode == 0, f"{out[-2000:]}\n{err[-3000:]}"
     assert "node 0's agent and workers killed" in err and "its agent started again (restart 1 of" in err, err[-3000:]
-    fault = "fault: node 0's agent killed at 3 s of training: the job restarted with the node's new agent and finished"
+    fault = "fault: node 0's agent killed at 2 s of training: the job restarted with the node's new agent and finished"
     assert fault in err and "Traceback" not in err, err[-3000:]
     assert "resumed from" in out + err, f"the job must resume from a checkpoint\n{out[-2000:]}\n{err[-2000:]}"
     assert leftovers(proc.pid, run_dir) == [] and links() == before
