@@ -11,22 +11,32 @@ Replicated parameters are those DDP holds: the MLPs, the interaction, data-paral
 
 from __future__ import annotations
 
+import functools
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
-from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState, post_localSGD_hook
-from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
-from torch.distributed.algorithms.model_averaging.utils import average_parameters
-from torch.distributed.optim import PostLocalSGDOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
+if TYPE_CHECKING:  # torch's post-local SGD is imported when a run uses it (torch.distributed.optim: 0.3 s)
+    from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import PostLocalSGDState
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.optim import PostLocalSGDOptimizer
 
-class _PostLocalSGDOptimizer(PostLocalSGDOptimizer):
-    """torch's, with the `step(closure=None)` signature TorchRec's KeyedOptimizerWrapper calls."""
 
-    def step(self, closure=None) -> None:  # type: ignore[override]
-        if closure is not None:
-            raise ValueError("local SGD's optimizer takes no closure")
-        super().step()
+@functools.cache
+def _optimizer_class() -> type[PostLocalSGDOptimizer]:
+    """torch's PostLocalSGDOptimizer with the `step(closure=None)` signature TorchRec's
+    KeyedOptimizerWrapper calls."""
+    from torch.distributed.optim import PostLocalSGDOptimizer
+
+    class NoClosurePostLocalSGDOptimizer(PostLocalSGDOptimizer):
+        def step(self, closure=None) -> None:  # type: ignore[override]
+            if closure is not None:
+                raise ValueError("local SGD's optimizer takes no closure")
+            super().step()
+
+    return NoClosurePostLocalSGDOptimizer
 
 
 class LocalSGD:
@@ -41,6 +51,11 @@ class LocalSGD:
     def hook(self, model: torch.nn.Module) -> int:
         """Register the post-local SGD hook on every DDP module inside `model` (before the first
         forward): no gradient allreduce after the warm-up. Returns how many DDP modules got it."""
+        from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
+            PostLocalSGDState,
+            post_localSGD_hook,
+        )
+
         ddps = [m for m in model.modules() if isinstance(m, DistributedDataParallel)]
         for ddp in ddps:
             state = PostLocalSGDState(self.group, None, self.warmup, post_local_gradient_allreduce=False)
@@ -50,12 +65,14 @@ class LocalSGD:
 
     def wrap(self, optimizer: torch.optim.Optimizer) -> PostLocalSGDOptimizer:
         """`optimizer` (over replicated parameters) followed by the periodic average of its parameters."""
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
         # The averager counts 1-based steps (see `at`): it averages after step s >= W, (s - W) % H == 0.
         averager = PeriodicModelAverager(self.period, self.warmup, self.group)
         averager.step = 1
         self.averagers.append(averager)
         self.params += [p for group in optimizer.param_groups for p in group["params"]]
-        return _PostLocalSGDOptimizer(optimizer, averager)
+        return _optimizer_class()(optimizer, averager)
 
     def check_covered(self, model: torch.nn.Module) -> None:
         """Every parameter a DDP module inside `model` holds must be averaged, or it would drift."""
@@ -85,5 +102,7 @@ class LocalSGD:
 
     def average(self) -> None:
         """Average the replicated parameters now (the end of a run between two averaging steps)."""
+        from torch.distributed.algorithms.model_averaging.utils import average_parameters
+
         if self.params:
             average_parameters(iter(self.params), self.group)
