@@ -30,9 +30,10 @@ RUN = tiny("sharding=table_wise", "trainer.max_steps=60")
 QUIET = ("trainer.tensorboard=false", "trainer.breakdown=false")  # no effect on the numbers, less work
 OUTAGE = "1:0.2:1"  # node 1's link down 0.2 s into training (faults are polled every 0.1 s), for 1 s
 RESUMABLE = ("checkpoint.every_steps=2", "trainer.resume=auto", "trainer.collective_timeout_s=20")
-# Node 0's agent killed 1.5 s into training, on 2 nodes x 1 rank: about step 33 of 60 idle (45 ms a step),
-# step 12 at 0.12 s a step under load: past the first complete checkpoint (written in the background), before the end.
-KILL = "0@1.5"
+# Node 0's agent killed 1.5 s into KILL_RUN's training, on 2 nodes x 1 rank: about step 33 of 100 idle (45 ms a
+# step), step 12 at 0.12 s a step under load: past the first complete checkpoint (written in the background),
+# well before the end.
+KILL, KILL_RUN = "0@1.5", tiny("sharding=table_wise", "trainer.max_steps=100")
 TIMEOUT_S = 180
 SETPRIV = shutil.which("setpriv")
 needs_root = pytest.mark.skipif(bool(reason := cannot_build_namespaces()), reason=reason or "")
@@ -152,7 +153,7 @@ def test_a_killed_agent_is_started_again_and_the_job_resumes_in_place(tmp_path):
     (Node 1's kill is the same path with the roles swapped.) One rank per node: the agent's restart does
     not depend on how many workers it holds, and the run starts half the processes."""
     run_dir, before = tmp_path / "run", links()
-    args = ["--nodes", "2", "--ranks-per-node", "1", "--kill-agent", KILL, "--", *RUN, *QUIET, *RESUMABLE]
+    args = ["--nodes", "2", "--ranks-per-node", "1", "--kill-agent", KILL, "--", *KILL_RUN, *QUIET, *RESUMABLE]
     proc = start(args, run_dir)
     out, err = finish(proc, TIMEOUT_S)
     assert proc.returncode == 0, f"{out[-2000:]}\n{err[-3000:]}"
@@ -162,11 +163,11 @@ def test_a_killed_agent_is_started_again_and_the_job_resumes_in_place(tmp_path):
     assert fault in err and "Traceback" not in err, err[-3000:]
     assert "resumed from" in out + err, f"the job must resume from a checkpoint\n{out[-2000:]}\n{err[-2000:]}"
     assert leftovers(proc.pid, run_dir) == [] and links() == before
-    ref_losses, ref_weights = reference(RUN)
+    ref_losses, ref_weights = reference(KILL_RUN)
     assert losses_by_step(run_dir) == pytest.approx(ref_losses, rel=1e-5, abs=1e-6)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 60 and summary["world_size"] == 2
-    assert summary["eval_logloss"] == pytest.approx(eval_logloss(RUN, ref_weights), rel=1e-5, abs=1e-6)
+    assert summary["steps"] == 100 and summary["world_size"] == 2
+    assert summary["eval_logloss"] == pytest.approx(eval_logloss(KILL_RUN, ref_weights), rel=1e-5, abs=1e-6)
 
 
 @needs_root
