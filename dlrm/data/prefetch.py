@@ -9,10 +9,13 @@ host-to-device copy can run asynchronously.
 `OrderedWorkers`: items made by index (`make(i)`) on several threads, handed over in index order:
 worker w makes items start + w, start + w + N, ..., so the sequence (and where an error is raised
 in it) is the one a single worker gives.
+
+Threads still running at interpreter exit are stopped and joined first (`stop_producer_threads`).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import threading
@@ -25,6 +28,34 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 _END = object()
+# The stop event and threads of every Prefetcher and OrderedWorkers whose threads were not joined yet
+# (an abandoned one's too: its threads may still hold a batch), by id of the event.
+_RUNNING: dict[int, tuple[threading.Event, list[threading.Thread]]] = {}
+
+
+def _track(stop: threading.Event, threads: list[threading.Thread]) -> None:
+    """Record a new pool's threads, and forget the pools whose threads have all ended."""
+    for key in [k for k, (_, ts) in _RUNNING.items() if not any(t.is_alive() for t in ts)]:
+        _RUNNING.pop(key, None)
+    _RUNNING[id(stop)] = (stop, threads)
+
+
+@atexit.register
+def stop_producer_threads(timeout: float = 5.0) -> None:
+    """Stop and join every producer thread still running, while the interpreter is whole.
+
+    A thread still running at shutdown (its iterator abandoned, or freed just before the exit) drops
+    the batch it holds while the interpreter finalizes: freeing a tensor made from a numpy array then
+    needs the GIL, which a daemon thread can no longer take, and the process aborted after a finished
+    run ('terminate called without an active exception', exit status 134).
+    """
+    running = list(_RUNNING.values())
+    for stop, _ in running:
+        stop.set()
+    for _, threads in running:
+        for t in threads:
+            t.join(timeout)
+    _RUNNING.clear()
 
 
 def prefetch_pays(device: torch.device, local_world_size: int) -> bool:
@@ -91,6 +122,7 @@ class Prefetcher(Iterator[T]):
             daemon=True,
         )
         self._thread.start()
+        _track(self._stop, [self._thread])
 
     def __iter__(self) -> Prefetcher[T]:
         return self
@@ -113,6 +145,7 @@ class Prefetcher(Iterator[T]):
         self._done = True
         self._stop.set()
         self._thread.join(timeout)
+        _RUNNING.pop(id(self._stop), None)
 
     def __enter__(self) -> Prefetcher[T]:
         return self
@@ -153,6 +186,7 @@ class OrderedWorkers(Iterator[T]):
         ]
         for t in self._threads:
             t.start()
+        _track(self._stop, self._threads)
 
     def __iter__(self) -> OrderedWorkers[T]:
         return self
@@ -177,6 +211,7 @@ class OrderedWorkers(Iterator[T]):
         self._stop.set()
         for t in self._threads:
             t.join(timeout)
+        _RUNNING.pop(id(self._stop), None)
 
     def __enter__(self) -> OrderedWorkers[T]:
         return self
