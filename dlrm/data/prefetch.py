@@ -35,20 +35,17 @@ _RUNNING: dict[int, tuple[threading.Event, list[threading.Thread]]] = {}
 
 def _track(stop: threading.Event, threads: list[threading.Thread]) -> None:
     """Record a new pool's threads, and forget the pools whose threads have all ended."""
-    for key in [k for k, (_, ts) in _RUNNING.items() if not any(t.is_alive() for t in ts)]:
+    for key in [k for k, (_, ts) in list(_RUNNING.items()) if not any(t.is_alive() for t in ts)]:
         _RUNNING.pop(key, None)
     _RUNNING[id(stop)] = (stop, threads)
 
 
 @atexit.register
 def stop_producer_threads(timeout: float = 5.0) -> None:
-    """Stop and join every producer thread still running, while the interpreter is whole.
-
-    A thread still running at shutdown (its iterator abandoned, or freed just before the exit) drops
-    the batch it holds while the interpreter finalizes: freeing a tensor made from a numpy array then
-    needs the GIL, which a daemon thread can no longer take, and the process aborted after a finished
-    run ('terminate called without an active exception', exit status 134).
-    """
+    """Stop and join every producer thread still running (each waits at most `timeout` s), while the
+    interpreter is whole: a thread that dropped its batch during shutdown could not take the GIL that
+    freeing a numpy-backed tensor needs, and the process would abort ('terminate called without an
+    active exception')."""
     running = list(_RUNNING.values())
     for stop, _ in running:
         stop.set()
