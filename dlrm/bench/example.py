@@ -64,6 +64,7 @@ class Setup:
 SETUPS = {
     EXAMPLE: Setup("TorchRec's DLRM example, 2 ranks, fp32 (the baseline)", 2, 1),
     "fp32": Setup("ours, 2 ranks, fp32 (the example's math)", 2, 1),
+    "fp32_mkl": Setup("ours, 2 ranks, fp32, MKL's products as the example's", 2, 1, ("trainer.cpu_gemm=mkl",)),
     "bf16": Setup("ours, 2 ranks, bf16 autocast (the documented CPU benchmark)", 2, 1, BF16),
     "bf16_1p2t": Setup("ours, 1 process x 2 threads, bf16 (the most samples/s on 2 idle cores)", 1, 2, BF16),
     "bf16_1p1t": Setup("ours, 1 process x 1 thread, bf16 (the most samples per CPU-second)", 1, 1, BF16),

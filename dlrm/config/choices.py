@@ -44,6 +44,8 @@ ProgressMode = StrEnum("ProgressMode", "auto bar lines none")  # auto: a bar on 
 DenseAllreduce = StrEnum("DenseAllreduce", "flat hierarchical")
 DenseSync = StrEnum("DenseSync", "allreduce local_sgd")  # local_sgd: average the dense weights every H steps
 DensePrecision = StrEnum("DensePrecision", "fp32 bf16")
+# Whose fp32 products the MLPs use on the CPU: auto (oneDNN where MKL would run short of the CPU's ISA), mkl, onednn.
+CpuGemm = StrEnum("CpuGemm", "auto mkl onednn")
 
 
 class Precision(StrEnum):

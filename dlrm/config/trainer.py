@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dlrm.config.checks import _fail, _require_count, _require_positive
-from dlrm.config.choices import DenseAllreduce, DensePrecision, DenseSync, OnNonfinite, Precision, ProgressMode
+from dlrm.config.choices import CpuGemm, DenseAllreduce, DensePrecision, DenseSync, OnNonfinite, Precision, ProgressMode
 
 
 @dataclass
@@ -65,6 +65,10 @@ class TrainerConfig:
     (after its warm-up nothing is allreduced to compress)."""
     tf32: bool = True
     """Let CUDA matmuls use TF32 (no effect on CPU)."""
+    cpu_gemm: CpuGemm = CpuGemm.auto
+    """Whose fp32 products the MLP layers use on the CPU: mkl (torch's), onednn, or auto: oneDNN on a
+    non-Intel CPU with AVX-512, where MKL runs its AVX2 kernels (2.2x slower there), else MKL. The same
+    sums in another order; bf16 products are oneDNN's either way. The choice is logged."""
     compile_dense: bool = False
     """torch.compile (Inductor) the bottom MLP, the interaction and the top MLP, each at its first call
     (tens of seconds per process); the embedding lookup stays eager. It fuses the DCN cross net's

@@ -32,6 +32,8 @@ from dlrm.distributed.topology import (
 )
 from dlrm.distributed.world import World
 from dlrm.models.dlrm import DLRMTrain, build_model, compile_dense, initialize
+from dlrm.models.mlp import use_onednn
+from dlrm.models.onednn import choose_for_this_cpu
 from dlrm.optim.optimizers import build_optimizer, fuse_embedding_optimizer, lr_schedule
 from dlrm.run.records import recorded_config_sha256
 from dlrm.trainer.evaluator import Evaluator
@@ -123,6 +125,11 @@ def shard(cfg: Config, world: World, device: torch.device, pg: dist.ProcessGroup
     """Shard `model` by the plan, hook the dense synchronisation, initialise, make the optimizers and
     the pipeline. Takes the whole Config: the plan is composed from the model, sharding and topology."""
     tr = cfg.trainer
+    if device.type == "cpu":
+        onednn, why = choose_for_this_cpu(tr.cpu_gemm)
+        if onednn:
+            use_onednn(model)
+        log.info(f"MLP fp32 products: {'oneDNN' if onednn else 'MKL'} ({why})")
     if tr.compile_dense:
         compile_dense(model)
     dense_params = dense_param_count(model)

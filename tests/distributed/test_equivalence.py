@@ -26,6 +26,7 @@ COMPILED = {
         "model.dcn_low_rank_dim=4",
     ),
 }
+CPU_GEMMS = {gemm: tiny("sharding=table_wise", f"trainer.cpu_gemm={gemm}") for gemm in ("mkl", "onednn")}
 # Two tasks, and t_C4 (3 ids per sample) mean-pooled and column-wise sharded: each rank pools its columns.
 TASKS_MEAN = tiny(
     "sharding=table_wise",
@@ -68,6 +69,16 @@ def test_two_ranks_equal_one_process(sharding, results):
     expected = {t.name: cfg.sharding.per_table.get(t.name, cfg.sharding.strategy) for t in cfg.model.tables}
     assert planned == expected
     matches(results, overrides)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gemm", sorted(CPU_GEMMS))
+@runs(results=lambda gemm: PAIR.job(train_and_report, CPU_GEMMS[gemm]))
+def test_either_cpu_gemm_trains_as_the_reference(gemm, results):
+    """trainer.cpu_gemm: the MLPs' fp32 products in MKL or in oneDNN train as the unsharded reference
+    (torch's products: MKL) does, within fp32 tolerance."""
+    assert all(r["onednn"] == [gemm == "onednn"] * 2 for r in results)  # the bottom and top MLPs
+    matches(results, CPU_GEMMS[gemm])
 
 
 @pytest.mark.slow

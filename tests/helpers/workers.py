@@ -38,7 +38,8 @@ def pieces_of(model: torch.nn.Module) -> dict:
 
 def train_and_report(cfg: Config) -> dict:
     """Train on this rank; the logged losses, this rank's pieces of the final weights (`pieces_of`),
-    the plan (dlrm.distributed.sharding.describe_plan) and the summary."""
+    the plan (dlrm.distributed.sharding.describe_plan), the summary and which MLPs used oneDNN."""
+    from dlrm.models.mlp import ReLUMLP
     from dlrm.trainer.loop import train
 
     trainer = build_trainer(cfg)
@@ -48,6 +49,7 @@ def train_and_report(cfg: Config) -> dict:
         "pieces": pieces_of(trainer.detached_model()),
         "plan": describe_plan(trainer.plan),
         "summary": summary,
+        "onednn": [m.onednn for m in trainer.model.modules() if isinstance(m, ReLUMLP)],
     }
 
 

@@ -1,12 +1,14 @@
-"""ReLUMLP equals TorchRec's ReLU MLP: keys, outputs and every gradient, in fp32 and under bf16 autocast."""
+"""ReLUMLP equals TorchRec's ReLU MLP: keys, outputs and every gradient, in fp32 and under bf16 autocast,
+with torch's products and with oneDNN's (`use_onednn`)."""
 
 import pytest
 import torch
 from torchrec.models.dlrm import DLRM, DLRM_DCN
 from torchrec.modules.mlp import MLP
 
+from dlrm.models import onednn
 from dlrm.models.dlrm import build_model
-from dlrm.models.mlp import ReLUMLP, weight_grad
+from dlrm.models.mlp import ReLUMLP, use_onednn, weight_grad
 
 
 def _pair(in_size: int, sizes: list[int]) -> tuple[MLP, ReLUMLP]:
@@ -28,12 +30,21 @@ def _run(mlp: torch.nn.Module, x: torch.Tensor, bf16: bool) -> tuple[torch.Tenso
     return out, grads
 
 
+@pytest.mark.parametrize("with_onednn", [False, True])
 @pytest.mark.parametrize("bf16", [False, True])
-def test_relu_mlp_equals_torchrecs(bf16):
+def test_relu_mlp_equals_torchrecs(bf16, with_onednn, monkeypatch):
     reference, ours = _pair(13, [64, 32, 8])
+    calls = []
+    if with_onednn:
+        assert use_onednn(ours) == 1
+        linear = onednn.linear
+        monkeypatch.setattr(onednn, "linear", lambda *a, **k: calls.append(1) or linear(*a, **k))
     x = torch.randn(50, 13)
     want, want_grads = _run(reference, x, bf16)
     got, got_grads = _run(ours, x, bf16)
+    # oneDNN's fp32 path: per layer one product forward, two backward (the input's and the weight's
+    # gradients); under autocast the bf16 products are torch's.
+    assert len(calls) == (0 if bf16 or not with_onednn else 9)
     assert got.dtype == want.dtype == (torch.bfloat16 if bf16 else torch.float32)
     # The same products in the same dtype; only the weight gradient's summation order may differ
     # (g^T x against (x^T g)^T): fp32 rounding, or one bf16 rounding of the result.
@@ -43,6 +54,18 @@ def test_relu_mlp_equals_torchrecs(bf16):
     for g, w in zip(got_grads, want_grads, strict=True):
         assert g.dtype == w.dtype and g.is_contiguous()
         torch.testing.assert_close(g, w, **tol)
+
+
+@pytest.mark.parametrize("with_onednn", [False, True])
+def test_relu_mlp_keeps_nan(with_onednn):
+    """A NaN weight reaches the output, as through TorchRec's MLP (torch.relu keeps NaN; oneDNN's fused
+    ReLU would map it to 0 and hide the divergence from the trainer's non-finite checks)."""
+    _, ours = _pair(5, [7, 3])
+    if with_onednn:
+        use_onednn(ours)
+    with torch.no_grad():
+        ours._mlp[0]._linear.weight[0, 0] = float("nan")
+    assert ours(torch.ones(4, 5)).isnan().all()
 
 
 def test_relu_mlp_gradcheck_and_repeated_backward():
@@ -68,6 +91,7 @@ def test_models_use_it_with_torchrecs_keys(make_config, model):
     cfg = make_config(f"model={model}").model
     net = build_model(cfg).model
     assert isinstance(net.dense_arch.model, ReLUMLP) and isinstance(net.over_arch.model[0], ReLUMLP)
+    assert not net.dense_arch.model.onednn and use_onednn(net) == 2 and net.over_arch.model[0].onednn
     common = dict(
         embedding_bag_collection=net.sparse_arch.embedding_bag_collection,
         dense_in_features=cfg.dense_in_features,
