@@ -129,7 +129,8 @@ def shard(cfg: Config, world: World, device: torch.device, pg: dist.ProcessGroup
         onednn, why = choose_for_this_cpu(tr.cpu_gemm)
         if onednn:
             use_onednn(model)
-        log.info(f"MLP fp32 products: {'oneDNN' if onednn else 'MKL'} ({why})")
+        kernels = "oneDNN" if onednn else "torch's (MKL on x86)"
+        log.info(f"MLP fp32 products: {kernels} ({why})")
     if tr.compile_dense:
         compile_dense(model)
     dense_params = dense_param_count(model)
